@@ -1,0 +1,32 @@
+"""Shared test set-up: every test is seeded; `gpu` tests are skipped without CUDA."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import settings
+
+settings.register_profile("ci", deadline=None, max_examples=25, derandomize=True, print_blob=True)
+settings.register_profile("thorough", deadline=None, max_examples=300)
+settings.load_profile(os.environ.get("TLT_HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
