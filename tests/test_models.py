@@ -1,0 +1,234 @@
+"""Our Llama-family implementation against transformers, and the paged forwards against the dense one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from tlt_rt.models import AttnMetadata, UnsupportedModelError, load_target
+
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=112,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=97,
+    max_position_embeddings=256,
+)
+
+CASES = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SMALL, rope_theta=10000.0)),
+    "llama-tied": lambda: LlamaForCausalLM(LlamaConfig(**SMALL, tie_word_embeddings=True)),
+    "llama3-rope": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            **SMALL,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        )
+    ),
+    "llama-linear-rope-bias": lambda: LlamaForCausalLM(
+        LlamaConfig(**SMALL, attention_bias=True, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    ),
+    "qwen2-bias": lambda: Qwen2ForCausalLM(Qwen2Config(**SMALL)),
+    "qwen2-tied-mha": lambda: Qwen2ForCausalLM(
+        Qwen2Config(**{**SMALL, "num_key_value_heads": 4}, tie_word_embeddings=True)
+    ),
+}
+
+
+def _randomize(hf):
+    # transformers initialises biases to zero; random values make the bias paths matter
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.2)
+    return hf
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def checkpoint(request, tmp_path_factory):
+    torch.manual_seed(1)
+    hf = _randomize(CASES[request.param]()).eval()
+    path = tmp_path_factory.mktemp(request.param)
+    # a small shard size makes the sharded (index.json) layout
+    hf.save_pretrained(path, max_shard_size="20KB" if "qwen2" in request.param else "1GB")
+    return hf, path
+
+
+def _hf_outputs(hf, ids):
+    captured = {}
+    hook = hf.model.layers[-1].register_forward_hook(
+        lambda m, i, o: captured.update(h=o[0] if isinstance(o, tuple) else o)
+    )
+    with torch.no_grad():
+        logits = hf(ids).logits
+    hook.remove()
+    return logits, captured["h"]
+
+
+def test_dense_forward_matches_transformers(checkpoint):
+    hf, path = checkpoint
+    ours = load_target(path, dtype="float32")
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 40))
+    ref_logits, ref_hidden = _hf_outputs(hf, ids)
+    with torch.no_grad():
+        out = ours(ids)
+    torch.testing.assert_close(out.hidden, ref_hidden, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.logits, ref_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_flow(checkpoint):
+    _, path = checkpoint
+    ours = load_target(path, dtype="float32").train()
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 12))
+    out = ours(ids)
+    out.logits.log_softmax(-1).mean().backward()
+    grads = [p.grad for p in ours.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert ours.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+class Pager:
+    """Minimal block bookkeeping for tests: each sequence gets a random set of blocks."""
+
+    def __init__(self, num_seqs: int, max_len: int, block_size: int, gen: torch.Generator):
+        self.bs = block_size
+        per_seq = -(-max_len // block_size)
+        perm = torch.randperm(num_seqs * per_seq + 3, generator=gen)[: num_seqs * per_seq]
+        self.tables = perm.view(num_seqs, per_seq).int()
+        self.num_blocks = num_seqs * per_seq + 3
+
+    def slots(self, seq: int, positions: torch.Tensor) -> torch.Tensor:
+        return self.tables[seq, positions // self.bs].long() * self.bs + positions % self.bs
+
+
+def _meta(pager, seqs, q_lens, seq_lens, slots, mode, tree_mask=None):
+    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(q_lens).cumsum(0)
+    return AttnMetadata(
+        mode=mode,
+        cu_seqlens_q=cu,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=pager.tables[seqs],
+        slot_mapping=torch.cat(slots),
+        max_q_len=max(q_lens),
+        tree_mask=tree_mask,
+    )
+
+
+def test_chunked_prefill_and_decode_match_dense(checkpoint):
+    _, path = checkpoint
+    model = load_target(path, dtype="float32")
+    gen = torch.Generator().manual_seed(3)
+    lens = [23, 9]
+    seqs = [torch.randint(0, SMALL["vocab_size"], (n,), generator=gen) for n in lens]
+    pager = Pager(2, 40, 8, gen)
+    cache = model.make_cache(pager.num_blocks, 8)
+    got = [[], []]
+    with torch.no_grad():
+        # prefill in two chunks of different sizes per sequence
+        done = [0, 0]
+        for chunk in ([10, 4], [13, 5]):
+            ids, pos, slots = [], [], []
+            for b, c in enumerate(chunk):
+                p = torch.arange(done[b], done[b] + c)
+                ids.append(seqs[b][p]), pos.append(p), slots.append(pager.slots(b, p))
+                done[b] += c
+            meta = _meta(pager, [0, 1], chunk, list(done), slots, "prefill")
+            out = model.forward_paged(torch.cat(ids), torch.cat(pos), cache, meta)
+            split = out.logits.split(chunk)
+            for b in range(2):
+                got[b].append(split[b])
+        # then three decode steps with fresh tokens
+        for _ in range(3):
+            new = torch.randint(0, SMALL["vocab_size"], (2,), generator=gen)
+            pos = torch.tensor([len(seqs[0]), len(seqs[1])])
+            slots = [pager.slots(b, pos[b : b + 1]) for b in range(2)]
+            seqs = [torch.cat([s, new[b : b + 1]]) for b, s in enumerate(seqs)]
+            meta = _meta(pager, [0, 1], [1, 1], [len(s) for s in seqs], slots, "decode")
+            out = model.forward_paged(new, pos, cache, meta)
+            for b in range(2):
+                got[b].append(out.logits[b : b + 1])
+        for b in range(2):
+            dense = model(seqs[b][None]).logits[0]
+            torch.testing.assert_close(torch.cat(got[b]), dense, atol=1e-5, rtol=1e-5)
+
+
+def _random_parents(t: int, gen: torch.Generator) -> list[int]:
+    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
+
+
+def test_tree_verify_matches_dense_paths(checkpoint):
+    _, path = checkpoint
+    model = load_target(path, dtype="float32")
+    gen = torch.Generator().manual_seed(5)
+    t, prefixes = 7, [11, 6]
+    pager = Pager(2, 32, 4, gen)
+    cache = model.make_cache(pager.num_blocks, 4)
+    prompts = [torch.randint(0, SMALL["vocab_size"], (n,), generator=gen) for n in prefixes]
+    with torch.no_grad():
+        slots = [pager.slots(b, torch.arange(n)) for b, n in enumerate(prefixes)]
+        meta = _meta(pager, [0, 1], prefixes, prefixes, slots, "prefill")
+        model.forward_paged(torch.cat(prompts), torch.cat([torch.arange(n) for n in prefixes]), cache, meta)
+        parents = [_random_parents(t, gen) for _ in range(2)]
+        tokens = torch.randint(0, SMALL["vocab_size"], (2, t), generator=gen)
+        depth = torch.zeros(2, t, dtype=torch.long)
+        mask = torch.zeros(2, t, t, dtype=torch.bool)
+        for b in range(2):
+            for i in range(t):
+                j = i
+                while j >= 0:
+                    mask[b, i, j] = True
+                    j = parents[b][j]
+                depth[b, i] = mask[b, i].sum() - 1
+        positions = torch.tensor(prefixes).view(2, 1) + depth
+        slots = [pager.slots(b, torch.arange(prefixes[b], prefixes[b] + t)) for b in range(2)]
+        meta = _meta(pager, [0, 1], [t, t], [n + t for n in prefixes], slots, "verify", tree_mask=mask)
+        out = model.forward_paged(tokens.flatten(), positions.flatten(), cache, meta)
+        logits = out.logits.view(2, t, -1)
+        for b in range(2):
+            for i in range(t):
+                path = mask[b, i].nonzero().flatten()  # ancestors in topological order, then i
+                seq = torch.cat([prompts[b], tokens[b, path]])
+                dense = model(seq[None]).logits[0, -1]
+                torch.testing.assert_close(logits[b, i], dense, atol=1e-5, rtol=1e-5)
+
+
+def test_load_errors_name_the_file_and_tensor(checkpoint, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    _, path = checkpoint
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_target(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_target(tmp_path / "empty")
+    cfg = json.loads((path / "config.json").read_text())
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    with pytest.raises(UnsupportedModelError, match="gpt2"):
+        load_target(bad)
+    # a shape mismatch names the file and the tensor
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    (wrong / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 120}))
+    state = {}
+    for f in sorted(path.glob("*.safetensors")):
+        state.update(load_file(f))
+    save_file(state, str(wrong / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"model\.safetensors.*mlp\.(gate|up|down)_proj\.weight"):
+        load_target(wrong)
+    del state["model.norm.weight"]
+    (wrong / "config.json").write_text(json.dumps(cfg))
+    save_file(state, str(wrong / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"missing tensor.*model\.norm\.weight"):
+        load_target(wrong)

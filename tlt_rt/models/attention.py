@@ -1,0 +1,172 @@
+"""The attention interface every model forward goes through, and its plain-torch reference.
+
+Paged KV cache layout (one pair per decoder layer):
+    k_cache, v_cache: [num_blocks, block_size, n_kv_heads, head_dim]
+A sequence's token at cache position `p` lives in slot
+    block_tables[b, p // block_size] * block_size + p % block_size
+(a flat index into the first two dims). Cache positions are where K/V sit in storage; rotary positions are
+separate (tree nodes share rotary positions by depth while each has its own cache position).
+
+One step packs the new tokens of B sequences into `q: [N, n_heads, head_dim]`. Sequence b owns rows
+`cu_seqlens_q[b]:cu_seqlens_q[b+1]`; its new tokens occupy the LAST q_len cache positions of its
+`seq_lens[b]` cached tokens (their K/V are written before attention). With prefix = seq_lens - q_len, new
+token i of sequence b attends to
+    every cache position < prefix, and
+    new token j (cache position prefix + j) when j <= i (causal) or tree_mask[b, i, j] (verify).
+Prefill, chunked prefill, decode (q_len = 1) and tree verify are all this one rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+
+Mode = Literal["prefill", "decode", "verify"]
+
+
+@dataclass
+class AttnMetadata:
+    """Everything attention needs about one step's batch; built by the engine, passed explicitly."""
+
+    mode: Mode
+    cu_seqlens_q: torch.Tensor  # [B+1] int32, offsets of each sequence's new tokens in the packed batch
+    seq_lens: torch.Tensor  # [B] int32, cached tokens per sequence after this step's writes
+    block_tables: torch.Tensor  # [B, max_blocks] int32, -1 / any value past the sequence's blocks is unused
+    slot_mapping: torch.Tensor  # [N] int64, flat cache slot of each new token's K/V; -1 skips the write
+    max_q_len: int  # host int: 1 for decode, T for verify, longest chunk for prefill
+    tree_mask: torch.Tensor | None = None  # [B, T, T] bool for verify; None means causal among new tokens
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    def validate(self, num_tokens: int) -> None:
+        """Cheap shape checks (no device sync) that catch most engine-side mistakes early."""
+        b = self.seq_lens.shape[0]
+        if self.cu_seqlens_q.shape != (b + 1,):
+            raise ValueError(f"cu_seqlens_q must be [B+1]={b + 1}, got {tuple(self.cu_seqlens_q.shape)}")
+        if self.block_tables.dim() != 2 or self.block_tables.shape[0] != b:
+            raise ValueError(
+                f"block_tables must be [B={b}, max_blocks], got {tuple(self.block_tables.shape)}"
+            )
+        if self.slot_mapping.shape != (num_tokens,):
+            raise ValueError(f"slot_mapping must be [N={num_tokens}], got {tuple(self.slot_mapping.shape)}")
+        if self.mode == "decode" and num_tokens != b:
+            raise ValueError(f"decode packs one token per sequence: N={num_tokens} but B={b}")
+        if self.mode == "verify":
+            if self.tree_mask is None:
+                raise ValueError("verify needs a tree_mask [B, T, T]")
+            t = self.max_q_len
+            if self.tree_mask.shape != (b, t, t) or num_tokens != b * t:
+                raise ValueError(
+                    f"verify needs tree_mask [B={b}, T={t}, T] and N=B*T tokens, "
+                    f"got mask {tuple(self.tree_mask.shape)} and N={num_tokens}"
+                )
+
+
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Scatter new K/V [N, n_kv, D] into the paged cache at their slots (slot -1 is skipped)."""
+    nb, bs, h, d = k_cache.shape
+    keep = slot_mapping >= 0
+    # Skipped rows go to a scratch copy of slot 0 that is written back unchanged: no host sync to filter.
+    slots = torch.where(keep, slot_mapping, torch.zeros_like(slot_mapping))
+    flat_k = k_cache.view(nb * bs, h, d)
+    flat_v = v_cache.view(nb * bs, h, d)
+    old_k, old_v = flat_k[slots], flat_v[slots]
+    keep3 = keep.view(-1, 1, 1)
+    flat_k.index_copy_(0, slots, torch.where(keep3, k.to(k_cache.dtype), old_k))
+    flat_v.index_copy_(0, slots, torch.where(keep3, v.to(v_cache.dtype), old_v))
+
+
+def _gather_cache(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, length, n_kv, D]: the first `length` cache positions of every sequence (padding reads block 0)."""
+    nb, bs, h, d = cache.shape
+    pos = torch.arange(length, device=cache.device)
+    blocks = block_tables[:, pos // bs].clamp(min=0).long()  # [B, length]
+    slots = blocks * bs + pos % bs
+    return cache.view(nb * bs, h, d)[slots]
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [B, Tq, Hq, D], k/v [B, L, Hkv, D], allowed [B, Tq, L] -> [B, Tq, Hq, D] in fp32 math."""
+    hq, hkv = q.shape[2], k.shape[2]
+    qf = q.float().transpose(1, 2)  # [B, Hq, Tq, D]
+    kf = k.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
+    vf = v.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
+    out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=allowed[:, None], scale=scale)
+    return out.transpose(1, 2).to(q.dtype)
+
+
+def paged_attention_reference(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata, scale: float
+) -> torch.Tensor:
+    """Plain-torch paged attention: q [N, Hq, D] -> [N, Hq, D], following the rule in the module docstring."""
+    if meta.mode in ("decode", "verify"):
+        b, t = meta.num_seqs, meta.max_q_len
+        max_len = meta.block_tables.shape[1] * k_cache.shape[1]
+        k = _gather_cache(k_cache, meta.block_tables, max_len)
+        v = _gather_cache(v_cache, meta.block_tables, max_len)
+        key_pos = torch.arange(max_len, device=q.device)
+        prefix = (meta.seq_lens.long() - t).view(b, 1, 1)
+        in_prefix = key_pos.view(1, 1, -1) < prefix  # [B, 1, L]
+        rel = key_pos.view(1, 1, -1) - prefix  # position among the new tokens
+        if meta.mode == "decode":
+            new_ok = rel == 0
+        else:
+            assert meta.tree_mask is not None
+            rel_idx = rel.clamp(0, t - 1).expand(b, t, max_len)
+            new_ok = (rel >= 0) & (rel < t) & torch.gather(meta.tree_mask, 2, rel_idx)
+        allowed = in_prefix | new_ok
+        out = _attend(q.view(b, t, *q.shape[1:]), k, v, allowed, scale)
+        return out.reshape(q.shape)
+    # prefill: variable-length chunks, one sequence at a time (host ints are fine on this path)
+    out = torch.empty_like(q)
+    cu = meta.cu_seqlens_q.tolist()
+    lens = meta.seq_lens.tolist()
+    for b in range(meta.num_seqs):
+        s, e, total = cu[b], cu[b + 1], lens[b]
+        qn = e - s
+        if qn == 0:
+            continue
+        k = _gather_cache(k_cache, meta.block_tables[b : b + 1], total)
+        v = _gather_cache(v_cache, meta.block_tables[b : b + 1], total)
+        qpos = torch.arange(total - qn, total, device=q.device).view(-1, 1)
+        allowed = torch.arange(total, device=q.device).view(1, -1) <= qpos  # [qn, total]
+        out[s:e] = _attend(q[s:e].unsqueeze(0), k, v, allowed.unsqueeze(0), scale)[0]
+    return out
+
+
+class AttentionBackend(Protocol):
+    """What a model calls for paged attention. K/V of the new tokens are already in the cache."""
+
+    name: str
+
+    def __call__(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata, scale: float
+    ) -> torch.Tensor: ...
+
+
+class TorchAttention:
+    """The reference backend: plain torch, any device, fp32 accumulation."""
+
+    name = "torch"
+
+    def __call__(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata, scale: float
+    ) -> torch.Tensor:
+        return paged_attention_reference(q, k_cache, v_cache, meta, scale)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Dense causal attention for the learner: q [B, T, Hq, D], k/v [B, T, Hkv, D] -> [B, T, Hq, D]."""
+    hq, hkv = q.shape[2], k.shape[2]
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=hq != hkv)
+    return out.transpose(1, 2)

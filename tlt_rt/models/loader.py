@@ -1,0 +1,142 @@
+"""Load a target model from a HF folder (config.json + safetensors, sharded or not) or a `.gguf` file."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from tlt_rt.models.arch import ArchConfig
+from tlt_rt.models.llama import CausalLM, Rotary
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# tensors that checkpoints may carry but that we derive ourselves
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)} or 'auto'")
+    return DTYPES[dtype]
+
+
+def _safetensor_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({folder / f for f in weight_map.values()})
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shard(s) that do not exist: {', '.join(missing)}")
+        return files
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(folder.glob("*.safetensors"))
+    if found:
+        return found
+    raise FileNotFoundError(
+        f"no safetensors weights in {folder} (expected model.safetensors or model.safetensors.index.json)"
+    )
+
+
+def load_state_into(model: torch.nn.Module, files: list[Path], strict: bool = True) -> None:
+    """Copy tensors from safetensors files into `model`'s parameters, checking every name and shape."""
+    params = dict(model.named_parameters())
+    params.update(dict(model.named_buffers()))
+    seen: set[str] = set()
+    tied = getattr(getattr(model, "arch", None), "tie_word_embeddings", False)
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                if name.endswith(_IGNORED_SUFFIXES):
+                    continue
+                if name not in params:
+                    if tied and name == "lm_head.weight":
+                        continue
+                    raise ValueError(f"{f}: tensor {name!r} does not belong to a {type(model).__name__}")
+                t = st.get_tensor(name)
+                p = params[name]
+                if tuple(t.shape) != tuple(p.shape):
+                    raise ValueError(
+                        f"{f}: tensor {name!r} has shape {tuple(t.shape)}, the config implies {tuple(p.shape)}"
+                    )
+                with torch.no_grad():
+                    p.copy_(t.to(p.dtype))
+                seen.add(name)
+    if strict:
+        needed = {n for n, _ in model.named_parameters()}
+        if tied:
+            needed.discard("lm_head.weight")
+        missing = sorted(needed - seen)
+        if missing:
+            more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+            raise ValueError(f"{files[0].parent}: missing tensor(s) {', '.join(missing[:5])}{more}")
+
+
+def load_target(
+    path: str | Path | None = None,
+    dtype: str | torch.dtype | None = "auto",
+    device: str | torch.device = "cpu",
+) -> CausalLM:
+    """Build our CausalLM from a HF folder, a `.gguf` file, or None / "smollm2" for the embedded default."""
+    device = torch.device(device)
+    folder = resolve_model_path(path)
+    arch = ArchConfig.from_file(folder / "config.json")
+    files = _safetensor_files(folder)
+    torch_dtype = resolve_dtype(dtype, device)
+    with torch.device("meta"):
+        model = CausalLM(arch)
+    model = model.to_empty(device=device).to(torch_dtype)
+    if arch.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.rotary = Rotary(arch).to(device)  # its buffer is derived, not loaded
+    load_state_into(model, files)
+    model.source_path = str(folder)
+    return model.eval()
+
+
+def resolve_model_path(path: str | Path | None) -> Path:
+    """A HF folder for any accepted model reference; a `.gguf` file is converted once into the cache."""
+    from tlt_rt.models import default
+
+    if path is None or str(path) == default.DEFAULT_NAME:
+        return default.default_model_dir()
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"model path does not exist: {p}")
+    if p.is_file():
+        if p.suffix == ".gguf":
+            return default.convert_gguf(p)
+        if p.name == "config.json":
+            return p.parent
+        raise ValueError(f"{p}: expected a model folder (config.json + safetensors) or a .gguf file")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{p} has no config.json")
+    return p
+
+
+def save_target(model: CausalLM, folder: str | Path, tokenizer=None) -> Path:
+    """Write `model` as a HF folder (config.json + model.safetensors) that transformers can also read."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = model.arch.to_hf()
+    cfg["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.arch.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return folder
