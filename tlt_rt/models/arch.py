@@ -64,9 +64,7 @@ class ArchConfig:
         scaling = dict(cfg.get("rope_scaling") or rope or {})
         rtype = scaling.get("rope_type", scaling.get("type", "default"))
         if rtype not in ROPE_TYPES:
-            raise UnsupportedModelError(
-                f"{source}: rope type {rtype!r} is not supported (supported: {ROPE_TYPES})"
-            )
+            raise UnsupportedModelError(f"{source}: rope type {rtype!r} is not supported (supported: {ROPE_TYPES})")
         scaling = None if rtype == "default" else {**scaling, "rope_type": rtype}
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
@@ -118,9 +116,7 @@ class ArchConfig:
             "rope_theta": self.rope_theta,
             "rope_scaling": self.rope_scaling,
             "rope_parameters": rope,
-            "eos_token_id": list(self.eos_token_ids)
-            if len(self.eos_token_ids) != 1
-            else self.eos_token_ids[0],
+            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
         }
         for k in (
             "vocab_size",

@@ -49,9 +49,7 @@ class AttnMetadata:
         if self.cu_seqlens_q.shape != (b + 1,):
             raise ValueError(f"cu_seqlens_q must be [B+1]={b + 1}, got {tuple(self.cu_seqlens_q.shape)}")
         if self.block_tables.dim() != 2 or self.block_tables.shape[0] != b:
-            raise ValueError(
-                f"block_tables must be [B={b}, max_blocks], got {tuple(self.block_tables.shape)}"
-            )
+            raise ValueError(f"block_tables must be [B={b}, max_blocks], got {tuple(self.block_tables.shape)}")
         if self.slot_mapping.shape != (num_tokens,):
             raise ValueError(f"slot_mapping must be [N={num_tokens}], got {tuple(self.slot_mapping.shape)}")
         if self.mode == "decode" and num_tokens != b:
@@ -92,9 +90,7 @@ def _gather_cache(cache: torch.Tensor, block_tables: torch.Tensor, length: int) 
     return cache.view(nb * bs, h, d)[slots]
 
 
-def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
-) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
     """q [B, Tq, Hq, D], k/v [B, L, Hkv, D], allowed [B, Tq, L] -> [B, Tq, Hq, D] in fp32 math."""
     hq, hkv = q.shape[2], k.shape[2]
     qf = q.float().transpose(1, 2)  # [B, Hq, Tq, D]

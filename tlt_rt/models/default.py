@@ -76,9 +76,7 @@ def convert_gguf(gguf: str | Path) -> Path:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except Exception as e:  # the reader raises many types; the user needs the file name
-        raise ValueError(
-            f"{gguf}: transformers could not read this GGUF file ({type(e).__name__}: {e})"
-        ) from e
+        raise ValueError(f"{gguf}: transformers could not read this GGUF file ({type(e).__name__}: {e})") from e
     cfg = hf.config.to_dict()
     for k in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
         cfg.pop(k, None)

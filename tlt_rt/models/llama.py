@@ -203,9 +203,7 @@ class CausalLM(nn.Module):
         rows = x if logits_indices is None else x[logits_indices]
         return ModelOutput(logits=self.lm_head(self.model.norm(rows)), hidden=x)
 
-    def make_cache(
-        self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device=None
-    ) -> KVCache:
+    def make_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device=None) -> KVCache:
         p = self.lm_head.weight
         a = self.arch
         return KVCache(
