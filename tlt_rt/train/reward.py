@@ -1,0 +1,136 @@
+"""A verifiable reward: pull the final answer out of a completion and compare it with the reference.
+
+Extraction order: the last balanced `\\boxed{...}`, else the last "the answer is N" / "answer: N", else the
+last number in the text. Numbers compare by value through a canonical string: commas, `$`, a leading "+"
+and redundant zeros go ("051" == "51", "51.00" == "51", "-0" == "0"), while "51.5" stays itself. Work is
+linear in the text length, so a runaway completion costs time proportional to its size and nothing more.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+
+# A number as models write it: optional sign (ASCII or unicode minus), optional `$`, thousands groups only
+# in threes ("1,234", not "1,2"), an optional decimal part. The look-behind keeps "x2" and "10-5" from
+# yielding "2" and "-5".
+_NUM = r"(?<![\w.])(?:[-+\u2212]\s?)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+_NUMBER_RE = re.compile(_NUM)
+_LEADING_NUMBER_RE = re.compile(r"\s*(" + _NUM + r")")
+# "The answer is: $1,234.00", "**Answer:** 42", "final answer = \(7\)": the gap after the marker may hold only
+# markup, never words, so "the answer is that 3 apples ..." does not count.
+_ANSWER_RE = re.compile(r"answer\s*(?:\*\*|__)?\s*(?:is|was|:|=)[\s*_$:=\\()\[\]{}]*(" + _NUM + ")", re.I)
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_WRAPPER_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|displaystyle)\s*\{([^{}]*)\}")
+_SPACING_RE = re.compile(r"\\[!,;: ]|\\left|\\right|\\%|%|\$")
+_CANONICAL_RE = re.compile(r"(-?)(\d+)(?:\.(\d+))?")
+_GROUPED_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_BRACE_RE = re.compile(r"(?<!\\)[{}]")
+_UNITS_RE = re.compile(r"[\sA-Za-z.]*")
+
+
+def normalize_answer(text: str) -> str:
+    """Canonical form of an answer string; numbers become e.g. "1234", "-5", "51.5"; other text is trimmed."""
+    s = text.strip().replace("\u2212", "-").replace("$", "").replace("**", "").strip()
+    s = s.rstrip(".").strip()
+    if s.startswith("+"):
+        s = s[1:].lstrip()
+    if s.startswith("-"):
+        s = "-" + s[1:].lstrip()
+    # Commas go only as thousands separators: "1,234" is a number, "1,2" stays text.
+    plain = s.replace(",", "") if _GROUPED_RE.fullmatch(s) else s
+    m = _CANONICAL_RE.fullmatch(plain)
+    if m is None:
+        return " ".join(s.split())
+    # String surgery rather than int()/Decimal: no digit limit and no exponent notation for huge values.
+    sign, whole, frac = m.group(1), m.group(2).lstrip("0") or "0", (m.group(3) or "").rstrip("0")
+    body = f"{whole}.{frac}" if frac else whole
+    return "0" if body == "0" else sign + body
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """Map each `{` index to its matching `}` index, in one pass (escaped braces are literal)."""
+    closing, stack = {}, []
+    for m in _BRACE_RE.finditer(text):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            closing[stack.pop()] = m.start()
+    return closing
+
+
+def _boxed_content(text: str) -> str | None:
+    starts = [m.end() - 1 for m in _BOXED_RE.finditer(text)]
+    if not starts:
+        return None
+    closing = _closing_braces(text)
+    for open_at in reversed(starts):
+        close_at = closing.get(open_at)
+        if close_at is not None and text[open_at + 1 : close_at].strip():
+            return text[open_at + 1 : close_at]
+    return None
+
+
+def _clean_boxed(content: str) -> str | None:
+    s = content
+    for _ in range(len(s)):  # each round removes one wrapper, so this ends
+        unwrapped = _WRAPPER_RE.sub(r"\1", s)
+        if unwrapped == s:
+            break
+        s = unwrapped
+    s = _SPACING_RE.sub("", s).strip()
+    # "x = 5" -> "5"; "42 apples" -> "42"; anything else ("\frac{1}{2}", "12/5") is kept as text.
+    tail = s.rsplit("=", 1)[-1]
+    m = _LEADING_NUMBER_RE.match(tail)
+    if m is not None and _UNITS_RE.fullmatch(tail, m.end()):
+        return normalize_answer(m.group(1))
+    s = normalize_answer(s)
+    return s or None
+
+
+def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    found = deque(pattern.finditer(text), maxlen=1)
+    return found[0] if found else None
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer in a completion, normalised by `normalize_answer`, or None if there is none."""
+    if not isinstance(text, str) or not text:
+        return None
+    boxed = _boxed_content(text)
+    if boxed is not None:
+        cleaned = _clean_boxed(boxed)
+        if cleaned is not None:
+            return cleaned
+    phrase = _last_match(_ANSWER_RE, text)
+    if phrase is not None:
+        return normalize_answer(phrase.group(1))
+    number = _last_match(_NUMBER_RE, text)
+    return normalize_answer(number.group(0)) if number is not None else None
+
+
+def reward(text: str, answer: str) -> float:
+    """1.0 when the completion's final answer equals the reference (numbers by value), else 0.0.
+
+    Never raises: a completion with no readable answer, or input of the wrong type, scores 0.0.
+    """
+    try:
+        if answer is None:
+            return 0.0
+        reference = str(answer)
+        if "####" in reference:  # a raw GSM8K solution passed as the reference
+            reference = reference.rsplit("####", 1)[1]
+        predicted = extract_answer(text)
+        return 1.0 if predicted is not None and predicted == normalize_answer(reference) else 0.0
+    except Exception:
+        return 0.0
+
+
+def batch_rewards(texts: Sequence[str], answers: Sequence[str]) -> torch.Tensor:
+    """Rewards for paired completions and references: float32 tensor of shape [len(texts)]."""
+    if len(texts) != len(answers):
+        raise ValueError(f"batch_rewards got {len(texts)} texts but {len(answers)} answers")
+    return torch.tensor([reward(t, a) for t, a in zip(texts, answers, strict=True)], dtype=torch.float32)
