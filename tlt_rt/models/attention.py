@@ -14,6 +14,11 @@ token i of sequence b attends to
     every cache position < prefix, and
     new token j (cache position prefix + j) when j <= i (causal) or tree_mask[b, i, j] (verify).
 Prefill, chunked prefill, decode (q_len = 1) and tree verify are all this one rule.
+
+Verify may widen the tree window: a tree_mask [B, T, W] with W >= T covers the last W cache positions
+(the new tokens are the last T of them), and positions before the window are attended fully. The
+drafter uses this while it grows a tree level by level: each level's nodes see their ancestors among
+earlier levels, but not their cousins.
 """
 
 from __future__ import annotations
@@ -37,7 +42,12 @@ class AttnMetadata:
     block_tables: torch.Tensor  # [B, max_blocks] int32, -1 / any value past the sequence's blocks is unused
     slot_mapping: torch.Tensor  # [N] int64, flat cache slot of each new token's K/V; -1 skips the write
     max_q_len: int  # host int: 1 for decode, T for verify, longest chunk for prefill
-    tree_mask: torch.Tensor | None = None  # [B, T, T] bool for verify; None means causal among new tokens
+    tree_mask: torch.Tensor | None = None  # [B, T, W>=T] bool for verify; None means causal among new tokens
+
+    @property
+    def window(self) -> int:
+        """Cache positions (from the end) that the tree mask covers; T for an ordinary verify."""
+        return self.max_q_len if self.tree_mask is None else self.tree_mask.shape[-1]
 
     @property
     def num_seqs(self) -> int:
@@ -58,9 +68,9 @@ class AttnMetadata:
             if self.tree_mask is None:
                 raise ValueError("verify needs a tree_mask [B, T, T]")
             t = self.max_q_len
-            if self.tree_mask.shape != (b, t, t) or num_tokens != b * t:
+            if self.tree_mask.shape[:2] != (b, t) or self.tree_mask.shape[2] < t or num_tokens != b * t:
                 raise ValueError(
-                    f"verify needs tree_mask [B={b}, T={t}, T] and N=B*T tokens, "
+                    f"verify needs tree_mask [B={b}, T={t}, W>=T] and N=B*T tokens, "
                     f"got mask {tuple(self.tree_mask.shape)} and N={num_tokens}"
                 )
 
@@ -110,15 +120,16 @@ def paged_attention_reference(
         k = _gather_cache(k_cache, meta.block_tables, max_len)
         v = _gather_cache(v_cache, meta.block_tables, max_len)
         key_pos = torch.arange(max_len, device=q.device)
-        prefix = (meta.seq_lens.long() - t).view(b, 1, 1)
+        w = meta.window
+        prefix = (meta.seq_lens.long() - w).view(b, 1, 1)
         in_prefix = key_pos.view(1, 1, -1) < prefix  # [B, 1, L]
-        rel = key_pos.view(1, 1, -1) - prefix  # position among the new tokens
+        rel = key_pos.view(1, 1, -1) - prefix  # position inside the window
         if meta.mode == "decode":
             new_ok = rel == 0
         else:
             assert meta.tree_mask is not None
-            rel_idx = rel.clamp(0, t - 1).expand(b, t, max_len)
-            new_ok = (rel >= 0) & (rel < t) & torch.gather(meta.tree_mask, 2, rel_idx)
+            rel_idx = rel.clamp(0, w - 1).expand(b, t, max_len)
+            new_ok = (rel >= 0) & (rel < w) & torch.gather(meta.tree_mask, 2, rel_idx)
         allowed = in_prefix | new_ok
         out = _attend(q.view(b, t, *q.shape[1:]), k, v, allowed, scale)
         return out.reshape(q.shape)
