@@ -232,3 +232,33 @@ def test_load_errors_name_the_file_and_tensor(checkpoint, tmp_path):
     save_file(state, str(wrong / "model.safetensors"))
     with pytest.raises(ValueError, match=r"missing tensor.*model\.norm\.weight"):
         load_target(wrong)
+
+
+def test_tree_window_wider_than_the_new_tokens(checkpoint):
+    """A second tree level whose nodes see ancestors written by an earlier level (the drafter's case)."""
+    _, path = checkpoint
+    model = load_target(path, dtype="float32")
+    gen = torch.Generator().manual_seed(9)
+    prefix, t1, t2 = 6, 3, 4
+    pager = Pager(1, 32, 4, gen)
+    cache = model.make_cache(pager.num_blocks, 4)
+    prompt = torch.randint(0, SMALL["vocab_size"], (prefix,), generator=gen)
+    toks1 = torch.randint(0, SMALL["vocab_size"], (t1,), generator=gen)
+    toks2 = torch.randint(0, SMALL["vocab_size"], (t2,), generator=gen)
+    parents2 = torch.randint(0, t1, (t2,), generator=gen)  # each level-2 node hangs from a level-1 node
+    with torch.no_grad():
+        meta = _meta(pager, [0], [prefix], [prefix], [pager.slots(0, torch.arange(prefix))], "prefill")
+        model.forward_paged(prompt, torch.arange(prefix), cache, meta)
+        eye1 = torch.eye(t1, dtype=torch.bool)[None]
+        pos1 = torch.arange(prefix, prefix + t1)
+        meta = _meta(pager, [0], [t1], [prefix + t1], [pager.slots(0, pos1)], "verify", tree_mask=eye1)
+        model.forward_paged(toks1, torch.full((t1,), prefix), cache, meta)
+        mask = torch.zeros(1, t2, t1 + t2, dtype=torch.bool)
+        mask[0, torch.arange(t2), parents2] = True
+        mask[0, torch.arange(t2), t1 + torch.arange(t2)] = True
+        pos2 = torch.arange(prefix + t1, prefix + t1 + t2)
+        meta = _meta(pager, [0], [t2], [prefix + t1 + t2], [pager.slots(0, pos2)], "verify", tree_mask=mask)
+        out = model.forward_paged(toks2, torch.full((t2,), prefix + 1), cache, meta)
+        for i in range(t2):
+            seq = torch.cat([prompt, toks1[parents2[i]].view(1), toks2[i].view(1)])
+            torch.testing.assert_close(out.logits[i], model(seq[None]).logits[0, -1], atol=1e-5, rtol=1e-5)
