@@ -78,17 +78,16 @@ class AttnMetadata:
 def write_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Scatter new K/V [N, n_kv, D] into the paged cache at their slots (slot -1 is skipped)."""
+    """Scatter new K/V [N, n_kv, D] into the paged cache at their slots.
+
+    A slot of -1 (a padding row) writes to the cache's very last slot instead: owners of a cache keep its
+    last block out of circulation as a trash block, so skipped writes need no host-side filtering.
+    """
     nb, bs, h, d = k_cache.shape
-    keep = slot_mapping >= 0
-    # Skipped rows go to a scratch copy of slot 0 that is written back unchanged: no host sync to filter.
-    slots = torch.where(keep, slot_mapping, torch.zeros_like(slot_mapping))
-    flat_k = k_cache.view(nb * bs, h, d)
-    flat_v = v_cache.view(nb * bs, h, d)
-    old_k, old_v = flat_k[slots], flat_v[slots]
-    keep3 = keep.view(-1, 1, 1)
-    flat_k.index_copy_(0, slots, torch.where(keep3, k.to(k_cache.dtype), old_k))
-    flat_v.index_copy_(0, slots, torch.where(keep3, v.to(v_cache.dtype), old_v))
+    trash = nb * bs - 1
+    slots = torch.where(slot_mapping >= 0, slot_mapping, torch.full_like(slot_mapping, trash))
+    k_cache.view(nb * bs, h, d).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(nb * bs, h, d).index_copy_(0, slots, v.to(v_cache.dtype))
 
 
 def _gather_cache(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:

@@ -1,0 +1,207 @@
+"""The rollout engine end to end on tiny random models: exactness of SD, batching, preemption, errors."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from tlt_rt.models.arch import ArchConfig
+from tlt_rt.models.drafter import Drafter
+from tlt_rt.models.generate import generate_simple
+from tlt_rt.models.llama import CausalLM
+from tlt_rt.rollout import Engine, SamplingParams
+
+TINY = ArchConfig(
+    model_type="llama",
+    vocab_size=12,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=512,
+    eos_token_ids=(11,),
+)
+
+
+def tiny_pair(seed: int = 0, scale: float = 1.0):
+    torch.manual_seed(seed)
+    target = CausalLM(TINY).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(scale)
+    drafter = Drafter(TINY, target).eval()
+    return target, drafter
+
+
+def make_engine(speculative="on", strategies=("3_3_8", "4_2_6"), seed=0, **kw):
+    target, drafter = tiny_pair(seed, kw.pop("scale", 4.0))
+    return Engine(
+        target,
+        drafter=drafter if speculative != "off" else None,
+        speculative=speculative,
+        strategies=strategies,
+        block_size=kw.pop("block_size", 4),
+        **kw,
+    )
+
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 1], [3], [2, 2, 2, 2, 2]]
+
+
+def _tokens(outs):
+    return [(o.prompt_index, o.sample_index, o.token_ids) for o in outs]
+
+
+@pytest.mark.parametrize("strategies", [("3_3_8",), ("4_2_6",), ("2_4_10",)])
+def test_greedy_sd_equals_plain_decoding(strategies):
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=24, stop_token_ids=[])
+    off = make_engine("off").generate(PROMPTS, params)
+    on = make_engine("on", strategies).generate(PROMPTS, params)
+    assert _tokens(on) == _tokens(off)
+    # the oracle: a plain loop over the dense/paged forward, no engine
+    target, _ = tiny_pair(0, 4.0)
+    ref = generate_simple(target, PROMPTS, max_new_tokens=24, eos_ids=())
+    assert [o.token_ids for o in off if o.sample_index == 0] == ref
+    for a, b in zip(on, off, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_speculative_steps_accept_tokens():
+    eng = make_engine("on", ("3_3_8",))
+    eng.generate(PROMPTS, SamplingParams(n=2, temperature=0.0, max_new_tokens=24, stop_token_ids=[]))
+    st = eng.stats()
+    assert st["sd_steps"] > 0 and st["decode_steps"] == 0
+    # a 12-token vocabulary with 3-way branching: chance acceptance is frequent
+    assert st["mean_accept_length"] > 1.2
+
+
+@pytest.mark.parametrize("speculative,temperature", [("off", 0.8), ("on", 0.0)])
+def test_preemption_loses_nothing_and_changes_nothing(speculative, temperature):
+    # sampled plain decoding draws token t of a sample from counter t of its own stream, and greedy output is
+    # unique, so either way a preempted-and-recomputed run must give the same tokens as a roomy one
+    params = SamplingParams(n=3, temperature=temperature, max_new_tokens=30, seed=7, stop_token_ids=[])
+    roomy = make_engine(speculative).generate(PROMPTS, params)
+    tight_engine = make_engine(speculative, num_blocks=40)
+    tight = tight_engine.generate(PROMPTS, params)
+    assert tight_engine.stats()["preemptions"] > 0
+    assert _tokens(tight) == _tokens(roomy)
+
+
+def test_preemption_under_sampled_speculation_completes_every_request():
+    params = SamplingParams(n=3, temperature=0.8, max_new_tokens=30, seed=7, stop_token_ids=[])
+    eng = make_engine("on", num_blocks=40)
+    outs = eng.generate(PROMPTS, params)
+    assert eng.stats()["preemptions"] > 0
+    assert [(o.prompt_index, o.sample_index) for o in outs] == [(i, j) for i in range(len(PROMPTS)) for j in range(3)]
+    assert all(len(o.token_ids) == 30 and o.finish_reason == "length" for o in outs)
+    assert eng.blocks.num_free == eng.blocks.num_blocks  # every block came back
+
+
+def test_samples_are_independent_streams():
+    outs = make_engine("off").generate(
+        [[1, 2], [1, 2]], SamplingParams(n=4, temperature=1.0, max_new_tokens=12, stop_token_ids=[])
+    )
+    seqs = [tuple(o.token_ids) for o in outs]
+    assert len(set(seqs)) == len(seqs)
+    again = make_engine("off").generate(
+        [[1, 2], [1, 2]], SamplingParams(n=4, temperature=1.0, max_new_tokens=12, stop_token_ids=[])
+    )
+    assert _tokens(again) == _tokens(outs)  # reproducible from the seed
+
+
+def _exact_pair_probs(target, prompt, temperature):
+    """p(x1, x2 | prompt) for every pair, by brute force over the dense forward."""
+    v = TINY.vocab_size
+    with torch.no_grad():
+        p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1] / temperature, -1)
+        seqs = torch.tensor([prompt + [a] for a in range(v)])
+        p2 = torch.softmax(target(seqs).logits[:, -1] / temperature, -1)
+    return (p1[:, None] * p2).flatten()
+
+
+@pytest.mark.parametrize("speculative", ["off", "on"])
+def test_sampled_output_is_distributed_as_the_target(speculative):
+    n, temperature = 3000, 1.3
+    eng = make_engine(speculative, ("3_3_8",), max_batch=512, scale=2.0)
+    outs = eng.generate(
+        [[1, 2, 3]], SamplingParams(n=n, temperature=temperature, max_new_tokens=2, stop_token_ids=[], seed=11)
+    )
+    v = TINY.vocab_size
+    counts = torch.zeros(v * v)
+    for o in outs:
+        counts[o.token_ids[0] * v + o.token_ids[1]] += 1
+    expected = _exact_pair_probs(eng.target, [1, 2, 3], temperature) * n
+    # merge cells with small expectation so the chi-square approximation holds
+    order = torch.argsort(expected)
+    small = expected[order].cumsum(0) < 25
+    obs = torch.cat([counts[order][small].sum(0, keepdim=True), counts[order][~small]])
+    exp = torch.cat([expected[order][small].sum(0, keepdim=True), expected[order][~small]])
+    # false-alarm rate 1e-4 per test
+    assert chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue > 1e-4
+    if speculative == "on":
+        assert eng.stats()["sd_steps"] > 0
+
+
+def test_returned_logprobs_and_hidden_match_the_target():
+    eng = make_engine("on")
+    outs = eng.generate(
+        [[1, 2, 3]], SamplingParams(n=2, temperature=0.7, max_new_tokens=10, stop_token_ids=[], return_hidden=True)
+    )
+    for o in outs:
+        seq = torch.tensor([[1, 2, 3] + o.token_ids])
+        with torch.no_grad():
+            dense = eng.target(seq)
+        logp = torch.log_softmax(dense.logits[0, 2:-1] / 0.7, -1)
+        want = logp.gather(1, torch.tensor(o.token_ids)[:, None]).squeeze(1)
+        torch.testing.assert_close(torch.tensor(o.logprobs), want, atol=1e-4, rtol=1e-4)
+        assert o.hidden.shape == (3 + len(o.token_ids) - 1, TINY.hidden_size)
+        torch.testing.assert_close(o.hidden, dense.hidden[0, :-1], atol=1e-4, rtol=1e-4)
+
+
+def test_stop_tokens_and_lengths():
+    outs = make_engine("on").generate(
+        PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=40, stop_token_ids=[5, 7])
+    )
+    for o in outs:
+        assert len(o.token_ids) <= 40
+        stops = [t for t in o.token_ids if t in (5, 7)]
+        if o.finish_reason == "stop":
+            assert stops == [o.token_ids[-1]]
+        else:
+            assert not stops and len(o.token_ids) == 40
+
+
+def test_bad_input_fails_before_any_work():
+    eng = make_engine("off", max_context=16)
+    with pytest.raises(ValueError, match="context"):
+        eng.generate([[1] * 16])
+    with pytest.raises(ValueError, match="vocabulary"):
+        eng.generate([[1, 99]])
+    with pytest.raises(ValueError, match="empty"):
+        eng.generate([[]])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0)
+    with pytest.raises(ValueError, match="speculative"):
+        make_engine("sometimes")
+
+
+def test_auto_without_drafter_warns():
+    target, _ = tiny_pair()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        Engine(target, speculative="auto", strategies=("3_3_8",), block_size=4)
+    assert any("freshly initialised" in str(x.message) for x in w)
+
+
+def test_stats_report_what_ran():
+    eng = make_engine("on")
+    eng.generate(PROMPTS, SamplingParams(n=2, temperature=0.0, max_new_tokens=8, stop_token_ids=[]))
+    st = eng.stats()
+    assert st["generated_tokens"] == len(PROMPTS) * 2 * 8
+    assert sum(st["strategy_use"].values()) == st["sd_steps"]
+    assert math.isfinite(st["tokens_per_second"]) and st["tokens_per_second"] > 0

@@ -1,0 +1,244 @@
+"""The SD policy: cost table, accept statistics, and decisions against synthetic step-cost models."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tlt_rt.ir.strategy import Strategy, batch_buckets
+from tlt_rt.rollout.policy import OFF, AcceptStats, CostTable, CostTableMismatch, SDPolicy, cost_key, option_name
+
+S = [Strategy.parse(t) for t in ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")]
+BUCKETS = batch_buckets(64)
+
+
+def synthetic_cost(batch: int, s: Strategy | None) -> float:
+    """Memory-bound at small batch, compute-bound at large: a verify of T tokens costs ~T decode tokens."""
+    tokens = batch * (1 if s is None else s.verify_tokens)
+    draft = 0.0 if s is None else 0.0005 * s.depth
+    return 0.010 + 0.00005 * tokens + draft
+
+
+def true_accept(s: Strategy) -> float:
+    return min(1 + 0.35 * s.depth, 1 + 0.06 * s.verify_tokens)
+
+
+def run(policy: SDPolicy, batches, steps: int, cost=synthetic_cost, accept=true_accept, noise=0.0, seed=1):
+    rng = random.Random(seed)
+    chosen = []
+    for _ in range(steps):
+        for b in batches:
+            s = policy.decide(b)
+            jitter = 1 + noise * (2 * rng.random() - 1)
+            policy.observe(b, s, cost(b, s) * jitter, 1.0 if s is None else accept(s))
+            chosen.append((b, option_name(s)))
+    return chosen
+
+
+# ------------------------------------------------------------------------------------------- cost table
+def test_cost_table_get_set_observe():
+    t = CostTable()
+    assert t.get(4, None) is None and t.interpolate(4, None) is None
+    assert t.observe(4, S[0], 5.0) == 5.0 and t.is_provisional(4, S[0])  # maybe a compile/capture step
+    assert t.observe(4, S[0], 0.02) == 0.02 and not t.is_provisional(4, S[0])  # second reading replaces it
+    t.observe(4, S[0], 2.0)  # upward outlier: clipped to 3x
+    assert t.get(4, S[0]) == pytest.approx(0.02 + 0.2 * (0.06 - 0.02))
+    t.observe(4, S[0], 0.001)  # far below: the estimate was the outlier (warm-up), replace it
+    assert t.get(4, S[0]) == 0.001
+    with pytest.raises(ValueError, match="positive finite"):
+        t.observe(4, None, float("nan"))
+    with pytest.raises(ValueError, match="positive finite"):
+        t.set(4, None, 0.0)
+
+
+def test_cost_table_interpolation():
+    t = CostTable()
+    t.set(8, None, 1.0)
+    assert t.interpolate(64, None) == 1.0  # one point: flat above
+    assert t.interpolate(4, None) is None  # below the smallest measured bucket: unknown, not an upper bound
+    t.set(16, None, 2.0)
+    assert t.interpolate(12, None) == pytest.approx(1.5)
+    assert t.interpolate(32, None) == pytest.approx(4.0)  # above: last slope
+    assert t.interpolate(16, None) == 2.0 and t.get(12, None) is None
+    assert t.interpolate(12, S[0]) is None
+    t.set(24, None, 1.5)  # noisy: a falling last segment extends flat, never downward
+    assert t.interpolate(48, None) == 1.5
+    assert t.buckets(None) == [8, 16, 24]
+
+
+def test_cost_table_save_load_and_key(tmp_path):
+    key = cost_key({"layers": 2, "hidden": 64}, "float32", "cpu")
+    assert key["device"] == "cpu" and key["dtype"] == "float32" and "torch" in key and "triton" in key
+    t = CostTable(key)
+    t.set(1, None, 0.01)
+    t.set(8, S[4], 0.03)
+    t.observe(2, S[4], 0.02)
+    path = tmp_path / "costs.json"
+    t.save(path)
+    back = CostTable.load(path, key=key)
+    assert back is not None and back.to_dict() == t.to_dict() and back.get(8, S[4]) == 0.03
+    assert back.is_provisional(2, S[4]) and not back.is_provisional(8, S[4])
+    assert CostTable.load(path).get(1, None) == 0.01  # no key given: no check
+    other = dict(key, dtype="bfloat16")
+    assert CostTable.load(path, key=other) is None
+    with pytest.raises(CostTableMismatch, match="dtype: saved 'float32', here 'bfloat16'"):
+        CostTable.load(path, key=other, strict=True)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        CostTable.load(path)
+    with pytest.raises(ValueError, match="version-1"):
+        CostTable.from_dict({"costs": {}})
+
+
+# ------------------------------------------------------------------------------------------ accept stats
+def test_accept_stats_prior_ema_and_histogram():
+    a = AcceptStats(prior_weight=2.0)
+    s = S[0]
+    assert a.mean(1, None) == 1.0 and a.mean(1, s) == pytest.approx(1 + 0.4 * 8)
+    for _ in range(200):
+        a.observe(1, s, 3.0)
+    assert a.mean(1, s) == pytest.approx(3.0, abs=0.05)
+    assert a.mean(64, s) == pytest.approx(3.0, abs=0.05)  # an unseen bucket borrows the pooled estimate
+    a.observe(1, s, 99.0)  # clamped to depth + 1
+    assert a.histogram()[str(s)] == {3: 200, 9: 1}
+    a.observe(1, s, 0.2)  # every step emits at least one token
+    assert 1 in a.histogram()[str(s)]
+    with pytest.raises(ValueError):
+        a.observe(1, s, -1.0)
+    b = AcceptStats()
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert b.mean(1, s) == a.mean(1, s) and b.histogram() == a.histogram()
+
+
+# ------------------------------------------------------------------------------------------------ policy
+def test_policy_validates_config():
+    with pytest.raises(ValueError, match="mode"):
+        SDPolicy(S, BUCKETS, mode="sometimes")
+    with pytest.raises(ValueError, match="strategies"):
+        SDPolicy([], BUCKETS, mode="on")
+    with pytest.raises(ValueError, match="buckets"):
+        SDPolicy(S, [])
+    with pytest.raises(ValueError, match="epsilon"):
+        SDPolicy(S, BUCKETS, epsilon=1.5)
+
+
+def test_unknown_costs_are_measured_first():
+    p = SDPolicy(S[:2], BUCKETS, epsilon=0.0)
+    seen = [option_name(o) for o in (p.decide(1), p.decide(1))]
+    assert seen == [OFF, OFF]  # nothing observed yet: the first unknown option again
+    seen = []
+    for _ in range(6):  # every option twice: a first reading may include compilation, so it is re-measured
+        o = p.decide(1)
+        seen.append(option_name(o))
+        p.observe(1, o, 0.01 if o is None else 0.02, 3.0)
+    assert seen == [OFF, OFF, str(S[0]), str(S[0]), str(S[1]), str(S[1])]
+    assert p.stats()["measure_steps"] == 8
+    p.costs.set(2, S[0], 0.03)  # a profiled cost is trusted at once
+    assert not p.costs.is_provisional(2, S[0])
+
+
+def test_sd_at_small_batch_plain_decoding_at_large_batch():
+    p = SDPolicy(S, BUCKETS, epsilon=0.05, seed=3)
+    chosen = run(p, [1, 64], 300)
+    current = p.stats()["current"]
+    assert current[1] != OFF and current[64] == OFF
+    tail = chosen[-200:]
+    assert sum(c != OFF for b, c in tail if b == 1) > 85
+    assert sum(c == OFF for b, c in tail if b == 64) > 85
+    # the cost model's own view agrees
+    best1 = max(S, key=lambda s: true_accept(s) / synthetic_cost(1, s))
+    assert current[1] == str(best1)
+
+
+def test_modes_off_and_on():
+    off = SDPolicy(S, BUCKETS, mode="off")
+    assert all(off.decide(b) is None for b in (1, 8, 64, 500))
+    on = SDPolicy(S, BUCKETS, mode="on", epsilon=0.0)
+    chosen = run(on, [1, 64], 50)
+    assert all(c != OFF for _, c in chosen)  # always speculative, even where plain decoding is faster
+    best64 = max(S, key=lambda s: true_accept(s) / synthetic_cost(64, s))
+    assert on.stats()["current"][64] == str(best64)
+
+
+def test_exploration_rate_matches_epsilon_and_is_deterministic():
+    def make(seed):
+        p = SDPolicy(S, BUCKETS, epsilon=0.1, seed=seed)
+        for b in BUCKETS:
+            for s in [None, *S]:
+                p.costs.set(b, s, synthetic_cost(b, s))
+        return p
+
+    p = make(0)
+    picks = [p.decide(b) for _ in range(500) for b in (1, 8, 64)]
+    st = p.stats()
+    assert st["decisions"] == 1500 and st["measure_steps"] == 0
+    assert abs(st["explore_steps"] / 1500 - 0.1) < 0.025
+    greedy = {b: st["current"][b] for b in (1, 8, 64)}
+    off_greedy = sum(option_name(s) != greedy[b] for s, b in zip(picks, [1, 8, 64] * 500, strict=True))
+    assert off_greedy == st["explore_steps"]
+    again = make(0)
+    assert [again.decide(b) for _ in range(500) for b in (1, 8, 64)] == picks
+    other = make(1)
+    assert [other.decide(b) for _ in range(500) for b in (1, 8, 64)] != picks
+
+
+def test_hysteresis_prevents_flapping():
+    # plain decoding and 6_2_12 tie exactly at batch 8; costs jitter by +-4% per step, and exploration
+    # keeps both estimates fresh, so without hysteresis the incumbent changes whenever the noise says so
+    s = S[4]
+
+    def cost(b, o):
+        return 0.010 if o is None else 0.030
+
+    def switches(h):
+        p = SDPolicy([s], BUCKETS, epsilon=0.2, hysteresis=h)
+        run(p, [8], 400, cost=cost, accept=lambda _: 3.0, noise=0.04, seed=7)
+        return p.stats()["switches"]
+
+    flappy, steady = switches(0.0), switches(0.05)
+    assert flappy >= 20 and steady <= 1
+
+
+def test_strategy_with_poor_accept_length_is_dropped():
+    bad, good = S[2], S[4]
+
+    def cost(b, o):
+        return 0.010 if o is None else 0.012
+
+    def accept(o):
+        return 1.05 if o == bad else 3.0
+
+    p = SDPolicy([bad, good], BUCKETS, epsilon=0.05)
+    chosen = run(p, [1], 300, cost=cost, accept=accept)
+    assert p.stats()["current"][1] == str(good)
+    assert sum(c == str(bad) for _, c in chosen[-200:]) < 15  # exploration only
+    alone = SDPolicy([bad], BUCKETS, epsilon=0.0)
+    chosen = run(alone, [1], 100, cost=cost, accept=accept)
+    assert alone.stats()["current"][1] == OFF
+    # the optimistic prior (1 + 0.4 * depth) is overruled within a few readings, then never tried again
+    assert sum(c == str(bad) for _, c in chosen) <= 12 and all(c == OFF for _, c in chosen[-80:])
+
+
+def test_state_dict_round_trip_gives_identical_decisions():
+    p = SDPolicy(S, BUCKETS, epsilon=0.2, seed=5)
+    run(p, [1, 3, 20, 64], 40, noise=0.1)
+    state = json.loads(json.dumps(p.state_dict()))  # JSON-safe
+    q = SDPolicy(S, BUCKETS, epsilon=0.2, seed=99)
+    q.load_state_dict(state)
+    assert q.stats() == p.stats()
+    assert run(p, [1, 3, 20, 64], 60, noise=0.1, seed=2) == run(q, [1, 3, 20, 64], 60, noise=0.1, seed=2)
+    assert q.state_dict() == p.state_dict()
+    with pytest.raises(ValueError, match="strategies"):
+        SDPolicy(S[:2], BUCKETS).load_state_dict(state)
+
+
+def test_oversize_batch_uses_the_largest_bucket():
+    p = SDPolicy(S, [1, 2, 4], epsilon=0.0)
+    assert p.bucket(100) == 4 and p.bucket(3) == 4
+    p.decide(100)
+    p.observe(100, None, 0.01, 1.0)
+    assert p.costs.get(4, None) == 0.01
+    with pytest.raises(ValueError):
+        p.decide(0)

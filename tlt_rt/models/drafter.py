@@ -1,0 +1,300 @@
+"""The one-layer EAGLE-style drafter, laid out as serving engines load an EAGLE(-2) draft model.
+
+    feature f_t    = target.norm(h_t)                       # the target's final-norm output (EAGLE's "feature")
+    z_t            = fc(concat(embed(x_{t+1}), f_t))         # Linear 2H -> H, with bias
+    f'_{t+1}       = DecoderLayer(z_t)                      # one target-architecture layer, no input layernorm
+    logits_{t+1}   = lm_head(f'_{t+1})                      # predicts x_{t+2}
+
+This is SGLang's `LlamaForCausalLMEagle` / `Qwen2ForCausalLMEagle` (and vLLM's EAGLE-1 model): the target
+hands over its hidden state AFTER the final norm, the draft layer skips its input layernorm, and the draft
+output goes straight into the LM head with no norm. The drafter's own output is fed back as the next
+feature when it drafts several steps. Our target's `ModelOutput.hidden` is taken BEFORE the final norm, so
+target rows go through `Drafter.features(hidden)` first (one RMSNorm with the target's weights).
+
+Embedding, final norm and LM head are the target's own modules, shared by reference: they are not
+registered as submodules (not in `state_dict()` / `parameters()`) and their weights are used detached, so
+drafter training never writes gradients into the policy.
+
+Reduced draft vocabulary (off by default): `set_draft_vocab(d2t)` keeps only the target ids `d2t` [Vd]
+(typically the most frequent tokens of the training data, see `draft_vocab_from_counts`). The LM head is
+then a sliced copy of those rows of the target's head (the only non-shared case; call `refresh_head()`
+after the policy's weights change), dense `forward` returns logits over the Vd draft ids, and
+`forward_paged` scatters them back to the target vocabulary (-inf elsewhere) so the engine keeps target
+ids. `d2t` holds absolute target ids, as SGLang's `--speculative-token-map` file does (EAGLE-3's `d2t`
+holds offsets instead).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tlt_rt.models.arch import ArchConfig
+from tlt_rt.models.attention import AttentionBackend, AttnMetadata, TorchAttention
+from tlt_rt.models.llama import CausalLM, DecoderLayer, KVCache, ModelOutput, Rotary
+
+PackedAttn = str  # "auto" | "xformers" | "sdpa"
+
+
+# ---- packed (block-diagonal causal) attention for training ------------------------------------------------
+
+
+def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] segment ids -> [B, T, T] bool: same segment and key <= query (block-diagonal causal)."""
+    t = segment_ids.shape[-1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return same & torch.ones(t, t, dtype=torch.bool, device=segment_ids.device).tril()
+
+
+def _sdpa_packed(q, k, v, scale, segment_ids):
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
+    mask = segment_mask(segment_ids)[:, None]
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+
+
+def _run_lengths(segment_ids: torch.Tensor) -> list[int]:
+    """Lengths of the runs of equal ids in row-major order, a row end always closing a run."""
+    b, t = segment_ids.shape
+    key = segment_ids.long() + torch.arange(b, device=segment_ids.device).view(b, 1) * (segment_ids.max() + 2)
+    return torch.unique_consecutive(key.flatten(), return_counts=True)[1].tolist()
+
+
+def _xformers_packed(q, k, v, scale, segment_ids):
+    from xformers.ops import fmha, memory_efficient_attention
+
+    b, t, hq, d = q.shape
+    rep = hq // k.shape[2]
+    bias = fmha.attn_bias.BlockDiagonalCausalMask.from_seqlens(_run_lengths(segment_ids))
+    # every row's segments become one long batch-1 sequence: [1, B*T, H, D]
+    kf = k.repeat_interleave(rep, dim=2).reshape(1, b * t, hq, d)
+    vf = v.repeat_interleave(rep, dim=2).reshape(1, b * t, hq, d)
+    out = memory_efficient_attention(q.reshape(1, b * t, hq, d), kf, vf, attn_bias=bias, scale=scale)
+    return out.view(b, t, hq, d)
+
+
+@functools.cache
+def xformers_works(device_type: str, dtype: torch.dtype = torch.float32) -> bool:
+    """True when xformers imports AND its kernel runs a tiny packed call on this device type and dtype.
+
+    Some installs import fine but fail when a kernel loads, so this tries once instead of trusting the import.
+    """
+    try:
+        x = torch.randn(1, 8, 2, 16, device=device_type, dtype=dtype)
+        seg = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]], device=device_type)
+        got = _xformers_packed(x, x, x, 0.25, seg)
+        return bool(torch.allclose(got.float(), _sdpa_packed(x, x, x, 0.25, seg).float(), atol=2e-2, rtol=2e-2))
+    except Exception:  # ImportError, missing kernels, unsupported device: all mean "use our path"
+        return False
+
+
+def packed_causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    segment_ids: torch.Tensor,
+    impl: PackedAttn = "auto",
+) -> torch.Tensor:
+    """q [B, T, Hq, D], k/v [B, T, Hkv, D], segment_ids [B, T] -> [B, T, Hq, D], attention block-diagonal causal.
+
+    Each row holds several samples back to back; a token sees only earlier tokens of its own segment.
+    Segments must be contiguous runs within a row. `impl`: "xformers", "sdpa" or "auto" (xformers when it
+    works here, else SDPA with a boolean block-diagonal mask).
+    """
+    if impl not in ("auto", "xformers", "sdpa"):
+        raise ValueError(f"packed attention impl must be 'auto', 'xformers' or 'sdpa', got {impl!r}")
+    if impl == "xformers" or (impl == "auto" and xformers_works(q.device.type, q.dtype)):
+        return _xformers_packed(q, k, v, scale, segment_ids)
+    return _sdpa_packed(q, k, v, scale, segment_ids)
+
+
+# ---- the drafter -----------------------------------------------------------------------------------------
+
+
+def draft_vocab_from_counts(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The `size` most frequent target ids (ties to the smaller id) from per-id counts [V] -> [size] int64."""
+    if not 0 < size <= counts.numel():
+        raise ValueError(f"draft_vocab_size must be in [1, {counts.numel()}], got {size}")
+    order = torch.sort(counts.cpu(), descending=True, stable=True).indices
+    return order[:size].to(torch.int64)
+
+
+class Drafter(nn.Module):
+    """One-layer EAGLE-2-layout draft model sharing embedding, final norm and LM head with `target`.
+
+    `arch` describes the draft layer (usually `target.arch`); its hidden size must equal the target's.
+    """
+
+    def __init__(self, arch: ArchConfig, target: CausalLM, draft_vocab: torch.Tensor | None = None):
+        super().__init__()
+        if arch.hidden_size != target.arch.hidden_size:
+            raise ValueError(f"drafter hidden_size {arch.hidden_size} != target hidden_size {target.arch.hidden_size}")
+        self.arch = arch
+        h = arch.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.layers = nn.ModuleList([DecoderLayer(arch)])
+        # EAGLE checkpoints and serving engines drop layer 0's input layernorm: fc's output enters attention as is
+        self.layers[0].input_layernorm = nn.Identity()
+        self.attn_backend: AttentionBackend = TorchAttention()
+        self.packed_attn: PackedAttn = "auto"
+        self.register_buffer("d2t", None)
+        self.register_buffer("draft_head", None, persistent=False)
+        self._init_weights()
+        self.bind(target)
+        if draft_vocab is not None:
+            self.set_draft_vocab(draft_vocab)
+
+    def _init_weights(self, std: float = 0.02) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    # -- the target's shared modules (plain attributes: never registered, never trained here) --
+    def bind(self, target: CausalLM) -> Drafter:
+        """Share `target`'s embedding, final norm and LM head (by reference); re-slices a reduced head."""
+        if target.arch.hidden_size != self.arch.hidden_size:
+            raise ValueError(f"target hidden_size {target.arch.hidden_size} != drafter {self.arch.hidden_size}")
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_rotaries", {})
+        if self.d2t is not None:
+            self.refresh_head()
+        return self
+
+    @property
+    def target(self) -> CausalLM:
+        return self._target
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self._target.model.embed_tokens
+
+    @property
+    def norm(self) -> nn.Module:
+        return self._target.model.norm
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self._target.lm_head
+
+    @property
+    def layer(self) -> DecoderLayer:
+        return self.layers[0]
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.arch.vocab_size if self.d2t is None else self.d2t.numel()
+
+    def _rotary(self, device: torch.device) -> Rotary:
+        # kept out of the module tree so that `.to(bfloat16)` never rounds the inverse frequencies
+        if device not in self._rotaries:
+            self._rotaries[device] = Rotary(self.arch).to(device)
+        return self._rotaries[device]
+
+    # -- reduced draft vocabulary --
+    def set_draft_vocab(self, d2t: torch.Tensor | None) -> None:
+        """Restrict drafting to target ids `d2t` [Vd] (None: the full vocabulary)."""
+        if d2t is None:
+            self.d2t, self.draft_head = None, None
+            return
+        d2t = torch.as_tensor(d2t, dtype=torch.int64).flatten()
+        v = self._target.arch.vocab_size
+        if d2t.numel() == 0 or d2t.min() < 0 or d2t.max() >= v or d2t.unique().numel() != d2t.numel():
+            raise ValueError(f"d2t must hold distinct target ids in [0, {v}), got {d2t.numel()} ids")
+        self.d2t = d2t.to(self.fc.weight.device)
+        self.refresh_head()
+
+    @torch.no_grad()
+    def refresh_head(self) -> None:
+        """Re-slice the reduced LM head from the target's current weights (after a policy update)."""
+        w = self.lm_head.weight
+        self.draft_head = w.detach()[self.d2t.to(w.device)].clone()
+
+    # -- the maths --
+    def features(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """Target hidden before the final norm [..., H] -> drafter input feature (the final norm's output)."""
+        n = self.norm
+        x = target_hidden.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + n.eps)
+        return n.weight.detach() * x.to(target_hidden.dtype)
+
+    def head_weight(self) -> torch.Tensor:
+        """[Vd, H] the LM head rows the drafter scores (the target's own weight when the vocab is full)."""
+        return self.lm_head.weight.detach() if self.draft_head is None else self.draft_head
+
+    def logits(self, feature: torch.Tensor) -> torch.Tensor:
+        """Feature [..., H] -> logits over the draft vocabulary [..., Vd]."""
+        w = self.head_weight()
+        return F.linear(feature.to(w.dtype), w)
+
+    def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab logits [..., Vd] -> target-vocab logits [..., V], -inf outside the draft vocabulary."""
+        if self.d2t is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self._target.arch.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.d2t.to(logits.device), logits)
+
+    def _fuse(self, input_ids: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
+        dt = self.fc.weight.dtype
+        emb = F.embedding(input_ids, self.embed_tokens.weight.detach())
+        return self.fc(torch.cat([emb.to(dt), feature.to(dt)], dim=-1))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """Dense forward for training: row t pairs token x_{t+1} with feature f_t and predicts f_{t+1}.
+
+        input_ids [B, T], hidden [B, T, H] features (`features(target_hidden)` or fed-back drafter output),
+        positions [B, T] (default 0..T-1), segment_ids [B, T] for packed rows (None: one sequence per row,
+        causal). Returns hidden [B, T, H] (predicted next features) and logits [B, T, Vd].
+        """
+        if positions is None:
+            positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
+        x = self._fuse(input_ids, hidden)
+        rotary = self._rotary(x.device)
+        layer = self.layer
+        if segment_ids is None:
+            x = layer(x, positions, rotary)
+        else:
+            attn = layer.self_attn
+            q, k, v = attn._qkv(x, positions, rotary)  # [B, T, H, D]; the input layernorm is the identity
+            out = packed_causal_attention(q, k, v, attn.scale, segment_ids, self.packed_attn)
+            x = x + attn.o_proj(out.flatten(-2))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return ModelOutput(logits=self.logits(x), hidden=x)
+
+    def forward_paged(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        meta: AttnMetadata,
+        logits_indices: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """Engine forward over packed rows, as `CausalLM.forward_paged`: input_ids/positions [N], hidden [N, H].
+
+        Returns logits [M, V] over the TARGET vocabulary (rows `logits_indices`, default all) and hidden
+        [N, H]. K/V go to the drafter's one-layer `cache` at meta.slot_mapping (the target's block tables).
+        """
+        meta.validate(input_ids.shape[0])
+        x = self._fuse(input_ids, hidden)
+        x = self.layer(x, positions, self._rotary(x.device), (cache.k[0], cache.v[0], meta, self.attn_backend))
+        rows = x if logits_indices is None else x[logits_indices]
+        return ModelOutput(logits=self.to_target_vocab(self.logits(rows)), hidden=x)
+
+    def make_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device=None) -> KVCache:
+        p = self.fc.weight
+        a = self.arch
+        return KVCache(
+            1, num_blocks, block_size, a.num_key_value_heads, a.head_dim, dtype or p.dtype, device or p.device
+        )

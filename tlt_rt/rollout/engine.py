@@ -1,0 +1,416 @@
+"""The rollout engine: continuous batching over a paged KV cache with adaptive speculative steps.
+
+    engine = Engine.from_pretrained(target_path, drafter_path=None, speculative="auto")
+    outs = engine.generate(prompts, SamplingParams(n=8, temperature=0.9, max_new_tokens=512))
+
+Each prompt is prefilled once (in chunks) and forked into its `n` samples, which share the prompt's KV
+blocks. Every step either prefills waiting work or advances all running samples by one plain decode step
+or one speculative step chosen by the SD policy. When blocks run out the youngest sample is preempted and
+later recomputed from its tokens; nothing is lost. Every sample draws from its own counter-based random
+stream, so with plain decoding (and with greedy speculation) its continuation is the same as if it had
+never been preempted; sampled speculation stays exactly distributed but may take another valid draw.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections import Counter, deque
+
+import torch
+
+from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for
+from tlt_rt.models.llama import CausalLM
+from tlt_rt.rollout.block_manager import BlockManager
+from tlt_rt.rollout.params import Completion, SamplingParams
+from tlt_rt.rollout.policy import CostTable, SDPolicy
+from tlt_rt.rollout.rng import sequence_seed
+from tlt_rt.rollout.runner import Layout, Sampler, TargetRunner
+from tlt_rt.rollout.sequence import PrefillJob, Sequence
+from tlt_rt.rollout.speculative import DrafterRunner, scratch_tokens, speculative_step
+
+log = logging.getLogger(__name__)
+DEFAULT_STRATEGIES = ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")
+
+
+class Engine:
+    def __init__(
+        self,
+        target: CausalLM,
+        drafter=None,
+        speculative: str = "auto",
+        strategies=DEFAULT_STRATEGIES,
+        num_blocks: int = 0,
+        block_size: int = 16,
+        max_batch: int = 64,
+        max_prefill_tokens: int = 2048,
+        max_context: int | None = None,
+        epsilon: float = 0.05,
+        hysteresis: float = 0.05,
+        attn_backend: str = "auto",
+    ):
+        if speculative not in ("off", "on", "auto"):
+            raise ValueError(f"speculative must be 'off', 'on' or 'auto', got {speculative!r}")
+        self.target = target
+        self.device = target.lm_head.weight.device
+        self.block_size = block_size
+        self.max_batch = max_batch
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_context = max_context or target.arch.max_position_embeddings
+        self.strategies = [s if isinstance(s, Strategy) else Strategy.parse(s) for s in strategies]
+        if not self.strategies and speculative != "off":
+            raise ValueError("speculative decoding needs at least one strategy")
+        from tlt_rt.codegen.backend import select_backend
+
+        target.attn_backend = select_backend(self.device, attn_backend)
+        if num_blocks <= 0:
+            num_blocks = self._auto_blocks()
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.runner = TargetRunner(target, num_blocks, block_size)
+        self.speculative = speculative
+        self.drafter_runner: DrafterRunner | None = None
+        if speculative != "off":
+            if drafter is None:
+                from tlt_rt.models.drafter import Drafter
+
+                warnings.warn(
+                    "no drafter given: using a freshly initialised one (accept lengths will be low)", stacklevel=2
+                )
+                drafter = Drafter(target.arch, target).to(self.device, target.lm_head.weight.dtype).eval()
+            drafter.attn_backend = target.attn_backend
+            self.drafter_runner = DrafterRunner(drafter, num_blocks, block_size)
+        self.buckets = batch_buckets(max_batch)
+        self.policy = SDPolicy(
+            self.strategies, self.buckets, CostTable(), mode=speculative, epsilon=epsilon, hysteresis=hysteresis
+        )
+        self._stats: Counter = Counter()
+        self._accept_hist: Counter = Counter()
+        self._strategy_use: Counter = Counter()
+        self.timeline: list[dict] = []
+        self._next_id = 0
+        self._gen_time = 0.0
+        self._allocated: set[int] = set()  # prefill jobs that hold blocks
+
+    # ------------------------------------------------------------------------------------------ set-up
+    @classmethod
+    def from_pretrained(
+        cls,
+        target_path=None,
+        drafter_path=None,
+        speculative: str = "auto",
+        dtype: str = "auto",
+        device: str | None = None,
+        **options,
+    ) -> Engine:
+        from tlt_rt.models.loader import load_target
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        target = load_target(target_path, dtype=dtype, device=device)
+        drafter = None
+        if drafter_path is not None:
+            from tlt_rt.models.eagle_export import load_eagle
+
+            drafter = load_eagle(drafter_path, target)
+        return cls(target, drafter=drafter, speculative=speculative, **options)
+
+    def _auto_blocks(self) -> int:
+        a = self.target.arch
+        per_block = 2 * a.num_hidden_layers * self.block_size * a.num_key_value_heads * a.head_dim
+        per_block *= self.target.lm_head.weight.element_size()
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return max(64, int(free * 0.5) // per_block)
+        return max(64, min(1024, (512 << 20) // per_block))
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    # ---------------------------------------------------------------------------------------- checks
+    def _validate(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        vocab = self.target.arch.vocab_size
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+            if len(p) >= self.max_context:
+                raise ValueError(f"prompt {i} has {len(p)} tokens; the context holds {self.max_context}")
+            bad = [t for t in p if not 0 <= int(t) < vocab]
+            if bad:
+                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        need = -(-(max(len(p) for p in prompts) + 1 + self._max_scratch()) // self.block_size)
+        if need > self.blocks.num_blocks:
+            raise ValueError(f"the KV cache ({self.blocks.num_blocks} blocks) cannot hold one prompt ({need} blocks)")
+
+    def _max_scratch(self) -> int:
+        if self.drafter_runner is None:
+            return 1
+        return max(scratch_tokens(s) for s in self.strategies)
+
+    # -------------------------------------------------------------------------------------- generate
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[Completion]:
+        """Sample `params.n` continuations of every prompt; returns them ordered by (prompt, sample)."""
+        params = params or SamplingParams()
+        prompts = [[int(t) for t in p] for p in prompts]
+        self._validate(prompts, params)
+        stop = set(params.stop_token_ids if params.stop_token_ids is not None else self.target.arch.eos_token_ids)
+        sampler = Sampler(params, self.device)
+        keep_hidden = params.return_hidden or self.drafter_runner is not None
+        waiting: deque[PrefillJob] = deque()
+        seen: Counter = Counter()
+        for i, p in enumerate(prompts):
+            occurrence = seen[tuple(p)]
+            seen[tuple(p)] += 1
+            group = [
+                Sequence(self._new_id(), i, j, p, sequence_seed(params.seed, i, j, occurrence), params.max_new_tokens)
+                for j in range(params.n)
+            ]
+            # a group never outgrows the running batch: larger n prefills the prompt once per slice
+            for k in range(0, len(group), self.max_batch):
+                waiting.append(PrefillJob(self._new_id(), list(p), group=group[k : k + self.max_batch]))
+        running: list[Sequence] = []
+        done: list[Sequence] = []
+        t_start = time.perf_counter()
+        while waiting or running:
+            jobs = self._admit(waiting, running)
+            if jobs:
+                self._prefill(jobs, waiting, running, sampler, stop, done, keep_hidden)
+                continue
+            if not running:
+                raise RuntimeError("no sequence can run: the KV cache is too small for the waiting work")
+            self._decode_or_speculate(running, waiting, sampler, stop, done, keep_hidden)
+        self._gen_time += time.perf_counter() - t_start
+        done.sort(key=lambda s: (s.prompt_index, s.sample_index))
+        return [self._completion(s, params) for s in done]
+
+    def _completion(self, s: Sequence, params: SamplingParams) -> Completion:
+        hidden = None
+        if params.return_hidden:
+            hidden = s.hidden()[: s.length - 1].detach()
+        return Completion(
+            s.prompt_index,
+            s.sample_index,
+            list(s.output),
+            list(s.logprobs),
+            s.finish_reason or "length",
+            hidden,
+            {"preemptions": s.preemptions},
+        )
+
+    # ------------------------------------------------------------------------------------ scheduling
+    def _admit(self, waiting: deque[PrefillJob], running: list[Sequence]) -> list[tuple[PrefillJob, int]]:
+        """Pick prefill chunks for this step, allocating blocks for jobs as they are first admitted."""
+        jobs, budget = [], self.max_prefill_tokens
+        slots = self.max_batch - len(running)
+        for job in waiting:
+            n = len(job.group) if job.group else 1
+            if budget <= 0 or n > slots:
+                break
+            if job.done == 0 and job.seq_id not in self._allocated:
+                if not self.blocks.can_allocate(len(job.tokens) + n * self.block_size):
+                    break
+                self.blocks.allocate(job.seq_id, len(job.tokens))
+                self._allocated.add(job.seq_id)
+            chunk = min(job.remaining, budget)
+            jobs.append((job, chunk))
+            budget -= chunk
+            slots -= n
+        return jobs
+
+    def _prefill(self, jobs, waiting, running, sampler, stop, done, keep_hidden) -> None:
+        t0 = time.perf_counter()
+        layout = Layout([], [], [], [], [])
+        tokens, last_rows, finishing = [], [], []
+        for job, chunk in jobs:
+            s, e = job.done, job.done + chunk
+            tokens += job.tokens[s:e]
+            layout.tables.append(self.blocks.block_table(job.seq_id))
+            layout.q_lens.append(chunk)
+            layout.seq_lens.append(e)
+            layout.positions.append(list(range(s, e)))
+            layout.cache_pos.append(list(range(s, e)))
+            if e == len(job.tokens):
+                last_rows.append(len(tokens) - 1)
+                finishing.append(job)
+        out = self.runner.forward(tokens, layout, "prefill", logits_rows=last_rows or [0])
+        offset = 0
+        for job, chunk in jobs:
+            job.hidden_chunks.append(out.hidden[offset : offset + chunk])
+            job.done += chunk
+            offset += chunk
+        for row, job in enumerate(finishing):
+            waiting.remove(job)
+            self._allocated.discard(job.seq_id)
+            if job.seq is not None:  # a recomputed sample resumes where it was
+                seq = job.seq
+                seq.num_cached, seq.hidden_chunks = len(job.tokens), [torch.cat(job.hidden_chunks)]
+                running.append(seq)
+                continue
+            self._fork_group(job, out.logits[row], running, waiting, sampler, stop, done, keep_hidden)
+        self._stats["prefill_steps"] += 1
+        self._stats["prefill_tokens"] += len(tokens)
+        self.timeline.append(
+            {
+                "kind": "prefill",
+                "batch": len(jobs),
+                "tokens": len(tokens),
+                "seconds": time.perf_counter() - t0,
+                "running": len(running),
+            }
+        )
+
+    def _fork_group(self, job, logits, running, waiting, sampler, stop, done, keep_hidden) -> None:
+        hidden = torch.cat(job.hidden_chunks)
+        p = len(job.tokens)
+        draft_cached = 0
+        if self.drafter_runner is not None and p > 1:
+            # drafter rows of the shared prompt once, before the samples diverge
+            parent = Sequence(job.seq_id, -1, -1, job.tokens, 0, 1, num_cached=p - 1, hidden_chunks=[hidden])
+            self.drafter_runner.catch_up([parent], [self.blocks.block_table(job.seq_id)], self.device)
+            draft_cached = p - 1
+        group = job.group
+        while self.blocks.num_free < len(group) and running:  # each sample takes a private last block
+            self._preempt_youngest(running, waiting)
+        copies = []
+        for seq in group:
+            copies += self.blocks.fork(job.seq_id, seq.seq_id, p - 1)
+        self.blocks.free(job.seq_id)
+        caches = [self.runner.cache] + ([self.drafter_runner.cache] if self.drafter_runner else [])
+        self.runner.copy_blocks(copies, caches)
+        b = len(group)
+        seeds = torch.tensor([s.seed for s in group], device=self.device)
+        tok, lp = sampler.sample(
+            logits[None].expand(b, -1), seeds, torch.zeros(b, dtype=torch.long, device=self.device)
+        )
+        for seq, t, l in zip(group, tok.tolist(), lp.tolist(), strict=True):
+            seq.num_cached, seq.draft_cached = p, draft_cached
+            seq.hidden_chunks = [hidden] if keep_hidden else []
+            seq.counter = 1
+            running.append(seq)
+            self._emit(seq, [t], [l], stop, running, done)
+
+    def _emit(self, seq: Sequence, toks: list[int], lps: list[float], stop, running, done) -> int:
+        """Append tokens until a stop token or a limit; returns how many were kept."""
+        kept = 0
+        for t, lp in zip(toks, lps, strict=False):
+            seq.output.append(t)
+            seq.logprobs.append(lp)
+            kept += 1
+            if t in stop:
+                seq.finish_reason = "stop"
+            elif len(seq.output) >= seq.max_new_tokens or seq.length >= self.max_context:
+                seq.finish_reason = "length"
+            if seq.finished:
+                running.remove(seq)
+                self.blocks.free(seq.seq_id)
+                done.append(seq)
+                break
+        self._stats["generated_tokens"] += kept
+        return kept
+
+    def _preempt_youngest(self, running: list[Sequence], waiting: deque) -> Sequence:
+        """Free the most recently admitted sample's blocks; it will be recomputed from its tokens."""
+        victim = running.pop()
+        self.blocks.free(victim.seq_id)
+        victim.reset_for_recompute()
+        self._stats["preemptions"] += 1
+        waiting.appendleft(PrefillJob(victim.seq_id, victim.tokens[:-1], seq=victim))
+        return victim
+
+    def _reserve(self, running: list[Sequence], waiting: deque, extra: int) -> None:
+        """Make sure every running sample has blocks for `extra` more positions; preempt the youngest if not."""
+        i = 0
+        while i < len(running):
+            seq = running[i]
+            if self.blocks.ensure(seq.seq_id, seq.num_cached + extra):
+                i += 1
+            else:
+                self._preempt_youngest(running, waiting)
+
+    def _decode_or_speculate(self, running, waiting, sampler, stop, done, keep_hidden) -> None:
+        b = len(running)
+        strategy = self.policy.decide(b) if self.drafter_runner is not None else None
+        extra = 1 if strategy is None else scratch_tokens(strategy)
+        self._reserve(running, waiting, extra)
+        if not running:
+            return
+        b = len(running)
+        seqs = list(running)
+        tables = [self.blocks.block_table(s.seq_id) for s in seqs]
+        t0 = time.perf_counter()
+        if strategy is None:
+            layout = Layout(
+                tables,
+                [1] * b,
+                [s.num_cached + 1 for s in seqs],
+                [[s.num_cached] for s in seqs],
+                [[s.num_cached] for s in seqs],
+            )
+            out = self.runner.forward([s.tokens[-1] for s in seqs], layout, "decode")
+            seeds = torch.tensor([s.seed for s in seqs], device=self.device)
+            counters = torch.tensor([s.counter for s in seqs], device=self.device)
+            tok, lp = sampler.sample(out.logits, seeds, counters)
+            tok, lp = tok.tolist(), lp.tolist()
+            for i, seq in enumerate(seqs):
+                seq.counter += 1
+                if keep_hidden:
+                    seq.hidden_chunks.append(out.hidden[i : i + 1])
+                seq.num_cached += 1
+                self._emit(seq, [tok[i]], [lp[i]], stop, running, done)
+            emitted = b
+        else:
+            res = speculative_step(seqs, tables, strategy, self.runner, self.drafter_runner, sampler)
+            acc = res.accept
+            emitted = 0
+            for i, seq in enumerate(seqs):
+                a = int(acc.accept_len[i])
+                seq.counter += 1
+                L = seq.num_cached
+                toks = acc.accepted_tokens[i, : a + 1].tolist()
+                lps = acc.logprobs[i, : a + 1].tolist()
+                kept = self._emit(seq, toks, lps, stop, running, done)
+                if keep_hidden:
+                    seq.hidden_chunks.append(res.hidden[i, :kept])
+                seq.num_cached = L + kept
+                emitted += kept
+                self._accept_hist[a + 1] += 1
+            self._strategy_use[str(strategy)] += 1
+            self._stats["sd_steps"] += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        self.policy.observe(b, strategy, dt, emitted / b)
+        self._stats["steps"] += 1
+        self.timeline.append(
+            {
+                "kind": "sd" if strategy else "decode",
+                "strategy": str(strategy) if strategy else None,
+                "batch": b,
+                "tokens": emitted,
+                "seconds": dt,
+                "running": len(running),
+            }
+        )
+
+    # ----------------------------------------------------------------------------------------- stats
+    def stats(self) -> dict:
+        steps = self._stats["steps"]
+        hist = dict(sorted(self._accept_hist.items()))
+        n_sd = sum(hist.values())
+        return {
+            "steps": steps,
+            "sd_steps": self._stats["sd_steps"],
+            "decode_steps": steps - self._stats["sd_steps"],
+            "prefill_steps": self._stats["prefill_steps"],
+            "generated_tokens": self._stats["generated_tokens"],
+            "preemptions": self._stats["preemptions"],
+            "accept_length_hist": hist,
+            "mean_accept_length": (sum(k * v for k, v in hist.items()) / n_sd) if n_sd else None,
+            "strategy_use": dict(self._strategy_use),
+            "tokens_per_second": self._stats["generated_tokens"] / self._gen_time if self._gen_time else 0.0,
+            "kv_cache_bytes": self.runner.cache.nbytes(),
+            "policy": self.policy.stats(),
+        }
+
+    def bucket(self, batch: int) -> int:
+        return bucket_for(batch, self.buckets)

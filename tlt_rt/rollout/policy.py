@@ -1,0 +1,398 @@
+"""The speculative-decoding policy: per decode step, plain decoding or which strategy.
+
+The choice maximises expected throughput at the current batch bucket,
+
+    tokens/s(s) = batch * E[tokens per sequence per step | s] / step_seconds(bucket, s),
+
+where plain decoding emits exactly one token per sequence per step. Step costs come from a `CostTable`
+(profiled ahead by compile.py, refined online); accept lengths come from `AcceptStats`. Around the argmax
+sits a small bandit: unmeasured options are tried first, an epsilon share of steps explores, and
+hysteresis keeps the choice from flapping between near-equal options.
+
+Switching between plain decoding and any strategy at any step costs nothing extra: the engine keeps the
+drafter's KV current (it catches up the missing drafter rows from stored target hidden states at the next
+speculative step), so nothing is prefilled again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from tlt_rt.ir.strategy import Strategy, bucket_for
+
+OFF = "off"  # name of plain decoding wherever options are keyed by name
+
+
+def option_name(strategy: Strategy | None) -> str:
+    return OFF if strategy is None else str(strategy)
+
+
+def cost_key(model_shape: dict, dtype: object, device: object) -> dict:
+    """What a measured cost table is only valid for: model shape, dtype, device name, torch/triton versions."""
+    import torch
+
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+    try:
+        triton = version("triton")
+    except PackageNotFoundError:  # CPU-only installs may lack triton
+        triton = None
+    return {
+        "model": dict(model_shape),
+        "dtype": str(dtype),
+        "device": name,
+        "torch": torch.__version__,
+        "triton": triton,
+    }
+
+
+class CostTableMismatch(ValueError):
+    """A saved cost table was measured for another model, dtype, device or software version."""
+
+
+def _positive(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value}")
+    return value
+
+
+class CostTable:
+    """Seconds per step for each (batch bucket, strategy or None for plain decoding)."""
+
+    def __init__(self, key: dict | None = None, alpha: float = 0.2, clip: float = 3.0):
+        if not 0 < alpha <= 1 or clip <= 1:
+            raise ValueError(f"CostTable needs 0 < alpha <= 1 and clip > 1, got alpha={alpha}, clip={clip}")
+        self.key = json.loads(json.dumps(key or {}))  # normalised so saved and fresh keys compare equal
+        self.alpha, self.clip = alpha, clip
+        self._costs: dict[str, dict[int, float]] = {}
+        self._provisional: set[tuple[str, int]] = set()  # cells whose only reading may be a warm-up step
+
+    def get(self, bucket: int, strategy: Strategy | None) -> float | None:
+        """The measured cost, or None (see `interpolate` for an estimate)."""
+        return self._costs.get(option_name(strategy), {}).get(bucket)
+
+    def set(self, bucket: int, strategy: Strategy | None, seconds: float) -> None:
+        """Record a trusted cost (a profiled median, say)."""
+        name = option_name(strategy)
+        self._costs.setdefault(name, {})[int(bucket)] = _positive("seconds", seconds)
+        self._provisional.discard((name, int(bucket)))
+
+    def is_provisional(self, bucket: int, strategy: Strategy | None) -> bool:
+        """True while the cell's only reading is the first online one (it may include compilation or
+        CUDA-graph capture); the policy measures such a cell once more before trusting it."""
+        return (option_name(strategy), bucket) in self._provisional
+
+    def observe(self, bucket: int, strategy: Strategy | None, seconds: float) -> float:
+        """Fold one measured step into the estimate; returns the new estimate.
+
+        The first online reading of a cell is provisional and the second replaces it outright. After that,
+        an EMA: step times have a hard floor and their noise is upward (host hiccups, allocator, preemption
+        work), so a reading above clip x estimate is clipped, while one below estimate / clip means the
+        estimate itself was an outlier and is replaced.
+        """
+        seconds = _positive("seconds", seconds)
+        cur, cell = self.get(bucket, strategy), (option_name(strategy), bucket)
+        if cur is None:
+            self.set(bucket, strategy, seconds)
+            self._provisional.add(cell)
+            return seconds
+        if cell in self._provisional or seconds < cur / self.clip:
+            new = seconds
+        else:
+            new = cur + self.alpha * (min(seconds, cur * self.clip) - cur)
+        self.set(bucket, strategy, new)
+        return new
+
+    def buckets(self, strategy: Strategy | None) -> list[int]:
+        return sorted(self._costs.get(option_name(strategy), {}))
+
+    def interpolate(self, bucket: int, strategy: Strategy | None) -> float | None:
+        """Measured cost, else an estimate from the strategy's measured neighbours, else None.
+
+        Step cost is close to linear in batch between buckets, so a bucket between two measured ones is
+        interpolated linearly; above the largest measured bucket the last segment's slope (at least 0)
+        extends it, or the cost stays flat when only one bucket is measured. Estimates are kept optimistic
+        (cost grows with batch, so these err low): an option that looks good on an estimate gets picked and
+        thereby measured, while a pessimistic guess could shut it out for good. Hence None below the smallest
+        measured bucket, where the only estimate at hand, that bucket's cost, is an upper bound.
+        """
+        row = self._costs.get(option_name(strategy), {})
+        if bucket in row:
+            return row[bucket]
+        xs = sorted(row)
+        if not xs or bucket < xs[0]:
+            return None
+        if bucket > xs[-1]:
+            if len(xs) == 1:
+                return row[xs[0]]
+            x0, x1 = xs[-2], xs[-1]
+            slope = max(0.0, (row[x1] - row[x0]) / (x1 - x0))
+            return row[x1] + slope * (bucket - x1)
+        hi = next(x for x in xs if x > bucket)
+        lo = max(x for x in xs if x < bucket)
+        t = (bucket - lo) / (hi - lo)
+        return row[lo] + t * (row[hi] - row[lo])
+
+    # ------------------------------------------------------------------------------------ persistence
+    def to_dict(self) -> dict:
+        costs = {name: {str(b): s for b, s in sorted(row.items())} for name, row in sorted(self._costs.items())}
+        provisional = sorted([name, b] for name, b in self._provisional)
+        return {
+            "version": 1,
+            "key": self.key,
+            "alpha": self.alpha,
+            "clip": self.clip,
+            "costs": costs,
+            "provisional": provisional,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostTable:
+        if data.get("version") != 1 or not isinstance(data.get("costs"), dict):
+            raise ValueError("not a version-1 cost table (expected keys 'version': 1, 'key', 'costs')")
+        table = cls(data.get("key"), data.get("alpha", 0.2), data.get("clip", 3.0))
+        for name, row in data["costs"].items():
+            for b, s in row.items():
+                table._costs.setdefault(name, {})[int(b)] = _positive(f"cost of {name} at bucket {b}", s)
+        table._provisional = {(name, int(b)) for name, b in data.get("provisional", [])}
+        return table
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path, key: dict | None = None, strict: bool = False) -> CostTable | None:
+        """Read a saved table. If `key` is given and differs from the saved one, the measurements do not
+        apply here: return None (the caller profiles afresh), or raise `CostTableMismatch` when `strict`."""
+        try:
+            table = cls.from_dict(json.loads(Path(path).read_text()))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"cost table {path} is not valid JSON: {e}") from e
+        if key is not None:
+            want = json.loads(json.dumps(key))
+            diff = sorted(k for k in set(want) | set(table.key) if want.get(k) != table.key.get(k))
+            if diff:
+                if strict:
+                    details = ", ".join(f"{k}: saved {table.key.get(k)!r}, here {want.get(k)!r}" for k in diff)
+                    raise CostTableMismatch(f"cost table {path} was measured elsewhere ({details})")
+                return None
+        return table
+
+
+class AcceptStats:
+    """Online tokens emitted per sequence per speculative step (accepted drafts + 1 bonus), per (bucket, strategy).
+
+    Accept length depends mostly on the strategy and the data, little on the batch, so each (bucket,
+    strategy) estimate is shrunk toward the strategy's pooled estimate, which in turn is shrunk toward the
+    prior 1 + prior_slope * depth; each pull weighs `prior_weight` readings and fades as readings come in.
+    Each estimate is a running mean until 1/alpha readings, then an EMA, so later drift (a retrained
+    drafter, a changing policy) is followed.
+    """
+
+    def __init__(self, alpha: float = 0.1, prior_weight: float = 2.0, prior_slope: float = 0.4):
+        self.alpha, self.prior_weight, self.prior_slope = alpha, prior_weight, prior_slope
+        self._pooled: dict[str, list[float]] = {}  # name -> [mean, readings]
+        self._cells: dict[str, list[float]] = {}  # "bucket/name" -> [mean, readings]
+        self.hist: dict[str, Counter] = {}  # name -> Counter(rounded tokens per sequence)
+
+    def prior(self, strategy: Strategy) -> float:
+        return min(1 + self.prior_slope * strategy.depth, strategy.depth + 1)
+
+    def _blend(self, base: float, cell: list[float] | None) -> float:
+        if cell is None:
+            return base
+        return (self.prior_weight * base + cell[1] * cell[0]) / (self.prior_weight + cell[1])
+
+    def mean(self, bucket: int, strategy: Strategy | None) -> float:
+        if strategy is None:
+            return 1.0
+        name = str(strategy)
+        pooled = self._blend(self.prior(strategy), self._pooled.get(name))
+        return self._blend(pooled, self._cells.get(f"{bucket}/{name}"))
+
+    def pooled_mean(self, strategy: Strategy) -> float:
+        return self._blend(self.prior(strategy), self._pooled.get(str(strategy)))
+
+    def observe(self, bucket: int, strategy: Strategy, tokens_per_seq: float) -> None:
+        x = float(tokens_per_seq)
+        if not math.isfinite(x) or x < 0:
+            raise ValueError(f"tokens_per_seq must be a finite number >= 0, got {tokens_per_seq}")
+        x = min(max(x, 1.0), strategy.depth + 1.0)  # a step emits between 1 and depth + 1 tokens each
+        name = str(strategy)
+        for table, k in ((self._pooled, name), (self._cells, f"{bucket}/{name}")):
+            est = table.setdefault(k, [0.0, 0])
+            est[1] += 1
+            est[0] += max(1 / est[1], self.alpha) * (x - est[0])
+        self.hist.setdefault(name, Counter())[round(x)] += 1
+
+    def histogram(self) -> dict[str, dict[int, int]]:
+        return {name: dict(sorted(h.items())) for name, h in sorted(self.hist.items())}
+
+    def state_dict(self) -> dict:
+        hist = {name: {str(k): v for k, v in h.items()} for name, h in self.histogram().items()}
+        return {"pooled": self._pooled, "cells": self._cells, "hist": hist}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._pooled = {k: list(v) for k, v in state["pooled"].items()}
+        self._cells = {k: list(v) for k, v in state["cells"].items()}
+        self.hist = {name: Counter({int(k): v for k, v in h.items()}) for name, h in state["hist"].items()}
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _uniform(seed: int, bucket: int, counter: int) -> float:
+    """A uniform in [0, 1) from (seed, bucket, counter): decisions replay exactly from a few integers."""
+    return (_splitmix64(_splitmix64(_splitmix64(seed) ^ bucket) ^ counter) >> 11) / float(1 << 53)
+
+
+class SDPolicy:
+    """Decides, per decode step, plain decoding (None) or a `Strategy`.
+
+    mode "off": always None. "auto": the option with the highest expected tokens/s among plain decoding
+    and every strategy. "on": the same choice restricted to the strategies, so always speculative and with
+    the best strategy by the cost model (the first configured one wins ties).
+    Per bucket: an option without a usable cost (none, not even interpolated, or only a provisional first
+    reading here) is measured first; otherwise with probability `epsilon` a uniformly drawn other option is
+    explored; otherwise the current choice is kept unless the best option's expected tokens/s beats it by
+    more than `hysteresis` (relative). Estimates lean optimistic (interpolated costs err low, the accept
+    prior is generous), so an untried option gets tried rather than shut out. A batch above the largest
+    bucket is decided as the largest bucket.
+    """
+
+    def __init__(
+        self,
+        strategies: list[Strategy],
+        buckets: list[int],
+        costs: CostTable | None = None,
+        mode: str = "auto",
+        epsilon: float = 0.05,
+        hysteresis: float = 0.05,
+        seed: int = 0,
+        accept: AcceptStats | None = None,
+    ):
+        if mode not in ("off", "on", "auto"):
+            raise ValueError(f"SDPolicy.mode must be 'off', 'on' or 'auto', got {mode!r}")
+        if mode == "on" and not strategies:
+            raise ValueError("SDPolicy.strategies must not be empty when mode is 'on'")
+        if not buckets:
+            raise ValueError("SDPolicy.buckets must not be empty")
+        if not 0 <= epsilon <= 1 or hysteresis < 0:
+            raise ValueError(f"SDPolicy needs 0 <= epsilon <= 1 and hysteresis >= 0, got {epsilon}, {hysteresis}")
+        self.strategies = list(strategies)
+        self.buckets = sorted(buckets)
+        self.costs = costs if costs is not None else CostTable()
+        self.accept = accept if accept is not None else AcceptStats()
+        self.mode, self.epsilon, self.hysteresis, self.seed = mode, epsilon, hysteresis, seed
+        options: list[Strategy | None] = [] if mode == "off" else list(self.strategies)
+        self.options = ([None] if mode == "auto" else []) + options
+        self._by_name = {option_name(o): o for o in self.options}
+        self._current: dict[int, str] = {}  # bucket -> name of the incumbent choice
+        self._calls: Counter = Counter()  # bucket -> decisions made there (drives the random stream)
+        self._use: Counter = Counter()  # name -> times returned
+        self._counts: Counter = Counter()  # decisions / explore / measure / switches
+
+    def bucket(self, batch_size: int) -> int:
+        if batch_size > self.buckets[-1]:
+            return self.buckets[-1]
+        return bucket_for(batch_size, self.buckets)
+
+    def expected_rate(self, batch_size: int, strategy: Strategy | None) -> float | None:
+        """Expected tokens/s of an option at this batch size, or None while its cost is unknown."""
+        b = self.bucket(batch_size)
+        cost = self.costs.interpolate(b, strategy)
+        return None if cost is None else batch_size * self.accept.mean(b, strategy) / cost
+
+    def decide(self, batch_size: int) -> Strategy | None:
+        if self.mode == "off":
+            return None
+        b = self.bucket(batch_size)
+        n = self._calls[b]
+        self._calls[b] += 1
+        self._counts["decisions"] += 1
+        unknown = [o for o in self.options if self.costs.interpolate(b, o) is None or self.costs.is_provisional(b, o)]
+        if unknown:
+            self._counts["measure"] += 1
+            return self._use_option(unknown[0])
+        rates = {option_name(o): self.expected_rate(batch_size, o) for o in self.options}
+        best = max(rates, key=rates.__getitem__)  # first configured option wins ties
+        cur = self._current.get(b)
+        if cur not in rates or rates[best] > rates[cur] * (1 + self.hysteresis):
+            if cur is not None and cur != best:
+                self._counts["switches"] += 1
+            cur = self._current[b] = best
+        choice = self._by_name[cur]
+        if len(self.options) > 1 and _uniform(self.seed, b, 2 * n) < self.epsilon:
+            others = [o for o in self.options if option_name(o) != cur]
+            choice = others[int(_uniform(self.seed, b, 2 * n + 1) * len(others))]
+            self._counts["explore"] += 1
+        return self._use_option(choice)
+
+    def _use_option(self, option: Strategy | None) -> Strategy | None:
+        self._use[option_name(option)] += 1
+        return option
+
+    def observe(self, batch_size: int, strategy: Strategy | None, seconds: float, tokens_per_seq: float) -> None:
+        """Record one executed step: its wall time and the tokens it emitted per sequence."""
+        b = self.bucket(batch_size)
+        self.costs.observe(b, strategy, seconds)
+        if strategy is not None:
+            self.accept.observe(b, strategy, tokens_per_seq)
+
+    def stats(self) -> dict:
+        return {
+            "mode": self.mode,
+            "decisions": self._counts["decisions"],
+            "explore_steps": self._counts["explore"],
+            "measure_steps": self._counts["measure"],
+            "switches": self._counts["switches"],
+            "strategy_use": dict(self._use),
+            "current": {b: self._current[b] for b in sorted(self._current)},
+            "accept_mean": {str(s): self.accept.pooled_mean(s) for s in self.strategies},
+            "accept_hist": self.accept.histogram(),
+        }
+
+    def state_dict(self) -> dict:
+        """What the policy learned, JSON-safe. Mode, epsilon and hysteresis are configuration and stay
+        as constructed on load; the seed and per-bucket counters travel so decisions replay exactly."""
+        return {
+            "version": 1,
+            "strategies": [str(s) for s in self.strategies],
+            "buckets": list(self.buckets),
+            "seed": self.seed,
+            "costs": self.costs.to_dict(),
+            "accept": self.accept.state_dict(),
+            "current": {str(b): name for b, name in self._current.items()},
+            "calls": {str(b): n for b, n in self._calls.items()},
+            "use": dict(self._use),
+            "counts": dict(self._counts),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = [str(s) for s in self.strategies]
+        if state.get("version") != 1:
+            raise ValueError("not a version-1 SDPolicy state")
+        if state["strategies"] != mine or state["buckets"] != self.buckets:
+            raise ValueError(
+                f"SDPolicy state is for strategies {state['strategies']} and buckets {state['buckets']}, "
+                f"this policy has {mine} and {self.buckets}"
+            )
+        self.seed = state["seed"]
+        self.costs = CostTable.from_dict(state["costs"])
+        self.accept.load_state_dict(state["accept"])
+        self._current = {int(b): name for b, name in state["current"].items()}
+        self._calls = Counter({int(b): n for b, n in state["calls"].items()})
+        self._use = Counter(state["use"])
+        self._counts = Counter(state["counts"])

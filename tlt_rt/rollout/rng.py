@@ -1,0 +1,45 @@
+"""Counter-based random numbers: uniforms that depend only on (seed, counter, index), never on batch layout.
+
+Every sequence owns a 64-bit seed and a step counter, so the `n` samples of a prompt (and the same prompt
+given twice) draw from independent streams, results do not change when a sequence is batched with
+others or preempted and recomputed, and no generator state needs a host round trip. The hash is a
+32-bit avalanche mix (xor-shift-multiply rounds) evaluated in int64 lanes with explicit masking so that
+torch's signed shifts never leak a sign bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit mixer on int64 tensors holding values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def counter_uniforms(seeds: torch.Tensor, counters: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, n] float32 uniforms in [0, 1) for sequences with `seeds` [B] int64 at step `counters` [B] int64."""
+    seeds = seeds.long()
+    lo, hi = seeds & _M32, (seeds >> 32) & _M32
+    key = _mix32(lo ^ _mix32(hi ^ 0x9E3779B9))
+    ctr = counters.long()
+    key = _mix32(key ^ _mix32((ctr & _M32) ^ 0x85EBCA6B) ^ ((ctr >> 32) & _M32))
+    idx = torch.arange(n, device=seeds.device, dtype=torch.long)
+    x = _mix32(_mix32(key[:, None] ^ (idx[None, :] * 0x27D4EB2F & _M32)) ^ 0x165667B1)
+    return (x >> 8).float() * (1.0 / (1 << 24))
+
+
+def sequence_seed(seed: int, prompt_index: int, sample_index: int, occurrence: int = 0) -> int:
+    """A 63-bit seed for one sample, distinct for every (prompt position, sample, call seed)."""
+    t = torch.tensor([seed & _M32, (seed >> 32) & _M32, prompt_index, sample_index, occurrence], dtype=torch.long)
+    h = _mix32(t[0:1] ^ 0x3C6EF372)
+    for v in t[1:]:
+        h = _mix32(h ^ _mix32(v.view(1) & _M32))
+    h2 = _mix32(h ^ 0xA54FF53A)
+    return int(h.item()) << 31 | int(h2.item()) >> 1

@@ -1,0 +1,80 @@
+"""Request state inside the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Sequence:
+    """One sample being generated.
+
+    Invariant while running: the target KV cache holds positions [0, num_cached) and the last token of
+    `tokens` (the pending root, at position num_cached) is not cached yet. The drafter's cache holds rows
+    [0, draft_cached); drafter row p pairs the target hidden h_p with token x_{p+1}.
+    """
+
+    seq_id: int
+    prompt_index: int
+    sample_index: int
+    prompt: list[int]
+    seed: int
+    max_new_tokens: int
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    num_cached: int = 0
+    draft_cached: int = 0
+    hidden_chunks: list[torch.Tensor] = field(default_factory=list)  # target hidden of positions [0, num_cached)
+    counter: int = 0  # RNG step counter
+    finish_reason: str | None = None
+    preemptions: int = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def hidden(self) -> torch.Tensor:
+        """[num_cached, H] target hidden states, concatenated once and kept as one chunk."""
+        if len(self.hidden_chunks) > 1:
+            self.hidden_chunks = [torch.cat(self.hidden_chunks)]
+        return self.hidden_chunks[0]
+
+    def hidden_rows(self, start: int, end: int) -> torch.Tensor:
+        return self.hidden()[start:end]
+
+    def reset_for_recompute(self) -> None:
+        """Forget every cached row (blocks were taken away); the tokens are kept."""
+        self.num_cached = 0
+        self.draft_cached = 0
+        self.hidden_chunks = []
+        self.preemptions += 1
+
+
+@dataclass
+class PrefillJob:
+    """Tokens to push through the target before their owner can decode.
+
+    A new prompt group prefills the whole prompt once and then forks into its `n` samples; a preempted
+    sequence prefills all of its tokens but the pending last one.
+    """
+
+    seq_id: int  # block-manager id holding the KV
+    tokens: list[int]
+    done: int = 0
+    group: list[Sequence] | None = None  # the samples to fork into when a prompt finishes
+    seq: Sequence | None = None  # the sequence being recomputed
+    hidden_chunks: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.tokens) - self.done
