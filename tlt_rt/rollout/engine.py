@@ -49,6 +49,7 @@ class Engine:
         epsilon: float = 0.05,
         hysteresis: float = 0.05,
         attn_backend: str = "auto",
+        enforce_eager: bool = False,
     ):
         if speculative not in ("off", "on", "auto"):
             raise ValueError(f"speculative must be 'off', 'on' or 'auto', got {speculative!r}")
@@ -67,8 +68,12 @@ class Engine:
         if num_blocks <= 0:
             num_blocks = self._auto_blocks()
         self.blocks = BlockManager(num_blocks, block_size)
-        self.runner = TargetRunner(target, num_blocks, block_size)
+        self.buckets = batch_buckets(max_batch)
+        self.enforce_eager = enforce_eager
+        graph_buckets = None if enforce_eager else self.buckets
         self.speculative = speculative
+        self.max_blocks_per_seq = -(-(self.max_context + self._max_scratch_for(speculative)) // block_size) + 1
+        self.runner = TargetRunner(target, num_blocks, block_size, graph_buckets, self.max_blocks_per_seq)
         self.drafter_runner: DrafterRunner | None = None
         if speculative != "off":
             if drafter is None:
@@ -79,8 +84,7 @@ class Engine:
                 )
                 drafter = Drafter(target.arch, target).to(self.device, target.lm_head.weight.dtype).eval()
             drafter.attn_backend = target.attn_backend
-            self.drafter_runner = DrafterRunner(drafter, num_blocks, block_size)
-        self.buckets = batch_buckets(max_batch)
+            self.drafter_runner = DrafterRunner(drafter, num_blocks, block_size, graph_buckets, self.max_blocks_per_seq)
         self.policy = SDPolicy(
             self.strategies, self.buckets, CostTable(), mode=speculative, epsilon=epsilon, hysteresis=hysteresis
         )
@@ -143,7 +147,10 @@ class Engine:
             raise ValueError(f"the KV cache ({self.blocks.num_blocks} blocks) cannot hold one prompt ({need} blocks)")
 
     def _max_scratch(self) -> int:
-        if self.drafter_runner is None:
+        return self._max_scratch_for("off" if self.drafter_runner is None else self.speculative)
+
+    def _max_scratch_for(self, speculative: str) -> int:
+        if speculative == "off":
             return 1
         return max(scratch_tokens(s) for s in self.strategies)
 
@@ -409,8 +416,37 @@ class Engine:
             "strategy_use": dict(self._strategy_use),
             "tokens_per_second": self._stats["generated_tokens"] / self._gen_time if self._gen_time else 0.0,
             "kv_cache_bytes": self.runner.cache.nbytes(),
+            "graph_memory": self.graph_memory(),
             "policy": self.policy.stats(),
         }
+
+    def graph_keys(self, batch_sizes: list[int] | None = None) -> tuple[list, list]:
+        """Shape keys of the target and drafter graphs for every (bucket, option): verify graphs are keyed by
+        verify_tokens alone, so strategies that share it share the graph."""
+        target, drafter = [], []
+        for b in batch_sizes or self.buckets:
+            target.append(("decode", b, 1, 1))
+            if self.drafter_runner is None:
+                continue
+            for s in self.strategies:
+                target.append(("verify", b, s.verify_tokens, s.verify_tokens))
+                drafter += [("verify", b, s.topk, d * s.topk) for d in range(1, s.depth)]
+        return sorted(set(target)), sorted(set(drafter))
+
+    def capture(self, batch_sizes: list[int] | None = None) -> dict:
+        """Capture every graph ahead of generation, largest first, into one pool per model."""
+        if self.runner.run.pool is None:
+            return {"graphs": 0, "pool_bytes": 0}
+        target_keys, drafter_keys = self.graph_keys(batch_sizes)
+        self.runner.run.pool.capture(target_keys)
+        if self.drafter_runner is not None:
+            self.drafter_runner.run.pool.capture(drafter_keys)
+        return self.graph_memory()
+
+    def graph_memory(self) -> dict:
+        pools = [self.runner.run.pool] + ([self.drafter_runner.run.pool] if self.drafter_runner else [])
+        pools = [p for p in pools if p is not None]
+        return {"graphs": sum(len(p.graphs) for p in pools), "pool_bytes": sum(p.pool_bytes for p in pools)}
 
     def bucket(self, batch: int) -> int:
         return bucket_for(batch, self.buckets)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from tlt_rt.codegen.kernels.sampling import filtered_probs
+from tlt_rt.ir.strategy import bucket_for
 from tlt_rt.models.attention import AttnMetadata
-from tlt_rt.models.llama import CausalLM, KVCache
+from tlt_rt.models.llama import CausalLM, KVCache, ModelOutput
 from tlt_rt.rollout.params import SamplingParams
 from tlt_rt.rollout.rng import counter_uniforms
 
@@ -92,21 +93,62 @@ class Sampler:
         return tok, logp.gather(1, tok[:, None]).squeeze(1)
 
 
+class PagedForward:
+    """A paged forward that replays a captured CUDA graph for decode/verify shapes and runs eagerly otherwise.
+
+    fn(ids, positions, cache, meta, extra, logits_rows) -> ModelOutput. Graphs are captured lazily on first
+    use of a shape (or all at once through `capture`), into one pool per forward.
+    """
+
+    def __init__(self, fn, cache: KVCache, device, buckets: list[int] | None, max_blocks: int, extra_dim: int = 0):
+        self.fn = fn
+        self.cache = cache
+        self.buckets = buckets or []
+        self.pool = None
+        if self.buckets and torch.device(device).type == "cuda":
+            from tlt_rt.codegen.graphs import GraphPool
+
+            self.pool = GraphPool(
+                lambda i, p, c, m, e: fn(i, p, c, m, e, None), cache, max_blocks, torch.device(device), extra_dim
+            )
+
+    def key(self, meta: AttnMetadata):
+        b = meta.num_seqs
+        if self.pool is None or meta.mode == "prefill" or b > self.buckets[-1]:
+            return None
+        if meta.block_tables.shape[1] > self.pool.width:
+            return None
+        return (meta.mode, bucket_for(b, self.buckets), meta.max_q_len, meta.window)
+
+    def __call__(self, ids, positions, meta: AttnMetadata, extra=None, logits_rows=None) -> ModelOutput:
+        key = None if logits_rows is not None else self.key(meta)
+        if key is None:
+            return self.fn(ids, positions, self.cache, meta, extra, logits_rows)
+        if not self.pool.has(key):
+            self.pool.capture([key])
+        logits, hidden = self.pool.replay(key, ids, positions, meta, extra)
+        return ModelOutput(logits, hidden)
+
+
 class TargetRunner:
     """Owns the target model, its paged cache and the forwards the engine needs."""
 
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int):
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, buckets=None, max_blocks: int = 0):
         self.model = model
         self.device = model.lm_head.weight.device
         self.block_size = block_size
         self.cache: KVCache = model.make_cache(num_blocks + 1, block_size)  # + the trash block
+        self.run = PagedForward(
+            lambda i, p, c, m, e, rows: model.forward_paged(i, p, c, m, logits_indices=rows),
+            self.cache, self.device, buckets, max_blocks,
+        )  # fmt: skip
 
     @torch.no_grad()
     def forward(self, tokens: list[int], layout: Layout, mode: str, logits_rows=None, tree_mask=None):
         meta, positions = build_meta(layout, mode, self.block_size, self.device, tree_mask)
         ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
         rows = None if logits_rows is None else torch.tensor(logits_rows, dtype=torch.long).to(self.device)
-        return self.model.forward_paged(ids, positions, self.cache, meta, logits_indices=rows)
+        return self.run(ids, positions, meta, logits_rows=rows)
 
     def copy_blocks(self, copies: list[tuple[int, int]], caches: list[KVCache]) -> None:
         """Apply copy-on-fork block copies to every cache that shares the block tables."""

@@ -24,7 +24,7 @@ from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import Candidates, build_tree
 from tlt_rt.models.llama import KVCache
 from tlt_rt.rollout.rng import counter_uniforms
-from tlt_rt.rollout.runner import Layout, Sampler, TargetRunner, build_meta
+from tlt_rt.rollout.runner import Layout, PagedForward, Sampler, TargetRunner, build_meta
 from tlt_rt.rollout.sequence import Sequence
 
 
@@ -42,10 +42,15 @@ class StepResult:
 class DrafterRunner:
     """The drafter's one-layer paged cache and its forwards; shares the target's block tables."""
 
-    def __init__(self, drafter, num_blocks: int, block_size: int):
+    def __init__(self, drafter, num_blocks: int, block_size: int, buckets=None, max_blocks: int = 0):
         self.drafter = drafter
         self.block_size = block_size
         self.cache: KVCache = drafter.make_cache(num_blocks + 1, block_size)  # + the trash block
+        device = drafter.fc.weight.device
+        self.run = PagedForward(
+            lambda i, p, c, m, e, rows: drafter.forward_paged(i, e, p, c, m, logits_indices=rows),
+            self.cache, device, buckets, max_blocks, extra_dim=drafter.fc.weight.shape[0],
+        )  # fmt: skip
 
     @torch.no_grad()
     def catch_up(self, seqs: list[Sequence], tables: list[list[int]], device):
@@ -110,9 +115,7 @@ class DrafterRunner:
             )
             meta, positions = build_meta(layout, "verify", self.block_size, device, tree_mask=mask)
             tokens = cands.tokens.gather(1, front)
-            out = self.drafter.forward_paged(
-                tokens.flatten(), parent_hidden.reshape(b * k, -1), positions, self.cache, meta
-            )
+            out = self.run(tokens.flatten(), positions, meta, extra=parent_hidden.reshape(b * k, -1))
             logp = torch.log_softmax(out.logits.float(), -1).view(b, k, -1)
             cands = cands.grow(front, logp)
             prev_front, prev_hidden = front, out.hidden.view(b, k, -1)
@@ -142,7 +145,7 @@ def speculative_step(
         [list(range(s.num_cached, s.num_cached + T)) for s in seqs],
     )
     meta, positions = build_meta(layout, "verify", target.block_size, device, tree_mask=tree.tree_mask)
-    out = target.model.forward_paged(tree.tree_tokens.flatten(), positions, target.cache, meta)
+    out = target.run(tree.tree_tokens.flatten(), positions, meta)
     logits = out.logits.view(b, T, -1)
     temp, top_k, top_p = sampler.row_params(b)
     seeds = torch.tensor([s.seed for s in seqs], device=device)

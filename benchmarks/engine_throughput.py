@@ -1,0 +1,128 @@
+"""Rollout throughput: tokens/s of the engine (SD off, each strategy, auto) against transformers' generate.
+
+    python benchmarks/engine_throughput.py --batch 1 4 16 64 --max-new-tokens 128 [--drafter DIR]
+
+Prompts are arithmetic problems from the default task, formatted with SmolLM2's chat template. Greedy
+decoding, so every provider emits the same tokens up to stop and the comparison is like for like. The
+peer is transformers' `generate` (plain, and with prompt-lookup decoding) on the same model and prompts.
+Without --drafter the engine's drafter is freshly initialised: SD rows then measure overhead, not gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+
+import torch
+
+from tlt_rt.models.default import default_model_dir, load_tokenizer
+from tlt_rt.rollout import Engine, SamplingParams
+from tlt_rt.train.data import ArithmeticTask, format_prompt
+
+
+def prompts_for(n: int, tok) -> list[list[int]]:
+    return [format_prompt(p, tok) for p in ArithmeticTask(digits=2, num_ops=2, seed=1).sample(n)]
+
+
+def run_engine(engine: Engine, prompts, max_new: int) -> tuple[float, int]:
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
+    engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=8))  # warm-up / captures
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    torch.cuda.synchronize()
+    n = sum(len(o.token_ids) for o in outs)
+    return n / (time.perf_counter() - t0), n
+
+
+def run_hf(prompts, max_new: int, lookup: bool) -> tuple[float, int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.bfloat16).cuda().eval()
+    total, t_all = 0, 0.0
+    for p in prompts:  # transformers' prompt lookup runs at batch 1
+        ids = torch.tensor([p], device="cuda")
+        kw = {"prompt_lookup_num_tokens": 10} if lookup else {}
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=max_new, do_sample=False, **kw)
+        torch.cuda.synchronize()
+        t_all += time.perf_counter() - t0
+        total += out.shape[1] - len(p)
+    return total / t_all, total
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--strategies", nargs="+", default=["8_4_48", "8_4_16", "6_2_12"])
+    ap.add_argument("--drafter", default=None)
+    ap.add_argument("--hf-prompts", type=int, default=4)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    tok = load_tokenizer(None)
+    rows = []
+    for b in args.batch:
+        prompts = prompts_for(b, tok)
+        configs = [("off", "off", args.strategies)] + [(s, "on", [s]) for s in args.strategies]
+        configs.append(("auto", "auto", args.strategies))
+        for name, mode, strategies in configs:
+            eng = Engine.from_pretrained(
+                None,
+                drafter_path=args.drafter,
+                speculative=mode,
+                dtype="bfloat16",
+                device="cuda",
+                strategies=strategies,
+                max_batch=max(b, 1),
+            )
+            tps, n = run_engine(eng, prompts, args.max_new_tokens)
+            st = eng.stats()
+            rows.append(
+                dict(
+                    provider="tlt",
+                    config=name,
+                    batch=b,
+                    tokens_per_s=tps,
+                    tokens=n,
+                    accept=st["mean_accept_length"],
+                    sd_steps=st["sd_steps"],
+                    steps=st["steps"],
+                )
+            )
+            del eng
+            torch.cuda.empty_cache()
+    hf_prompts = prompts_for(args.hf_prompts, tok)
+    for lookup in (False, True):
+        tps, n = run_hf(hf_prompts, args.max_new_tokens, lookup)
+        rows.append(
+            dict(
+                provider="hf",
+                config="prompt-lookup" if lookup else "generate",
+                batch=1,
+                tokens_per_s=tps,
+                tokens=n,
+                accept=None,
+                sd_steps=0,
+                steps=0,
+            )
+        )
+    print(f"device: {torch.cuda.get_device_name()}")
+    print(f"{'provider':8} {'config':14} {'batch':>5} {'tok/s':>9} {'accept':>6} {'sd/steps':>9}")
+    for r in rows:
+        acc = f"{r['accept']:.2f}" if r["accept"] else "-"
+        print(
+            f"{r['provider']:8} {r['config']:14} {r['batch']:5d} {r['tokens_per_s']:9.1f} {acc:>6} "
+            f"{r['sd_steps']:4d}/{r['steps']:<4d}"
+        )
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

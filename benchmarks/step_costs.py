@@ -1,0 +1,187 @@
+"""Decode and verify step costs against the HBM floor, on a GPU.
+
+    python benchmarks/step_costs.py --model qwen2.5-7b --batch 1 4 16 64 --ctx 1024 8192 --verify 16 48
+
+For each (batch, context, mode) one paged forward is captured as a CUDA graph and its replays are timed
+with CUDA events (median of --iters). The floor of a step is (weight bytes + KV bytes read) / the HBM
+bandwidth measured in the same run by a large device-to-device copy. Models of known shapes are built with
+random bf16 weights (nothing is downloaded); "smollm2" loads the embedded default model.
+Prints a table and, with --out, appends JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from tlt_rt.models.arch import ArchConfig
+from tlt_rt.models.attention import AttnMetadata
+from tlt_rt.models.llama import CausalLM
+
+SHAPES = {
+    "qwen2.5-7b": dict(
+        model_type="qwen2",
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        head_dim=128,
+        rope_theta=1e6,
+        max_position_embeddings=32768,
+    ),
+    "qwen2.5-32b": dict(
+        model_type="qwen2",
+        vocab_size=152064,
+        hidden_size=5120,
+        intermediate_size=27648,
+        num_hidden_layers=64,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        rope_theta=1e6,
+        max_position_embeddings=32768,
+    ),
+}
+
+
+def build_model(name: str, device: str = "cuda") -> CausalLM:
+    if name == "smollm2":
+        from tlt_rt.models import load_target
+
+        return load_target(None, dtype="bfloat16", device=device)
+    arch = ArchConfig(**SHAPES[name])
+    with torch.device("meta"):
+        model = CausalLM(arch)
+    model = model.to_empty(device=device).to(torch.bfloat16)
+    from tlt_rt.models.llama import Rotary
+
+    model.rotary = Rotary(arch).to(device)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    return model.eval()
+
+
+def hbm_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
+    """Bytes/s of a device-to-device copy (read + write counted)."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        b.copy_(a)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * nbytes / statistics.median(times)
+
+
+def step_cost(model: CausalLM, batch: int, ctx: int, tree: int, block_size: int = 16, iters: int = 30) -> float:
+    """Median seconds of one graphed paged forward: decode (tree=1) or a verify of `tree` tokens."""
+    dev = model.lm_head.weight.device
+    per_seq = -(-(ctx + tree) // block_size)
+    cache = model.make_cache(batch * per_seq + 1, block_size)
+    tables = torch.arange(batch * per_seq, device=dev, dtype=torch.int32).view(batch, per_seq)
+    n = batch * tree
+    pos = torch.arange(ctx, ctx + tree, device=dev).repeat(batch)
+    slots = (tables[:, :, None] * block_size + torch.arange(block_size, device=dev)).flatten(1)[:, ctx : ctx + tree]
+    mode = "decode" if tree == 1 else "verify"
+    mask = torch.ones(tree, tree, dtype=torch.bool, device=dev).tril().expand(batch, tree, tree).contiguous()
+    meta = AttnMetadata(
+        mode,
+        torch.arange(0, n + 1, tree, dtype=torch.int32, device=dev),
+        torch.full((batch,), ctx + tree, dtype=torch.int32, device=dev),
+        tables,
+        slots.flatten().long(),
+        tree,
+        mask if mode == "verify" else None,
+    )
+    ids = torch.randint(0, model.arch.vocab_size, (n,), device=dev)
+    with torch.no_grad():
+        for _ in range(2):
+            model.forward_paged(ids, pos, cache, meta)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            model.forward_paged(ids, pos, cache, meta)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del g, cache
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+def floor_seconds(model: CausalLM, batch: int, ctx: int, tree: int, bandwidth: float) -> float:
+    a = model.arch
+    # every weight is read once per step, except the embedding table (only the looked-up rows)
+    embed = model.model.embed_tokens.weight
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed or a.tie_word_embeddings)
+    kv = batch * (ctx + tree) * a.num_hidden_layers * 2 * a.num_key_value_heads * a.head_dim * 2
+    return (weights + kv) / bandwidth
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-7b", choices=["smollm2", *SHAPES])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--ctx", type=int, nargs="+", default=[1024, 8192])
+    ap.add_argument("--verify", type=int, nargs="*", default=[16, 48])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    from tlt_rt.codegen.backend import select_backend
+
+    bw = hbm_bandwidth()
+    model = build_model(args.model)
+    model.attn_backend = select_backend("cuda")
+    rows = []
+    for ctx in args.ctx:
+        for b in args.batch:
+            for t in [1, *args.verify]:
+                t0 = time.perf_counter()
+                sec = step_cost(model, b, ctx, t, iters=args.iters)
+                fl = floor_seconds(model, b, ctx, t, bw)
+                rows.append(
+                    dict(
+                        model=args.model,
+                        batch=b,
+                        ctx=ctx,
+                        tokens=t,
+                        ms=sec * 1e3,
+                        floor_ms=fl * 1e3,
+                        pct_floor=100 * fl / sec,
+                        hbm_gbs=bw / 1e9,
+                        device=torch.cuda.get_device_name(),
+                        wall=time.perf_counter() - t0,
+                    )
+                )
+    print(f"HBM copy bandwidth: {bw / 1e9:.0f} GB/s on {torch.cuda.get_device_name()}")
+    print(f"{'model':12} {'batch':>5} {'ctx':>6} {'tokens':>6} {'ms':>8} {'floor ms':>8} {'% floor':>7}")
+    for r in rows:
+        print(
+            f"{r['model']:12} {r['batch']:5d} {r['ctx']:6d} {r['tokens']:6d} {r['ms']:8.3f} {r['floor_ms']:8.3f} "
+            f"{r['pct_floor']:7.1f}"
+        )
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
