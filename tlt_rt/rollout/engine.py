@@ -86,7 +86,7 @@ class Engine:
             drafter.attn_backend = target.attn_backend
             self.drafter_runner = DrafterRunner(drafter, num_blocks, block_size, graph_buckets, self.max_blocks_per_seq)
         self.policy = SDPolicy(
-            self.strategies, self.buckets, CostTable(), mode=speculative, epsilon=epsilon, hysteresis=hysteresis
+            self.strategies, self.buckets, self._load_costs(), mode=speculative, epsilon=epsilon, hysteresis=hysteresis
         )
         self._stats: Counter = Counter()
         self._accept_hist: Counter = Counter()
@@ -117,6 +117,18 @@ class Engine:
 
             drafter = load_eagle(drafter_path, target)
         return cls(target, drafter=drafter, speculative=speculative, **options)
+
+    def _load_costs(self) -> CostTable:
+        """The cost table `tlt_rt.compile` measured for this model, dtype and device, else an empty one."""
+        from tlt_rt.compile import cost_path, engine_cost_key
+
+        key = engine_cost_key(self)
+        path = cost_path(key)
+        table = CostTable.load(path, key) if path.is_file() else None
+        if table is None:
+            return CostTable(key)
+        log.info("loaded step costs from %s", path)
+        return table
 
     def _auto_blocks(self) -> int:
         a = self.target.arch

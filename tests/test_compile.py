@@ -1,0 +1,31 @@
+"""tlt_rt.compile on CPU: profiles every (bucket, option), writes the cost table, engines pick it up."""
+
+from __future__ import annotations
+
+import json
+
+import tlt_rt
+from tlt_rt.compile import cost_path, engine_cost_key, profile
+from tlt_rt.rollout.policy import CostTable
+
+
+def test_profile_and_cost_table_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("TLT_CACHE", str(tmp_path))
+    from tests.test_engine import make_engine
+
+    eng = make_engine("auto", ("3_3_8", "4_2_6"), max_batch=4)
+    table, rows = profile(eng, ctx=16, iters=1, progress=False)
+    assert {(r["bucket"], r["option"]) for r in rows} == {
+        (b, o) for b in eng.buckets for o in ("off", "3_3_8", "4_2_6")
+    }
+    assert all(r["ms"] > 0 for r in rows)
+    path = cost_path(engine_cost_key(eng))
+    path.parent.mkdir(parents=True)
+    table.save(path)
+    assert json.loads(path.read_text())["key"]["model"]["hidden_size"] == 32
+    # a new engine for the same model finds and uses the measured costs
+    again = make_engine("auto", ("3_3_8", "4_2_6"), max_batch=4)
+    loaded = again.policy.costs
+    assert isinstance(loaded, CostTable)
+    assert loaded.get(1, None) == table.get(1, None)
+    assert callable(tlt_rt.compile)
