@@ -2,29 +2,43 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from tests.test_engine import PROMPTS, TINY
+from tlt_rt.models.drafter import Drafter
+from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import Engine, SamplingParams
 
 pytestmark = pytest.mark.gpu
 
 
-def _engines(**kw):
-    from tests.test_engine import tiny_pair
+# the Triton kernels want head dims of at least 16
+GPU_TINY = replace(
+    TINY, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=256
+)
 
+
+def _pair():
+    torch.manual_seed(0)
+    target = CausalLM(GPU_TINY).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)
+    return target.cuda(), Drafter(GPU_TINY, target).cuda().eval()
+
+
+def _engines(**kw):
     out = []
     for eager, backend in ((True, "torch"), (False, "auto")):
-        target, drafter = tiny_pair(0, 4.0)
-        target, drafter = target.cuda(), drafter.cuda()
+        target, drafter = _pair()
         out.append(Engine(target, drafter=drafter, block_size=16, enforce_eager=eager, attn_backend=backend, **kw))
     return out
 
 
 @pytest.mark.parametrize("speculative", ["off", "on"])
 def test_graphs_and_kernels_match_eager_torch(speculative):
-    from tests.test_engine import PROMPTS
-
     params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
     eager, graphed = _engines(speculative=speculative, strategies=("3_3_8", "4_2_6"))
     a, b = eager.generate(PROMPTS, params), graphed.generate(PROMPTS, params)
