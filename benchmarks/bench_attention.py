@@ -1,0 +1,194 @@
+"""Paged decode / tree-verify attention: Triton kernels (`tlt`) vs the torch reference (`torch`).
+
+Shapes are Qwen2.5-7B attention (28 query heads, 4 KV heads, head dim 128, bf16, 16-token pages).
+Achieved bandwidth = K/V bytes a step must read (every cached position once per KV head) / time; it is
+compared with a measured device-to-device copy (read + write bytes / time) on the same GPU. Verify with
+many tree tokens is compute-heavy, so its attention TFLOP/s (4 * rows * keys * head_dim) is shown too.
+The script times CUDA-graph replays (as the engine runs these steps), so launch overhead is excluded;
+the pytest-benchmark rounds are eager (launch + synchronize included: ~0.17 ms floor on an H100).
+
+    pytest benchmarks/bench_attention.py --benchmark-only      # pytest-benchmark, CUDA only
+    python benchmarks/bench_attention.py                       # markdown table for benchmarks/RESULTS.md
+    python benchmarks/bench_attention.py --tune                # sweep the kernels' launch meta-parameters
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tlt_rt.codegen.kernels import decode_attention, tree_attention
+from tlt_rt.codegen.kernels.decode_attention import paged_decode_attention
+from tlt_rt.codegen.kernels.tree_attention import paged_tree_attention
+from tlt_rt.models.attention import AttnMetadata, paged_attention_reference
+
+N_HEADS, N_KV, HEAD_DIM, PAGE = 28, 4, 128, 16
+DTYPE = torch.bfloat16
+DECODE_SHAPES = [(1, 4096), (1, 32768), (8, 8192), (32, 4096), (64, 2048)]  # (batch, context)
+TREE_SHAPES = [(1, 4096, 32), (1, 32768, 64), (4, 8192, 48), (16, 4096, 16), (64, 2048, 8)]  # (+ tree tokens)
+
+
+def make_case(batch: int, ctx: int, n_tree: int, device: str = "cuda"):
+    """Every sequence holds `ctx` tokens (the last n_tree of them the tree) in a shuffled paged cache."""
+    blocks_per_seq = -(-ctx // PAGE)
+    num_blocks = batch * blocks_per_seq
+    k = torch.randn(num_blocks, PAGE, N_KV, HEAD_DIM, device=device, dtype=DTYPE)
+    v = torch.randn_like(k)
+    tables = torch.randperm(num_blocks, device=device).view(batch, blocks_per_seq).int()
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    q = torch.randn(batch * n_tree, N_HEADS, HEAD_DIM, device=device, dtype=DTYPE)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device=device) * n_tree
+    slots = torch.zeros(batch * n_tree, dtype=torch.long, device=device)
+    if n_tree == 1:
+        meta = AttnMetadata("decode", cu, seq_lens, tables, slots, 1)
+    else:  # a chain (causal) mask: the kernel reads the same bytes and does the same math for any tree
+        mask = torch.ones(n_tree, n_tree, dtype=torch.bool, device=device).tril()
+        meta = AttnMetadata("verify", cu, seq_lens, tables, slots, n_tree, mask.expand(batch, -1, -1).contiguous())
+    return q, k, v, meta
+
+
+def providers(q, k, v, meta):
+    scale = HEAD_DIM**-0.5
+    if meta.mode == "decode":
+        tlt = lambda: paged_decode_attention(q, k, v, meta.block_tables, meta.seq_lens, scale)  # noqa: E731
+    else:
+        tlt = lambda: paged_tree_attention(q, k, v, meta.block_tables, meta.seq_lens, meta.tree_mask, scale)  # noqa: E731
+    ref = lambda: paged_attention_reference(q, k, v, meta, scale)  # noqa: E731
+    return {"tlt": tlt, "torch": ref}
+
+
+def kv_bytes(meta: AttnMetadata) -> int:
+    return 2 * int(meta.seq_lens.sum()) * N_KV * HEAD_DIM * DTYPE.itemsize
+
+
+def attention_flops(meta: AttnMetadata) -> int:
+    """QK^T and PV over every (query row, key) pair, causal/tree masking ignored."""
+    return 4 * meta.max_q_len * int(meta.seq_lens.sum()) * N_HEADS * HEAD_DIM
+
+
+def time_ms(fn) -> float:
+    """Median ms of CUDA-graph replays of fn (eager do_bench where capture fails)."""
+    import triton.testing
+
+    fn()  # compile outside the capture
+    try:
+        return triton.testing.do_bench_cudagraph(fn, quantiles=[0.5, 0.2, 0.8])[0]
+    except RuntimeError:
+        return triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])[0]
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth: (read + write bytes) / median time."""
+    import triton.testing
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), quantiles=[0.5, 0.2, 0.8])[0]
+    return 2 * nbytes / ms / 1e6
+
+
+# ------------------------------------------------------------------------------------------ pytest-benchmark
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="attention benchmarks need a CUDA device")
+
+
+def _run(benchmark, fn):
+    fn()  # compile / warm up outside the timed rounds
+
+    def step():
+        fn()
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(step, rounds=20, warmup_rounds=3)
+
+
+@needs_cuda
+@pytest.mark.parametrize("provider", ["tlt", "torch"])
+@pytest.mark.parametrize(("batch", "ctx"), DECODE_SHAPES)
+def test_bench_decode(benchmark, provider, batch, ctx):
+    q, k, v, meta = make_case(batch, ctx, 1)
+    benchmark.extra_info["kv_bytes"] = kv_bytes(meta)
+    _run(benchmark, providers(q, k, v, meta)[provider])
+
+
+@needs_cuda
+@pytest.mark.parametrize("provider", ["tlt", "torch"])
+@pytest.mark.parametrize(("batch", "ctx", "n_tree"), TREE_SHAPES)
+def test_bench_tree(benchmark, provider, batch, ctx, n_tree):
+    q, k, v, meta = make_case(batch, ctx, n_tree)
+    benchmark.extra_info["kv_bytes"] = kv_bytes(meta)
+    _run(benchmark, providers(q, k, v, meta)[provider])
+
+
+# ------------------------------------------------------------------------------------------ script
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_attention.py needs a CUDA device")
+    if "--tune" in sys.argv:
+        return tune()
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"# bench_attention: {torch.cuda.get_device_name()}, {datetime.date.today()}, commit {_commit()}")
+    print(f"# command: python benchmarks/bench_attention.py; Qwen2.5-7B attention, {DTYPE}, page {PAGE}")
+    print(f"# device-to-device copy: {copy_gbs:.0f} GB/s; times are medians of CUDA-graph replays\n")
+    print("| mode | batch | context | tree | tlt ms | torch ms | speedup | tlt GB/s | % of copy | tlt TFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    cases = [(b, c, 1) for b, c in DECODE_SHAPES] + list(TREE_SHAPES)
+    for batch, ctx, n_tree in cases:
+        q, k, v, meta = make_case(batch, ctx, n_tree)
+        ms = {}
+        for name, fn in providers(q, k, v, meta).items():
+            try:
+                ms[name] = time_ms(fn)
+            except torch.OutOfMemoryError:
+                ms[name] = float("nan")
+            torch.cuda.empty_cache()
+        gbs = kv_bytes(meta) / ms["tlt"] / 1e6
+        tflops = attention_flops(meta) / ms["tlt"] / 1e9
+        print(f"| {meta.mode} | {batch} | {ctx} | {n_tree} | {ms['tlt']:.3f} | {ms['torch']:.3f} | "
+              f"{ms['torch'] / ms['tlt']:.1f}x | {gbs:.0f} | {100 * gbs / copy_gbs:.0f}% | {tflops:.0f} |")  # fmt: skip
+        del q, k, v, meta
+        torch.cuda.empty_cache()
+
+
+def tune() -> None:
+    """Sweep DECODE_META / TREE_META on a few shapes; prints ms per config, best first."""
+    sweeps = [
+        (decode_attention.DECODE_META, [(1, 32768, 1), (8, 8192, 1), (64, 2048, 1)],
+         dict(block_n=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3], split_waves=[1, 2, 4])),
+        (tree_attention.TREE_META, [(1, 32768, 64), (4, 8192, 48), (64, 2048, 8)],
+         dict(block_m=[64, 128], block_n=[32, 64], num_warps=[4, 8], num_stages=[2, 3], split_waves=[1, 2])),
+    ]  # fmt: skip
+    for table, cases, grid in sweeps:
+        default = dict(table)
+        made = [(c, make_case(*c)) for c in cases]
+        results = []
+        for values in itertools.product(*grid.values()):
+            table.update(zip(grid, values, strict=True))
+            try:
+                times = [time_ms(providers(*case)["tlt"]) for _, case in made]
+            except Exception as err:  # a config that does not compile (shared memory) is skipped
+                print(f"skip {dict(table)}: {type(err).__name__}")
+                continue
+            results.append((sum(times), times, dict(table)))
+        table.clear()
+        table.update(default)
+        print(f"\n# {[c for c, _ in made]} (ms each), default {default}")
+        for total, times, cfg in sorted(results, key=lambda r: r[0])[:8]:
+            print(f"{total:.3f}  {[round(t, 3) for t in times]}  {cfg}")
+        del made
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

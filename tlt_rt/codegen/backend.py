@@ -1,0 +1,85 @@
+"""Attention backends behind `tlt_rt.models.attention.AttentionBackend`, and the choice between them.
+
+TritonAttention runs the paged Triton kernels:
+    "decode" -> kernels.decode_attention.paged_decode_attention (split-K, GQA-shared K/V reads)
+    "verify" -> kernels.tree_attention.paged_tree_attention (T tree tokens x group heads per tile)
+    "prefill" -> the plain-torch reference (per-sequence SDPA). Prefill runs once per request, eagerly
+                 and outside CUDA graphs, so it is not on the path this runtime speeds up; a varlen
+                 flash kernel can replace it later without touching callers.
+Kernel modules are imported on first use, so importing this module never needs Triton and the
+interpreter switch (TRITON_INTERPRET=1) only has to be set before the first call.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tlt_rt.models.attention import AttentionBackend, AttnMetadata, TorchAttention, paged_attention_reference
+
+__all__ = ["TritonAttention", "select_backend", "triton_usable"]
+
+
+def triton_usable(device: torch.device | str) -> bool:
+    """True where the Triton kernels can run: a CUDA device, or any device under TRITON_INTERPRET=1."""
+    interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return torch.device(device).type == "cuda" or interpreting
+
+
+class TritonAttention:
+    """Paged attention through Triton kernels for decode and verify; torch reference for prefill.
+
+    num_splits: split-K partitions of the context (None: chosen per call from the shapes, see
+    `kernels.decode_attention.choose_num_splits`; depends on host ints only, so CUDA-graph safe).
+    """
+
+    name = "triton"
+
+    def __init__(self, num_splits: int | None = None) -> None:
+        if num_splits is not None and num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1 or None, got {num_splits}")
+        self.num_splits = num_splits
+
+    def __call__(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata, scale: float
+    ) -> torch.Tensor:
+        if meta.mode == "decode":
+            from tlt_rt.codegen.kernels.decode_attention import paged_decode_attention
+
+            return paged_decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits=self.num_splits
+            )
+        if meta.mode == "verify":
+            from tlt_rt.codegen.kernels.tree_attention import paged_tree_attention
+
+            if meta.tree_mask is None:
+                raise ValueError("verify needs meta.tree_mask [B, T, T]")
+            if meta.window != meta.max_q_len:  # a drafter level's wider tree window: reference path
+                return paged_attention_reference(q, k_cache, v_cache, meta, scale)
+            return paged_tree_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.tree_mask, scale,
+                num_splits=self.num_splits,
+            )  # fmt: skip
+        if meta.mode == "prefill":
+            return paged_attention_reference(q, k_cache, v_cache, meta, scale)
+        raise ValueError(f"unknown attention mode {meta.mode!r}")
+
+
+def select_backend(device: torch.device | str, name: str = "auto") -> AttentionBackend:
+    """The attention backend for `device`.
+
+    name: "auto" (Triton where `triton_usable(device)`, else torch), "triton" (raises ValueError where
+    the kernels cannot run) or "torch".
+    """
+    if name == "torch":
+        return TorchAttention()
+    if name == "triton":
+        if not triton_usable(device):
+            raise ValueError(
+                f"attention backend 'triton' needs a CUDA device or TRITON_INTERPRET=1, got device {device}"
+            )
+        return TritonAttention()
+    if name == "auto":
+        return TritonAttention() if triton_usable(device) else TorchAttention()
+    raise ValueError(f"unknown attention backend {name!r}: choose 'auto', 'triton' or 'torch'")

@@ -1,0 +1,215 @@
+"""Paged tree attention for verification: T tree tokens per sequence over the paged prefix, split-K.
+
+Sequence b has L = seq_lens[b] cached positions; its T tree tokens (rows b*T .. b*T+T-1 of q) sit at
+the last T of them, so prefix P = L - T. Tree token i, query head h (KV head kv = h // group) attends to
+
+    allowed(i, p) = p < P  or  (P <= p < L and tree_mask[b, i, p - P])
+    out[b*T + i, h] = sum_{p allowed} softmax_p(scale * q . K[b, p, kv]) V[b, p, kv]
+
+One program holds a tile of BLOCK_M rows of the flattened (token, head-in-group) axis of one KV head, so
+all T tokens x group heads share every prefix K/V tile it reads (one M block whenever T * group <= 128).
+Split-K cuts the prefix into chunks handled by separate programs; the last split also walks the T tree
+positions under the mask. Partials are merged by the same combine kernel as decode attention
+(`decode_attention.combine_splits`). The reference is
+`tlt_rt.models.attention.paged_attention_reference` (mode "verify").
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tlt_rt.codegen.kernels.decode_attention import (
+    LOG2E,
+    _attend_tile,
+    check_paged_inputs,
+    choose_num_splits,
+    combine_splits,
+    dot_in_fp32,
+    dot_precision,
+    num_sms,
+    split_plan,
+)
+from tlt_rt.models.attention import paged_attention_reference
+
+__all__ = ["paged_attention_reference", "paged_tree_attention"]
+
+# Launch meta-parameters for head_dim <= 128 (256 halves block_m and block_n); num_warps applies to full
+# tiles (small T * group gives smaller ones, which use 4). `benchmarks/bench_attention.py --tune` sweeps them.
+TREE_META = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2, "split_waves": 2}
+
+
+@triton.jit
+def _tree_attention_kernel(
+    # pointers
+    Q,  # [B*T, Hq, D]
+    K_CACHE,  # [num_blocks, page, Hkv, D]
+    V_CACHE,  # [num_blocks, page, Hkv, D]
+    BLOCK_TABLES,  # [B, max_blocks] int32
+    SEQ_LENS,  # [B] int32, includes the T tree tokens
+    TREE_MASK,  # [B, T, T] uint8 (a bool view): tree_mask[b, i, j] = token j is i or an ancestor of i
+    OUT,  # [B*T, Hq, D] (used when not SPLIT)
+    O_PART,  # [B*T, Hq, S, D] fp32 (used when SPLIT)
+    LSE_PART,  # [B*T, Hq, S] fp32 (used when SPLIT)
+    # sizes
+    n_tree,
+    n_kv_heads,
+    num_m_blocks,
+    num_splits,
+    chunk_len,
+    qk_scale,
+    # strides
+    stride_qn, stride_qh, stride_qd,
+    stride_kb, stride_kp, stride_kh, stride_kd,
+    stride_vb, stride_vp, stride_vh, stride_vd,
+    stride_btb,
+    stride_mb, stride_mi, stride_mj,
+    stride_on, stride_oh, stride_od,
+    stride_pn, stride_ph, stride_ps,
+    stride_ln, stride_lh,
+    # meta
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    m_blk = pid % num_m_blocks
+    kvh = (pid // num_m_blocks) % n_kv_heads
+    b = pid // (num_m_blocks * n_kv_heads)
+    seq_len = tl.load(SEQ_LENS + b)
+    prefix = seq_len - n_tree
+
+    # rows of the tile: r = token * GROUP + head-in-group
+    rows = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_tree * GROUP
+    tok = rows // GROUP
+    heads = kvh * GROUP + rows % GROUP
+    q_rows = b * n_tree + tok
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = tl.load(Q + q_rows[:, None] * stride_qn + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=row_ok[:, None], other=0.0)  # fmt: skip
+
+    m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    bt_row = BLOCK_TABLES + b * stride_btb
+
+    # prefix chunk of this split: every row sees every position
+    start = split * chunk_len
+    end = tl.minimum(start + chunk_len, prefix)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        ok = pos < end
+        blk = tl.load(bt_row + pos // PAGE_SIZE, mask=ok, other=0).to(tl.int64)
+        slot_row = pos % PAGE_SIZE
+        k = tl.load(K_CACHE + blk[None, :] * stride_kb + slot_row[None, :] * stride_kp + kvh * stride_kh
+                    + offs_d[:, None] * stride_kd, mask=ok[None, :], other=0.0)  # fmt: skip
+        v = tl.load(V_CACHE + blk[:, None] * stride_vb + slot_row[:, None] * stride_vp + kvh * stride_vh
+                    + offs_d[None, :] * stride_vd, mask=ok[:, None], other=0.0)  # fmt: skip
+        m_i, l_i, acc = _attend_tile(q, k, v, ok[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION, DOT_FP32)
+
+    # the T tree positions, under the mask (last split only)
+    if split == num_splits - 1:
+        for n0 in range(prefix, seq_len, BLOCK_N):
+            pos = n0 + offs_n
+            ok = (pos >= 0) & (pos < seq_len)  # a padding row (seq_len 0) would start at -T
+            rel = pos - prefix
+            blk = tl.load(bt_row + pos // PAGE_SIZE, mask=ok, other=0).to(tl.int64)
+            slot_row = pos % PAGE_SIZE
+            k = tl.load(K_CACHE + blk[None, :] * stride_kb + slot_row[None, :] * stride_kp + kvh * stride_kh
+                        + offs_d[:, None] * stride_kd, mask=ok[None, :], other=0.0)  # fmt: skip
+            v = tl.load(V_CACHE + blk[:, None] * stride_vb + slot_row[:, None] * stride_vp + kvh * stride_vh
+                        + offs_d[None, :] * stride_vd, mask=ok[:, None], other=0.0)  # fmt: skip
+            allowed = tl.load(TREE_MASK + b * stride_mb + tok[:, None] * stride_mi + rel[None, :] * stride_mj,
+                              mask=row_ok[:, None] & ok[None, :], other=0) != 0  # fmt: skip
+            m_i, l_i, acc = _attend_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION, DOT_FP32)
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    if SPLIT:
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(LSE_PART + q_rows * stride_ln + heads * stride_lh + split, lse, mask=row_ok)
+        tl.store(O_PART + q_rows[:, None] * stride_pn + heads[:, None] * stride_ph + split * stride_ps
+                 + offs_d[None, :], o, mask=row_ok[:, None])  # fmt: skip
+    else:
+        tl.store(OUT + q_rows[:, None] * stride_on + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+                 o.to(OUT.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
+
+
+def paged_tree_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    tree_mask: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Tree-verify attention over a paged KV cache: q [B*T, Hq, D] -> [B*T, Hq, D], fp32 accumulation.
+
+    The T tree tokens' K/V are already at cache positions seq_lens[b]-T .. seq_lens[b]-1; `tree_mask`
+    [B, T, T] bool says which tree tokens each one sees (itself and its ancestors). `num_splits` (None:
+    chosen from B, heads, T and block_tables' capacity) splits the prefix; no host sync.
+    """
+    check_paged_inputs(_tree_attention_kernel, q, k_cache, v_cache, block_tables, seq_lens)
+    b = block_tables.shape[0]
+    n_heads, head_dim = q.shape[1:]
+    page, n_kv = k_cache.shape[1], k_cache.shape[2]
+    assert tree_mask.dtype == torch.bool and tree_mask.dim() == 3, (
+        f"tree_mask must be [B, T, T] bool, got {tuple(tree_mask.shape)} {tree_mask.dtype}"
+    )
+    t = tree_mask.shape[1]
+    assert tree_mask.shape == (b, t, t), f"tree_mask must be [B={b}, T, T], got {tuple(tree_mask.shape)}"
+    assert tree_mask.device == q.device, f"tree_mask is on {tree_mask.device}, q on {q.device}"
+    assert q.shape[0] == b * t, f"q must hold B*T={b * t} rows, got {q.shape[0]}"
+
+    group = n_heads // n_kv
+    rows = t * group
+    meta = TREE_META
+    wide = head_dim > 128
+    block_m = min(meta["block_m"] // (2 if wide else 1), max(16, triton.next_power_of_2(rows)))
+    num_m_blocks = triton.cdiv(rows, block_m)
+    block_n = meta["block_n"] // (2 if wide else 1)
+    max_prefix = max(block_tables.shape[1] * page - t, 0)  # host bound: no sync on seq_lens
+    if num_splits is None:
+        waves = meta["split_waves"]
+        num_splits = choose_num_splits(b * n_kv * num_m_blocks, max_prefix, num_sms(q.device), waves)
+    num_splits, chunk_len = split_plan(num_splits, max_prefix, block_n)
+
+    out = torch.empty_like(q)
+    fp32_dot = dot_in_fp32(_tree_attention_kernel, q.dtype)
+    split = num_splits > 1
+    if split:
+        o_part = torch.empty(b * t, n_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
+        lse_part = torch.empty(b * t, n_heads, num_splits, device=q.device, dtype=torch.float32)
+    else:
+        o_part = lse_part = out  # unused by the kernel
+    mask_u8 = tree_mask.view(torch.uint8)
+    _tree_attention_kernel[(b * n_kv * num_m_blocks, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, mask_u8, out, o_part, lse_part,
+        t, n_kv, num_m_blocks, num_splits, chunk_len, scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
+        block_tables.stride(0),
+        mask_u8.stride(0), mask_u8.stride(1), mask_u8.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1),
+        GROUP=group, BLOCK_M=block_m, HEAD_DIM=head_dim, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
+        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot,
+        num_warps=meta["num_warps"] if block_m * head_dim >= meta["block_m"] * 128 else 4,
+        num_stages=meta["num_stages"],
+    )  # fmt: skip
+    if split:
+        combine_splits(o_part, lse_part, out)
+    return out
