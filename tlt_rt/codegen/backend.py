@@ -69,8 +69,9 @@ class TritonAttention:
 def select_backend(device: torch.device | str, name: str = "auto") -> AttentionBackend:
     """The attention backend for `device`.
 
-    name: "auto" (Triton where `triton_usable(device)`, else torch), "triton" (raises ValueError where
-    the kernels cannot run) or "torch".
+    name: "auto" (Triton on CUDA, torch elsewhere: the interpreter is for testing kernels, not for running
+    models), "triton" (raises ValueError where the kernels cannot run; on CPU under TRITON_INTERPRET=1) or
+    "torch".
     """
     if name == "torch":
         return TorchAttention()
@@ -81,5 +82,5 @@ def select_backend(device: torch.device | str, name: str = "auto") -> AttentionB
             )
         return TritonAttention()
     if name == "auto":
-        return TritonAttention() if triton_usable(device) else TorchAttention()
+        return TritonAttention() if torch.device(device).type == "cuda" else TorchAttention()
     raise ValueError(f"unknown attention backend {name!r}: choose 'auto', 'triton' or 'torch'")
