@@ -21,7 +21,7 @@ from collections import Counter, deque
 import torch
 
 from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for
-from tlt_rt.models.llama import CausalLM
+from tlt_rt.models.llama import CausalLM, set_glue
 from tlt_rt.rollout.block_manager import BlockManager
 from tlt_rt.rollout.params import Completion, SamplingParams
 from tlt_rt.rollout.policy import CostTable, SDPolicy
@@ -65,6 +65,7 @@ class Engine:
         from tlt_rt.codegen.backend import select_backend
 
         target.attn_backend = select_backend(self.device, attn_backend)
+        self._glue = target.compile_glue() if self.device.type == "cuda" and not enforce_eager else None
         if num_blocks <= 0:
             num_blocks = self._auto_blocks()
         self.blocks = BlockManager(num_blocks, block_size)
@@ -84,6 +85,8 @@ class Engine:
                 )
                 drafter = Drafter(target.arch, target).to(self.device, target.lm_head.weight.dtype).eval()
             drafter.attn_backend = target.attn_backend
+            if self._glue is not None:
+                set_glue(drafter, self._glue)
             self.drafter_runner = DrafterRunner(drafter, num_blocks, block_size, graph_buckets, self.max_blocks_per_seq)
         self.policy = SDPolicy(
             self.strategies, self.buckets, self._load_costs(), mode=speculative, epsilon=epsilon, hysteresis=hysteresis
