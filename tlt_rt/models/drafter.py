@@ -50,9 +50,15 @@ def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
 
 
 def _sdpa_packed(q, k, v, scale, segment_ids):
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
-    mask = segment_mask(segment_ids)[:, None]
-    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    rep = q.shape[2] // k.shape[2]
+    # K/V heads expanded here rather than enable_gqa: with a mask, SDPA's fused kernel takes no GQA and
+    # would fall back to the (much slower) math path
+    qt, kt, vt = (
+        q.transpose(1, 2),
+        k.repeat_interleave(rep, 2).transpose(1, 2),
+        v.repeat_interleave(rep, 2).transpose(1, 2),
+    )
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=segment_mask(segment_ids)[:, None], scale=scale)
     return out.transpose(1, 2)
 
 

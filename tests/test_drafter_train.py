@@ -1,0 +1,282 @@
+"""Drafter training: buffer and packing, the loss, the preemptible trainer and its checkpoints."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from tlt_rt.config import DrafterConfig
+from tlt_rt.models import ArchConfig, CausalLM
+from tlt_rt.models.drafter import Drafter
+from tlt_rt.train.drafter_data import DrafterBatch, DrafterBuffer, _Step, collect_hidden
+from tlt_rt.train.drafter_loss import add_noise, batch_loss, drafter_loss
+from tlt_rt.train.drafter_trainer import DrafterTrainer
+
+V, H = 97, 64
+
+
+def tiny_pair(drafter_seed: int = 0) -> tuple[CausalLM, Drafter]:
+    """The same random target every time; the drafter's initial weights from `drafter_seed`."""
+    torch.manual_seed(0)
+    arch = ArchConfig(
+        model_type="llama",
+        vocab_size=V,
+        hidden_size=H,
+        intermediate_size=112,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    target = CausalLM(arch).eval()
+    with torch.no_grad():
+        for p in target.parameters():
+            p.normal_(0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    torch.manual_seed(drafter_seed)
+    return target, Drafter(arch, target)
+
+
+def sequences(n: int, lo: int, hi: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    # repeated short patterns, so that there is something to learn
+    pats = torch.randint(0, V, (3, 5), generator=g)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        k = int(torch.randint(0, 3, (1,), generator=g))
+        out.append(pats[k].repeat(hi // 5 + 1)[:length])
+    return out
+
+
+def fake_samples(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(0, V, (n,), generator=g) for n in lengths]
+    hid = [torch.randn(n, 8, generator=g) for n in lengths]
+    return ids, hid
+
+
+def test_buffer_evicts_old_steps_and_stores_tensors_only():
+    buf = DrafterBuffer(max_steps=2)
+    for step in range(5):
+        buf.add(step, *fake_samples([5, 7, 1], seed=step))  # the 1-token sample holds no training row
+    assert buf.steps == [3, 4] and buf.num_samples == 4 and buf.num_tokens == 24
+    buf.add(4, *fake_samples([3]))  # more of the newest step
+    assert buf.steps == [3, 4] and buf.num_samples == 5
+    for s in buf._steps:
+        assert isinstance(s, _Step)
+        assert all(isinstance(v, torch.Tensor) for k, v in vars(s).items() if k != "step")
+    small = DrafterBuffer(max_steps=10, max_tokens=20)
+    for step in range(3):
+        small.add(step, *fake_samples([6, 6], seed=step))
+    assert small.steps == [2] and small.num_tokens == 12
+    with pytest.warns(UserWarning, match="exceeds max_tokens"):
+        small.add(3, *fake_samples([9, 9, 9]))
+    assert small.num_tokens == 18 and small.num_samples == 2
+    with pytest.raises(ValueError, match="older"):
+        small.add(1, *fake_samples([4]))
+    with pytest.raises(ValueError, match=r"sample 0"):
+        small.add(5, [torch.zeros(4, dtype=torch.long)], [torch.zeros(3, 8)])
+    with pytest.raises(RuntimeError, match="empty"):
+        DrafterBuffer().next_batch(16)
+
+
+def _row_check(batch: DrafterBatch, ids_list, hid_list) -> list[tuple[int, int]]:
+    """Every real row is (x_{t+1}, h_t) -> h_{t+1} of some sample k at position t; returns the (k, t) in order."""
+    seg, mask, found = batch.segment_ids, batch.loss_mask, []
+    for r in range(seg.shape[0]):
+        for j in range(seg.shape[1]):
+            if not mask[r, j]:
+                continue
+            t = int(batch.positions[r, j])
+            hits = [k for k, h in enumerate(hid_list) if t + 1 < h.shape[0] and torch.equal(h[t], batch.hidden[r, j])]
+            assert hits, "row does not come from any sample"
+            k = hits[0]
+            assert batch.input_ids[r, j] == ids_list[k][t + 1]
+            assert torch.equal(batch.target_hidden[r, j], hid_list[k][t + 1])
+            found.append((k, t))
+    return found
+
+
+def test_packing_layout_and_one_epoch_covers_every_row():
+    lengths = [4, 9, 2, 30, 6, 11]
+    ids, hid = fake_samples(lengths)
+    buf = DrafterBuffer(seed=3)
+    buf.add(0, ids, hid)
+    total_rows, seen = sum(n - 1 for n in lengths), []
+    while len(seen) < total_rows:
+        b = buf.next_batch(16)
+        assert b.input_ids.shape[0] == 1 and b.input_ids.shape[1] <= 16 and bool(b.loss_mask.all())
+        seen += _row_check(b, ids, hid)
+        seg = b.segment_ids[0]
+        starts = torch.nonzero(torch.diff(seg, prepend=seg[:1] - 1)).flatten()
+        assert torch.equal(b.cu_seqlens[:-1].long(), starts) and int(b.cu_seqlens[-1]) == seg.numel()
+        for s, e in zip(b.cu_seqlens[:-1].tolist(), b.cu_seqlens[1:].tolist(), strict=True):
+            p = b.positions[0, s:e]
+            assert torch.equal(p, torch.arange(int(p[0]), int(p[0]) + e - s))  # consecutive within a piece
+    # one epoch visits every row exactly once (the 30-token sample in chunks), then the next epoch begins
+    assert sorted(seen[:total_rows]) == [(k, t) for k, n in enumerate(lengths) for t in range(n - 1)]
+    unpacked = buf.next_batch(40, packed=False)
+    assert unpacked.input_ids.shape[0] * unpacked.input_ids.shape[1] <= 40
+    assert unpacked.input_ids.shape[0] > 1 and not bool(unpacked.loss_mask.all())
+    assert bool((unpacked.segment_ids[~unpacked.loss_mask] == -1).all())
+    _row_check(unpacked, ids, hid)
+
+
+def test_cursor_state_round_trip_repeats_batches():
+    ids, hid = fake_samples([5, 8, 3, 12, 7, 4, 9])
+    a, b = DrafterBuffer(seed=1), DrafterBuffer(seed=1)
+    a.add(0, ids, hid), b.add(0, ids, hid)
+    for _ in range(3):
+        a.next_batch(10)
+    state = a.state_dict()
+    b.load_state_dict(state)
+    for _ in range(6):  # crosses an epoch boundary
+        x, y = a.next_batch(10), b.next_batch(10)
+        assert torch.equal(x.input_ids, y.input_ids) and torch.equal(x.hidden, y.hidden)
+
+
+def test_collect_hidden_matches_each_sequence_alone():
+    target, _ = tiny_pair()
+    seqs = sequences(5, 3, 17, seed=1)
+    got = collect_hidden(target, seqs, max_batch_tokens=40)
+    for s, h in zip(seqs, got, strict=True):
+        with torch.no_grad():
+            torch.testing.assert_close(h, target(s[None]).hidden[0], atol=1e-4, rtol=1e-4)
+
+
+def test_loss_ignores_padding_and_packing_equals_per_sample_mean():
+    target, drafter = tiny_pair()
+    seqs = sequences(4, 6, 15, seed=2)
+    hid = collect_hidden(target, seqs)
+    buf = DrafterBuffer()
+    buf.add(0, seqs, hid)
+    rows = [s.shape[0] - 1 for s in seqs]
+    with torch.no_grad():
+        packed = batch_loss(drafter, buf.next_batch(sum(rows)))  # exactly one epoch
+        assert packed.num_tokens == sum(rows)
+        unpacked = batch_loss(drafter, buf.next_batch(len(rows) * max(rows), packed=False))
+        assert unpacked.num_tokens == sum(rows)
+        torch.testing.assert_close(packed.loss, unpacked.loss, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packed.top1, unpacked.top1)
+        each = []
+        for s, h in zip(seqs, hid, strict=True):
+            one = DrafterBuffer()
+            one.add(0, [s], [h])
+            each.append(batch_loss(drafter, one.next_batch(s.shape[0] - 1)))
+        mean = sum(o.loss * o.num_tokens for o in each) / sum(o.num_tokens for o in each)
+        torch.testing.assert_close(packed.loss, mean, atol=1e-5, rtol=1e-5)
+    # the loss itself: padding rows never count, weights are applied as given
+    ph, th = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    pl, tl = torch.randn(2, 5, 11), torch.randn(2, 5, 11)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    a = drafter_loss(ph, pl, th, tl, mask)
+    ph2 = ph.clone()
+    ph2[0, 3:] += 100.0
+    b = drafter_loss(ph2, pl, th, tl, mask)
+    torch.testing.assert_close(a.loss, b.loss)
+    torch.testing.assert_close(a.loss, 1.0 * a.hidden_loss + 0.1 * a.token_loss)
+    want = ((pl.argmax(-1) == tl.argmax(-1)) & mask).sum() / mask.sum()
+    torch.testing.assert_close(a.top1, want.float())
+    same = drafter_loss(th, tl, th, tl, mask)
+    assert float(same.hidden_loss) == 0.0 and float(same.top1) == 1.0
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    assert torch.equal(add_noise(th, 0.1, g1), add_noise(th, 0.1, g2)) and add_noise(th, 0.0) is th
+
+
+def _trainer(drafter_seed=0, **kw) -> tuple[DrafterTrainer, DrafterBuffer]:
+    target, drafter = tiny_pair(drafter_seed)
+    seqs = sequences(12, 10, 30, seed=3)
+    buf = DrafterBuffer(seed=5)
+    buf.add(0, seqs, collect_hidden(target, seqs))
+    return DrafterTrainer(drafter, buf, **{"lr": 5e-3, "batch_tokens": 96, **kw}), buf
+
+
+def test_training_reduces_the_loss_on_fixed_data():
+    trainer, buf = _trainer()
+    eval_batch = DrafterBuffer(seed=9)
+    eval_batch._steps = buf._steps
+    eval_batch._refresh_order()
+    fixed = eval_batch.next_batch(400)
+    with torch.no_grad():
+        before = batch_loss(trainer.drafter, fixed)
+    summary = trainer.train(lambda: False, max_steps=12)
+    with torch.no_grad():
+        after = batch_loss(trainer.drafter, fixed)
+    assert summary["steps"] == 12 and trainer.steps == 12 and not summary["stopped"]
+    # the token loss is bounded below by the target's entropy; the feature loss and agreement move a lot
+    assert float(after.loss) < float(before.loss) and float(after.hidden_loss) < 0.5 * float(before.hidden_loss)
+    assert float(after.top1) > float(before.top1) + 0.3
+    assert summary["tokens_per_s"] > 0 and summary["tokens"] > 0
+
+
+def test_stop_flag_is_honoured_between_micro_steps():
+    trainer, buf = _trainer(grad_accum=3)
+    stop = threading.Event()
+    stop.set()
+    assert trainer.train(stop)["steps"] == 0
+    before = {k: v.clone() for k, v in trainer.drafter.state_dict().items()}
+    cursor = buf.state_dict()
+    checks = iter([False, False, True])  # stop after two of the three micro-steps
+    out = trainer.train(lambda: next(checks), max_steps=5)
+    assert out["steps"] == 0 and out["stopped"] and trainer.steps == 0
+    assert all(torch.equal(v, trainer.drafter.state_dict()[k]) for k, v in before.items())
+    assert all(p.grad is None for p in trainer.drafter.parameters())
+    after = buf.state_dict()  # the undone step's data comes again
+    assert torch.equal(after.pop("perm"), cursor.pop("perm")) and after == cursor
+    m = trainer.step()
+    assert trainer.steps == 1 and set(m) >= {"loss", "hidden_loss", "token_loss", "top1", "tokens_per_s"}
+
+
+def test_checkpoint_round_trip_resumes_the_identical_next_step(tmp_path):
+    trainer, _ = _trainer(noise_std=0.05)
+    trainer.drafter.set_draft_vocab(torch.arange(0, V, 2))
+    trainer.train(lambda: False, max_steps=3)
+    trainer.save_checkpoint(tmp_path / "ckpt", async_=True)
+    trainer.wait()
+    want = trainer.step()
+    fresh, _ = _trainer(drafter_seed=1, noise_std=0.05)  # other initial weights: all must come from the checkpoint
+    fresh.load_checkpoint(tmp_path / "ckpt")
+    assert fresh.steps == 3 and torch.equal(fresh.drafter.d2t, trainer.drafter.d2t)
+    got = fresh.step()
+    for k in ("loss", "hidden_loss", "token_loss", "top1", "tokens"):
+        assert got[k] == want[k], k
+    for k, v in trainer.drafter.state_dict().items():
+        assert torch.equal(v, fresh.drafter.state_dict()[k]), k
+    with pytest.raises(FileNotFoundError):
+        fresh.load_checkpoint(tmp_path / "nope")
+
+
+def test_from_config():
+    target, drafter = tiny_pair()
+    buf = DrafterBuffer()
+    t = DrafterTrainer.from_config(drafter, buf, DrafterConfig(lr=2e-4, batch_tokens=64, noise_std=0.1))
+    assert t.batch_tokens == 64 and t.noise_std == 0.1 and t.optimizer.param_groups[0]["lr"] == 2e-4
+    assert {id(p) for g in t.optimizer.param_groups for p in g["params"]} == {id(p) for p in drafter.parameters()}
+
+
+@pytest.mark.gpu
+def test_training_and_checkpoint_resume_on_cuda(tmp_path):
+    """bf16 target (shared modules), fp32 drafter, fused AdamW, generator on the GPU."""
+
+    def build(drafter_seed: int) -> DrafterTrainer:
+        target, drafter = tiny_pair(drafter_seed)
+        target.to("cuda", torch.bfloat16)
+        drafter.to("cuda")
+        seqs = sequences(12, 10, 30, seed=3)
+        buf = DrafterBuffer(seed=5, device="cuda")
+        buf.add(0, seqs, collect_hidden(target, seqs))
+        return DrafterTrainer(drafter, buf, lr=3e-3, batch_tokens=96, noise_std=0.05)
+
+    trainer = build(0)
+    first = trainer.train(lambda: False, max_steps=20)
+    assert first["steps"] == 20 and first["top1"] > 0
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    trainer.wait()
+    want = trainer.step()
+    fresh = build(1)
+    fresh.load_checkpoint(tmp_path / "ckpt")
+    got = fresh.step()
+    for k in ("loss", "hidden_loss", "token_loss", "top1", "tokens"):
+        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), k

@@ -1,0 +1,111 @@
+"""The drafter's training loss (EAGLE): feature regression plus next-token cross-entropy.
+
+    f_t        = target.norm(h_t)                                   target features [N, H]
+    pred, z    = drafter(x_{t+1}, f_t + noise)                      predicted f_{t+1}, draft logits
+    p          = softmax(lm_head(f_{t+1}))                          the target's next-token distribution
+    hidden     = mean_t SmoothL1(pred_t, f_{t+1})                   (mean over H, then over real rows)
+    token      = mean_t -sum_v p_v log softmax(z)_v
+    loss       = 1.0 * hidden + 0.1 * token                          (EAGLE's published weights)
+
+With a reduced draft vocabulary both distributions live on the draft ids (the target's restricted to them
+and renormalised). Rows where `loss_mask` is False (padding of packed rows) count nowhere. Top-1
+agreement is how often the drafter's argmax, mapped to a target id, equals the target's own argmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tlt_rt.models.drafter import Drafter
+from tlt_rt.train.drafter_data import DrafterBatch
+
+HIDDEN_WEIGHT = 1.0
+TOKEN_WEIGHT = 0.1
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar, carries the gradient
+    hidden_loss: torch.Tensor  # scalar, detached
+    token_loss: torch.Tensor  # scalar, detached
+    top1: torch.Tensor  # scalar in [0, 1], detached
+    num_tokens: int
+
+
+def add_noise(x: torch.Tensor, std: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """x + N(0, std^2) noise, drawn from `generator` so that runs repeat exactly."""
+    if std <= 0:
+        return x
+    noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+    return x + (noise * std).to(x.dtype)
+
+
+def drafter_loss(
+    pred_hidden: torch.Tensor,
+    pred_logits: torch.Tensor,
+    target_feature: torch.Tensor,
+    target_logits: torch.Tensor,
+    loss_mask: torch.Tensor,
+    hidden_weight: float = HIDDEN_WEIGHT,
+    token_weight: float = TOKEN_WEIGHT,
+    target_top1: torch.Tensor | None = None,
+    d2t: torch.Tensor | None = None,
+) -> LossOutput:
+    """Weighted SmoothL1 + soft cross-entropy over the rows where `loss_mask` [...] is True.
+
+    pred_hidden / target_feature [..., H]; pred_logits / target_logits [..., Vd] on the same (draft) vocab.
+    `target_top1` [...] is the target's argmax over its full vocabulary (default: argmax of target_logits);
+    `d2t` [Vd] maps draft ids to target ids for the agreement metric.
+    """
+    m = loss_mask.to(torch.float32)
+    n = m.sum().clamp(min=1.0)
+    hidden = F.smooth_l1_loss(pred_hidden.float(), target_feature.float(), reduction="none").mean(-1)
+    p = torch.softmax(target_logits.float(), -1)
+    token = -(p * torch.log_softmax(pred_logits.float(), -1)).sum(-1)
+    hidden_loss = (hidden * m).sum() / n
+    token_loss = (token * m).sum() / n
+    draft_top1 = pred_logits.argmax(-1)
+    if d2t is not None:
+        draft_top1 = d2t.to(draft_top1.device)[draft_top1]
+    if target_top1 is None:
+        target_top1 = target_logits.argmax(-1) if d2t is None else d2t.to(draft_top1.device)[target_logits.argmax(-1)]
+    top1 = ((draft_top1 == target_top1).float() * m).sum() / n
+    loss = hidden_weight * hidden_loss + token_weight * token_loss
+    return LossOutput(loss, hidden_loss.detach(), token_loss.detach(), top1.detach(), int(loss_mask.sum()))
+
+
+def batch_loss(
+    drafter: Drafter,
+    batch: DrafterBatch,
+    hidden_weight: float = HIDDEN_WEIGHT,
+    token_weight: float = TOKEN_WEIGHT,
+    noise_std: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> LossOutput:
+    """Run the drafter on one (packed) batch already on its device and score it against the target."""
+    with torch.no_grad():
+        inp = drafter.features(batch.hidden)
+        tgt = drafter.features(batch.target_hidden)
+        target_logits = drafter.logits(tgt)
+        target_top1 = None
+        if drafter.d2t is not None:  # the metric compares with the target's argmax over its whole vocabulary
+            w = drafter.lm_head.weight.detach()
+            target_top1 = F.linear(tgt.to(w.dtype), w).argmax(-1)
+    # block-diagonal attention only where a row holds several samples; right padding needs no mask (causal)
+    seg = batch.segment_ids
+    segments = seg if bool(((seg[:, 1:] != seg[:, :-1]) & (seg[:, 1:] >= 0)).any()) else None
+    out = drafter(batch.input_ids, add_noise(inp, noise_std, generator), batch.positions, segments)
+    return drafter_loss(
+        out.hidden,
+        out.logits,
+        tgt,
+        target_logits,
+        batch.loss_mask,
+        hidden_weight,
+        token_weight,
+        target_top1,
+        drafter.d2t,
+    )

@@ -1,0 +1,250 @@
+"""Online drafter training on a worker that the rollout's long tail left idle: preemptible and checkpointed.
+
+One optimizer step = `grad_accum` micro-steps, each one packed batch of `batch_tokens` tokens from the
+buffer. `train(stop)` checks `stop` before every micro-step; a step interrupted that way is undone: its
+partial gradient is dropped and the buffer cursor and noise generator go back to where the step began,
+so the data it had drawn is trained on later and a resumed run repeats exactly what an uninterrupted
+one would have done. AdamW state lives across `step()` / `train()` calls. On CUDA the forward runs under
+bf16 autocast by default (the drafter's weights and AdamW state stay in their own dtype, fp32 usually).
+
+Checkpoints (a folder): drafter.safetensors (the drafter's own weights, plus `d2t` when the draft
+vocabulary is reduced), optimizer.pt, trainer.pt (step count, buffer cursor, noise generator state).
+`save_checkpoint(async_=True)` copies every tensor to the CPU first, then writes from a background thread
+into a temporary folder that is renamed into place; `wait()` joins it and re-raises its error.
+The buffer itself is not saved: a resumed trainer expects the same samples re-added, then the cursor.
+The buffer is not thread-safe: add data between `train()` calls, not during one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tlt_rt.models.drafter import Drafter
+from tlt_rt.train.drafter_data import DrafterBuffer
+from tlt_rt.train.drafter_loss import HIDDEN_WEIGHT, TOKEN_WEIGHT, batch_loss
+
+StopFlag = threading.Event | Callable[[], bool]
+# cuDNN attention re-plans for every new sequence shape (~75 ms of host time a call on an H100 with torch
+# 2.11) and packed batches change shape every step: training uses flash / mem-efficient / math only
+TRAIN_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _cpu_copy(obj):
+    """Deep copy of a (nested) state dict with every tensor copied to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+class DrafterTrainer:
+    def __init__(
+        self,
+        drafter: Drafter,
+        buffer: DrafterBuffer,
+        lr: float = 1e-4,
+        batch_tokens: int = 4096,
+        grad_accum: int = 1,
+        packed: bool = True,
+        hidden_weight: float = HIDDEN_WEIGHT,
+        token_weight: float = TOKEN_WEIGHT,
+        noise_std: float = 0.0,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.95),
+        max_grad_norm: float | None = 0.5,
+        seed: int = 0,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 0,
+        autocast: bool | None = None,
+    ):
+        if lr <= 0 or batch_tokens < 1 or grad_accum < 1:
+            raise ValueError(f"need lr > 0, batch_tokens >= 1, grad_accum >= 1; got {lr}, {batch_tokens}, {grad_accum}")
+        self.drafter, self.buffer = drafter, buffer
+        self.batch_tokens, self.grad_accum, self.packed = batch_tokens, grad_accum, packed
+        self.hidden_weight, self.token_weight, self.noise_std = hidden_weight, token_weight, noise_std
+        self.max_grad_norm = max_grad_norm
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.checkpoint_every = checkpoint_every
+        self.device = drafter.fc.weight.device
+        # bf16 compute over fp32 master weights on CUDA by default (tensor cores, fused attention kernels)
+        self.autocast = self.device.type == "cuda" if autocast is None else autocast
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=lr, betas=betas, weight_decay=weight_decay, fused=self.device.type == "cuda"
+        )
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.steps = 0
+        self._saver: threading.Thread | None = None
+        self._save_error: BaseException | None = None
+
+    @classmethod
+    def from_config(cls, drafter: Drafter, buffer: DrafterBuffer, cfg, **kwargs) -> DrafterTrainer:
+        """Build from a `tlt_rt.config.DrafterConfig` (lr, batch_tokens, loss weights, noise, checkpoint_every)."""
+        return cls(
+            drafter,
+            buffer,
+            lr=cfg.lr,
+            batch_tokens=cfg.batch_tokens,
+            hidden_weight=cfg.hidden_loss_weight,
+            token_weight=cfg.token_loss_weight,
+            noise_std=cfg.noise_std,
+            checkpoint_every=cfg.checkpoint_every,
+            **kwargs,
+        )
+
+    # -- training --
+    def step(self) -> dict[str, float]:
+        """One optimizer step on `grad_accum` packed batches; returns its metrics."""
+        out = self._step(lambda: False)
+        assert out is not None
+        return out
+
+    def train(self, stop: StopFlag, max_steps: int | None = None) -> dict[str, float]:
+        """Optimizer steps until `stop` is set (checked between micro-steps) or `max_steps` are done."""
+        should_stop = stop.is_set if isinstance(stop, threading.Event) else stop
+        done, tokens, t0, stopped = 0, 0, time.perf_counter(), False
+        sums = {"loss": 0.0, "hidden_loss": 0.0, "token_loss": 0.0, "top1": 0.0}
+        last: dict[str, float] = {}
+        while max_steps is None or done < max_steps:
+            m = self._step(should_stop)
+            if m is None:
+                stopped = True
+                break
+            done, tokens, last = done + 1, tokens + int(m["tokens"]), m
+            for k in sums:
+                sums[k] += m[k] * m["tokens"]
+        elapsed = time.perf_counter() - t0
+        summary = {k: v / max(tokens, 1) for k, v in sums.items()}
+        summary.update(
+            steps=done,
+            stopped=float(stopped),
+            tokens=tokens,
+            tokens_per_s=tokens / max(elapsed, 1e-9),
+            step=self.steps,
+            last_loss=last.get("loss", float("nan")),
+        )
+        return summary
+
+    def _step(self, should_stop: Callable[[], bool]) -> dict[str, float] | None:
+        cursor, rng = self.buffer.state_dict(), self.generator.get_state()
+        t0 = time.perf_counter()
+        self.drafter.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        batches, total = [], 0
+        for _ in range(self.grad_accum):
+            batches.append(self.buffer.next_batch(self.batch_tokens, self.packed).to(self.device))
+            total += batches[-1].num_tokens
+        sums = {"loss": 0.0, "hidden_loss": 0.0, "token_loss": 0.0, "top1": 0.0}
+        for b in batches:
+            if should_stop():  # undo the whole step: no partial update, no data skipped
+                self.optimizer.zero_grad(set_to_none=True)
+                self.buffer.load_state_dict(cursor)
+                self.generator.set_state(rng)
+                return None
+            with sdpa_kernel(TRAIN_SDPA_BACKENDS):
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                    out = batch_loss(
+                        self.drafter, b, self.hidden_weight, self.token_weight, self.noise_std, self.generator
+                    )
+                share = out.num_tokens / max(total, 1)
+                (out.loss * share).backward()
+            for k in sums:
+                sums[k] += float(getattr(out, k).detach()) * share
+        grad_norm = float("nan")
+        if self.max_grad_norm is not None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.max_grad_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - t0
+        metrics = {
+            **sums,
+            "tokens": float(total),
+            "tokens_per_s": total / max(elapsed, 1e-9),
+            "grad_norm": grad_norm,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "step": float(self.steps),
+        }
+        if self.checkpoint_dir is not None and self.checkpoint_every > 0 and self.steps % self.checkpoint_every == 0:
+            self.save_checkpoint(self.checkpoint_dir, async_=True)
+        return metrics
+
+    # -- checkpoints --
+    def save_checkpoint(self, folder: str | Path, async_: bool = True) -> None:
+        """Write weights, optimizer state and cursor to `folder` (replaced whole); in the background if async_."""
+        self.wait()
+        folder = Path(folder)
+        weights = {k: v.contiguous() for k, v in _cpu_copy(self.drafter.state_dict()).items()}
+        opt = _cpu_copy(self.optimizer.state_dict())
+        meta = {"steps": self.steps, "buffer": self.buffer.state_dict(), "rng": self.generator.get_state().clone()}
+        info = {
+            "steps": self.steps,
+            "arch": self.drafter.arch.to_hf(),
+            "draft_vocab_size": self.drafter.draft_vocab_size,
+        }
+
+        def write() -> None:
+            tmp = folder.with_name(folder.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            save_file(weights, str(tmp / "drafter.safetensors"), metadata={"format": "pt"})
+            torch.save(opt, tmp / "optimizer.pt")
+            torch.save(meta, tmp / "trainer.pt")
+            (tmp / "info.json").write_text(json.dumps(info, indent=2))
+            old = folder.with_name(folder.name + ".old")
+            if folder.exists():
+                shutil.rmtree(old, ignore_errors=True)
+                folder.rename(old)
+            tmp.rename(folder)
+            shutil.rmtree(old, ignore_errors=True)
+
+        if not async_:
+            write()
+            return
+
+        def run() -> None:
+            try:
+                write()
+            except BaseException as e:  # handed to the caller by wait()
+                self._save_error = e
+
+        self._saver = threading.Thread(target=run, name="drafter-checkpoint", daemon=True)
+        self._saver.start()
+
+    def wait(self) -> None:
+        """Block until a background checkpoint write finishes; re-raise its error, if any."""
+        if self._saver is not None:
+            self._saver.join()
+            self._saver = None
+        if self._save_error is not None:
+            err, self._save_error = self._save_error, None
+            raise RuntimeError("writing the drafter checkpoint failed") from err
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        """Restore weights, optimizer state, step count, buffer cursor and noise generator from `folder`."""
+        self.wait()
+        folder = Path(folder)
+        if not (folder / "drafter.safetensors").is_file():
+            raise FileNotFoundError(f"no drafter checkpoint in {folder} (expected drafter.safetensors)")
+        weights = load_file(str(folder / "drafter.safetensors"))
+        self.drafter.set_draft_vocab(weights.get("d2t"))
+        self.drafter.load_state_dict(weights, strict=True)
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        meta = torch.load(folder / "trainer.pt", weights_only=True)
+        self.steps = int(meta["steps"])
+        self.buffer.load_state_dict(meta["buffer"])
+        self.generator.set_state(meta["rng"])
