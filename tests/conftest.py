@@ -10,6 +10,11 @@ import pytest
 import torch
 from hypothesis import settings
 
+# Triton decides between compiling and interpreting when a kernel module is imported, once per process:
+# without CUDA every kernel test runs under the interpreter, so switch it on before anything imports them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 settings.register_profile("ci", deadline=None, max_examples=25, derandomize=True, print_blob=True)
 settings.register_profile("thorough", deadline=None, max_examples=300)
 settings.load_profile(os.environ.get("TLT_HYPOTHESIS_PROFILE", "ci"))

@@ -162,6 +162,7 @@ def speculative_step(
         D,
         all_greedy=sampler.params.greedy,
         filtering=sampler.params.filtering,
+        backend="triton" if device.type == "cuda" else "torch",
     )
     layers = [(target.cache.k[i], target.cache.v[i]) for i in range(target.cache.num_layers)]
     commit = kv_commit if device.type == "cuda" else kv_commit_reference
