@@ -1,0 +1,34 @@
+"""Drafter warm-up end to end on SmolLM2 with tiny settings: data from the target, training, report, export."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from tlt_rt.models.eagle_export import load_eagle
+from tlt_rt.train.warmup import warmup
+
+
+def test_warmup_trains_measures_and_exports(tmp_path):
+    rep = warmup(
+        None,
+        tmp_path / "drafter",
+        num_prompts=3,
+        held_out=2,
+        samples=1,
+        steps=3,
+        max_new_tokens=12,
+        strategy="3_2_4",
+        batch_tokens=256,
+        device="cpu",
+        progress=False,
+    )
+    assert rep["generated_tokens"] > 0 and rep["train_steps"] == 3
+    for k in ("accept_length_before", "accept_length_after"):
+        assert 1.0 <= rep[k] <= 4.0 and math.isfinite(rep[k])
+    assert math.isfinite(rep["final_loss"])
+    saved = json.loads((tmp_path / "drafter" / "warmup.json").read_text())
+    assert saved["drafter"] == rep["drafter"]
+    from tlt_rt.models import load_target
+
+    assert load_eagle(tmp_path / "drafter", load_target(None)).fc.weight.shape[1] == 2 * 576
