@@ -244,6 +244,8 @@ class CausalLM(nn.Module):
 
     def compile_glue(self, glue: Glue | None = None) -> Glue:
         """Route norms, rotary and the MLP activation through `glue` (default: torch.compile'd versions)."""
+        if glue is None and isinstance(self.model.norm.glue, CompiledGlue):
+            return self.model.norm.glue  # compiled once per model
         return set_glue(self, glue or CompiledGlue())
 
     def make_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device=None) -> KVCache:
