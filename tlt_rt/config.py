@@ -475,6 +475,12 @@ class ModelConfig:
         "Prompts that leave no room for a response are rejected, not truncated.",
     )
 
+    arch: str | None = option(
+        None,
+        help="Known model shape for the --dry-run placement plan, used when model.path is not on this machine "
+        "(smollm2-135m, qwen2.5-7b, qwen2.5-32b, llama3-70b); model.path/config.json wins when present.",
+    )
+
     def __post_init__(self) -> None:
         check(bool(self.path.strip()), "path", "must not be empty")
         check_min(self, "max_context", 2)
@@ -586,9 +592,23 @@ class DrafterConfig:
     checkpoint_every: int = option(
         50, help="Drafter optimizer steps between checkpoints, so preempted training loses little."
     )
+    tail_training: Literal["auto", "on", "off"] = option(
+        "auto",
+        help="Also train the drafter on a worker during its own rollout tail (a background thread once fewer "
+        "than tail_fraction of its sequences still run); 'auto' = only with a single worker, which has no "
+        "idle peers to train on.",
+    )
+    tail_fraction: float = option(
+        0.25, help="A worker's rollout is in its tail when fewer than this fraction of its sequences still run."
+    )
+    max_spot_steps: int = option(
+        0, help="Most drafter steps one worker trains per rollout (idle or tail); 0 = until the rollout ends."
+    )
 
     def __post_init__(self) -> None:
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check(0 < self.tail_fraction <= 1, "tail_fraction", f"must be in (0, 1], got {self.tail_fraction}")
+        check_min(self, "max_spot_steps", 0)
         check_min(self, "batch_tokens", 1)
         check_min(self, "buffer_steps", 1)
         check_min(self, "hidden_loss_weight", 0.0)
@@ -626,9 +646,37 @@ class RLConfig:
     )
     steps: int = option(100, help="RL steps to train.")
     seed: int = option(0, help="Seed of rollout sampling and the learner.")
+    normalize_adv_std: bool = option(
+        True, help="Divide each advantage by its group's reward std (GRPO); false = reward minus group mean only."
+    )
+    adv_eps: float = option(1e-6, help="Added to the group std before dividing, so near-equal groups stay finite.")
+    max_grad_norm: float = option(1.0, help="Clip the policy gradient's global L2 norm to this; 0 = no clipping.")
+    weight_decay: float = option(0.0, help="AdamW weight decay of the policy.")
+    micro_batch: int = option(
+        4, help="Responses per learner forward/backward; gradients accumulate over micro-batches (bounds memory)."
+    )
+    mini_batches: int = option(
+        1, help="Optimizer steps per RL step: the step's responses are split into this many mini-batches."
+    )
+    recompute_logprobs: bool = option(
+        False,
+        help="Recompute the old log-probs with the learner's dense forward before the update instead of using "
+        "the engine's (equal up to float rounding, since the engine samples exactly from the policy).",
+    )
+    checkpoint_every: int = option(
+        1, help="RL steps between checkpoints; 1 means killing the driver loses at most the current step."
+    )
+    keep_checkpoints: int = option(2, help="Most recent checkpoints kept in output_dir/name/checkpoints.")
 
     def __post_init__(self) -> None:
         check_min(self, "group_size", 2)
+        check_min(self, "adv_eps", 0.0)
+        check_min(self, "max_grad_norm", 0.0)
+        check_min(self, "weight_decay", 0.0)
+        check_min(self, "micro_batch", 1)
+        check_min(self, "mini_batches", 1)
+        check_min(self, "checkpoint_every", 1)
+        check_min(self, "keep_checkpoints", 1)
         check_min(self, "prompts_per_step", 1)
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         check(0 < self.clip_low < 1, "clip_low", f"must be in (0, 1), got {self.clip_low}")
@@ -650,9 +698,33 @@ class ClusterConfig:
         1, help="GPUs one engine shards the target over; must divide gpus_per_worker (1 on CPU)."
     )
     ray_address: str | None = option(None, help="Ray cluster to join; null = start a local one.")
+    cpus_per_worker: int = option(1, help="CPU cores reserved per worker (its torch thread count on CPU workers).")
+    gpus_per_node: int = option(8, help="GPUs per machine, for the placement plan (--dry-run).")
+    gpu_memory_gb: float = option(80.0, help="Memory of one GPU in GiB, for the placement plan's fit check.")
+    collective_timeout_s: float = option(
+        600.0, help="Seconds a gradient/drafter all-reduce may wait for a peer before failing the step."
+    )
+    max_restarts: int = option(3, help="Worker restarts allowed per run; a dead worker's share is redone.")
+    debug_fail: str | None = option(
+        None,
+        help="Testing aid: 'PHASE:RANK:STEP' (PHASE rollout or learn) makes that worker's process exit once, "
+        "at that phase of that RL step, to exercise recovery.",
+    )
 
     def __post_init__(self) -> None:
         check_min(self, "num_workers", 1)
+        check_min(self, "cpus_per_worker", 1)
+        check_min(self, "gpus_per_node", 1)
+        check(self.gpu_memory_gb > 0, "gpu_memory_gb", f"must be > 0, got {self.gpu_memory_gb}")
+        check(self.collective_timeout_s > 0, "collective_timeout_s", "must be > 0")
+        check_min(self, "max_restarts", 0)
+        if self.debug_fail is not None:
+            parts = self.debug_fail.split(":")
+            check(
+                len(parts) == 3 and parts[0] in ("rollout", "learn") and all(p.isdigit() for p in parts[1:]),
+                "debug_fail",
+                f"must look like 'rollout:RANK:STEP' or 'learn:RANK:STEP', got {self.debug_fail!r}",
+            )
         check_min(self, "gpus_per_worker", 0)
         check_min(self, "tensor_parallel", 1)
         gpus, tp = self.gpus_per_worker, self.tensor_parallel
@@ -675,6 +747,7 @@ class TLTConfig:
     drafter: DrafterConfig = option(factory=DrafterConfig, help="The draft model and its online training.")
     rl: RLConfig = option(factory=RLConfig, help="The GRPO learner.")
     cluster: ClusterConfig = option(factory=ClusterConfig, help="Workers and devices.")
+    tensorboard: bool = option(True, help="Also write TensorBoard event files when tensorboard is installed.")
 
     def __post_init__(self) -> None:
         check(

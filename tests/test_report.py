@@ -1,0 +1,56 @@
+"""The run report: PNG plots and an HTML page from metrics.jsonl and timelines.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+from tlt_rt.report import main, write_report
+from tlt_rt.train.metrics import MetricsWriter, engine_segments, percentile, tail_seconds, worker_timeline
+
+
+def _fake_run(run_dir, steps=3):
+    w = MetricsWriter(run_dir, tensorboard=False)
+    for s in range(steps):
+        rollout = {"start": 0.0, "end": 2.0 + s, "timeline": [
+            {"kind": "prefill", "batch": 2, "seconds": 0.2}, {"kind": "decode", "batch": 8, "seconds": 1.0},
+            {"kind": "sd", "batch": 1, "seconds": 0.5}]}  # fmt: skip
+        timelines = {
+            "0": worker_timeline(rollout, None, 4.0 + s),
+            "1": worker_timeline({**rollout, "end": 1.0}, {"steps": 3, "start": 1.1, "end": 3.9 + s}, 4.0 + s),
+        }
+        w.write({"step": s, "reward_mean": 0.1 * s, "accuracy": 0.1 * s, "accept_length": 2.0 + s,
+                 "drafter_top1": 0.5, "rollout_seconds": 4.0 + s, "learner_seconds": 1.0}, timelines)  # fmt: skip
+    w.close()
+
+
+def test_report_writes_pngs_and_html(tmp_path):
+    _fake_run(tmp_path)
+    page = write_report(tmp_path)
+    assert page.name == "index.html" and "timeline.png" in page.read_text()
+    for name in ("reward.png", "accept.png", "rollout.png", "timeline.png"):
+        data = (tmp_path / "report" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000, name
+
+
+def test_report_cli_and_empty_run(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 0  # an empty run still renders ("no data yet")
+    assert (tmp_path / "report" / "timeline.png").is_file()
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_metrics_writer_truncates_on_resume(tmp_path):
+    _fake_run(tmp_path, steps=3)
+    MetricsWriter(tmp_path, start_step=1, tensorboard=False).close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [0]
+
+
+def test_timeline_helpers():
+    tl = [{"kind": "prefill", "batch": 4, "seconds": 1.0}, {"kind": "decode", "batch": 4, "seconds": 1.0},
+          {"kind": "sd", "batch": 1, "seconds": 2.0}]  # fmt: skip
+    assert engine_segments(tl, 0.0, 8.0) == [["generating", 0.0, 4.0], ["sd", 4.0, 8.0]]
+    assert tail_seconds(tl, capacity=8) == (2.0, 4.0)
+    bars = worker_timeline({"start": 0.0, "end": 4.0, "timeline": tl}, {"steps": 2, "start": 4.5, "end": 6.0}, 7.0)
+    assert [b[0] for b in bars] == ["generating", "sd", "idle", "drafter", "idle"]
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([], 90) == 0.0

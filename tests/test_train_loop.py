@@ -1,0 +1,324 @@
+"""The RL loop end to end on Ray (CPU): SmolLM2 for two steps, exact resume, worker-failure recovery,
+dry runs of every shipped config, and the loop's small helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tlt_rt.config import TLTConfig, load_config
+from tlt_rt.train import checkpoint as ckpt
+from tlt_rt.train.__main__ import main as train_main
+from tlt_rt.train.coordinator import TailTrainer, tail_training_on
+from tlt_rt.train.learner import LearnSample
+from tlt_rt.train.loop import RunExistsError, build_minibatches, share_seed, split_even, train
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+# outcome of a step, equal between runs that must be equal (timings and drafter numbers excluded)
+EXACT_KEYS = ("reward_mean", "accuracy", "response_len_p50", "response_len_max", "groups_dropped",
+              "samples_trained", "loss", "grad_norm", "clip_low_share", "clip_high_share", "policy_version",
+              "accept_length_hist", "generated_tokens")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny policy with SmolLM2's tokenizer that writes only "1", "2" and spaces (and stops with EOS about one
+    time in ten), and prompts whose answer is 1: rewards are mixed within groups, so every step has a signal."""
+    from tlt_rt.models import save_target
+    from tlt_rt.models.arch import ArchConfig
+    from tlt_rt.models.default import load_tokenizer
+    from tlt_rt.models.llama import CausalLM
+
+    folder = tmp_path_factory.mktemp("tiny")
+    tok = load_tokenizer(None)
+    arch = ArchConfig(model_type="llama", vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=512, bos_token_id=1, eos_token_ids=(tok.eos_token_id,))  # fmt: skip
+    torch.manual_seed(0)
+    model = CausalLM(arch)
+    favoured = [tok.convert_tokens_to_ids(t) for t in ("1", "2")] + tok.encode(" ")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0, 0.02)
+        # the residual stream's channel 0 is large and positive, the final norm keeps only it, and the head
+        # reads it as +2 for the favoured tokens and -2 for all others
+        model.model.embed_tokens.weight[:, 0] = 10.0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight[:, 0] = -2.0
+        model.lm_head.weight[favoured, 0] = 2.0
+        model.lm_head.weight[tok.eos_token_id, 0] = 1.85
+    save_target(model, folder / "policy", tok)
+    with open(folder / "data.jsonl", "w") as f:
+        for i in range(16):
+            f.write(json.dumps({"question": f"Reply with the number one ({i}).", "answer": "1"}) + "\n")
+    return folder
+
+
+def tiny_config(tiny: Path, out: Path, name: str, *extra: str) -> TLTConfig:
+    return load_config(TLTConfig, overrides=[
+        f"name={name}", f"output_dir={out}", f"model.path={tiny / 'policy'}", "model.max_context=256",
+        "task.kind=jsonl", f"task.path={tiny / 'data.jsonl'}", "rollout.max_new_tokens=4",
+        "rollout.speculative=on", "rollout.strategies=[3_2_4]", "rl.prompts_per_step=3", "rl.group_size=4",
+        "rl.lr=1e-3", "rl.micro_batch=3", "rl.steps=2", "drafter.train_online=false", "tensorboard=false",
+        *extra,
+    ])  # fmt: skip
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def policy_weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    wa, wb = policy_weights(ckpt.latest_checkpoint(a) / "policy"), policy_weights(ckpt.latest_checkpoint(b) / "policy")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    ma, mb = metrics(a), metrics(b)
+    assert [r["step"] for r in ma] == [r["step"] for r in mb]
+    for ra, rb in zip(ma, mb, strict=True):
+        assert {k: ra[k] for k in EXACT_KEYS} == {k: rb[k] for k in EXACT_KEYS}, ra["step"]
+
+
+@pytest.fixture(scope="module")
+def reference_run(ray_cluster, tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    train(tiny_config(tiny, out, "reference"))
+    return out / "reference"
+
+
+# ----------------------------------------------------------------------------- end to end
+@pytest.mark.slow
+def test_smollm2_two_steps_train_policy_and_drafter(ray_cluster, tmp_path):
+    from tlt_rt.models.loader import resolve_model_path
+    from tlt_rt.report import write_report
+
+    # plain decoding keeps the samples (hence the learning signal) the same from run to run; the loop's
+    # speculative paths run in the tiny-model tests below
+    cfg = load_config(TLTConfig, ROOT / "configs" / "smollm2-arith.yaml", [
+        "name=e2e", f"output_dir={tmp_path}", "rl.steps=2", "rl.prompts_per_step=3", "rl.group_size=4",
+        "rollout.max_new_tokens=16", "rollout.max_batch=4", "rollout.speculative=off",
+        "drafter.batch_tokens=64",
+        "rl.micro_batch=6", "rl.checkpoint_every=2", "tensorboard=false",
+    ])  # fmt: skip
+    records = train(cfg)
+    run = tmp_path / "e2e"
+    assert [r["step"] for r in records] == [0, 1] and [r["step"] for r in metrics(run)] == [0, 1]
+    # the worker with one prompt (of three) finishes early and trains the drafter while the other generates
+    assert sum(r["spot_steps"] for r in records) > 0
+    assert sum(r["harvested_worker_seconds"] for r in records) > 0
+    assert all(r["drafter_loss"] is not None for r in records if r["spot_steps"])
+    assert sum(r["samples_trained"] for r in records) > 0 and records[-1]["policy_version"] >= 1
+    for key in ("reward_mean", "accuracy", "response_len_p90", "tail_share", "sd_share", "strategy_use",
+                "tokens_per_second", "learner_seconds", "idle_worker_seconds"):  # fmt: skip
+        assert key in records[0], key
+    last = ckpt.latest_checkpoint(run)
+    assert last is not None and last.name == "step_000002"
+    for part in ("policy/model.safetensors", "policy/config.json", "policy/tokenizer.json", "learner.pt",
+                 "drafter/drafter.safetensors", "worker_0.pt", "worker_1.pt", "state.json"):  # fmt: skip
+        assert (last / part).is_file(), part
+    before, after = policy_weights(resolve_model_path(None)), policy_weights(last / "policy")
+    assert any(not torch.equal(before[k], after[k]) for k in after), "the policy did not change"
+    # rank 0 (two prompts) never idled, so its saved drafter differs from the initial one only by the merge
+    fresh = _fresh_drafter(resolve_model_path(None) / "config.json", cfg.rl.seed).state_dict()
+    merged = load_file(str(last / "drafter" / "drafter.safetensors"))
+    assert records[0]["spot_workers"] == 1 and any(not torch.equal(fresh[k], merged[k]) for k in merged)
+    timelines = [json.loads(x) for x in (run / "timelines.jsonl").read_text().splitlines()]
+    kinds = {bar[0] for bars in timelines[-1]["workers"].values() for bar in bars}
+    assert {"generating", "drafter"} <= kinds
+    assert (write_report(run).parent / "timeline.png").is_file()
+
+
+def _fresh_drafter(config_json: Path, seed: int):
+    """The drafter a worker starts from: the same seed, drawn before anything else touches the RNG."""
+    from tlt_rt.models.arch import ArchConfig
+    from tlt_rt.models.drafter import Drafter
+    from tlt_rt.models.llama import CausalLM
+
+    arch = ArchConfig.from_file(config_json)
+    with torch.device("meta"):
+        target = CausalLM(arch)
+    torch.manual_seed(seed)
+    return Drafter(arch, target)
+
+
+def test_resume_equals_uninterrupted_run(reference_run, tiny, tmp_path):
+    assert metrics(reference_run)[-1]["samples_trained"] > 0
+    train(tiny_config(tiny, tmp_path, "split", "rl.steps=1"))
+    with pytest.raises(RunExistsError, match="resume=true"):
+        train(tiny_config(tiny, tmp_path, "split", "rl.steps=2"))
+    train(tiny_config(tiny, tmp_path, "split", "rl.steps=2", "resume=true"))
+    assert_same_run(reference_run, tmp_path / "split")
+    opt_a = torch.load(ckpt.latest_checkpoint(reference_run) / "learner.pt", weights_only=False)
+    opt_b = torch.load(ckpt.latest_checkpoint(tmp_path / "split") / "learner.pt", weights_only=False)
+    assert opt_a["version"] == opt_b["version"] == 2
+    for sa, sb in zip(opt_a["optimizer"]["state"].values(), opt_b["optimizer"]["state"].values(), strict=True):
+        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+
+
+@pytest.mark.parametrize("where", ["rollout:1:1", "learn:0:1"])
+def test_dead_worker_is_replaced_and_its_share_redone(reference_run, tiny, tmp_path, where):
+    records = train(tiny_config(tiny, tmp_path, "faulty", f"cluster.debug_fail={where}"))
+    phase, rank, step = where.split(":")
+    assert (tmp_path / "faulty" / f".debug_fail.{phase}.{rank}.{step}").is_file()  # it did die
+    assert records[-1]["worker_restarts"] == 1
+    # the redone share and update give exactly the uninterrupted run
+    assert_same_run(reference_run, tmp_path / "faulty")
+
+
+def test_single_worker_trains_the_drafter_in_its_own_tail(ray_cluster, tiny, tmp_path):
+    records = train(tiny_config(
+        tiny, tmp_path, "alone", "cluster.num_workers=1", "rl.prompts_per_step=2", "rollout.max_new_tokens=48",
+        "rollout.speculative=off", "drafter.train_online=true", "drafter.tail_fraction=0.5", "drafter.batch_tokens=32",
+    ))  # fmt: skip
+    # step 0 fills the buffer; step 1 trains while its last sequences finish
+    assert records[0]["spot_steps"] == 0 and records[1]["spot_steps"] > 0
+    assert records[1]["harvested_worker_seconds"] == 0  # tail training overlaps generation: nothing idle
+    bars = json.loads((tmp_path / "alone" / "timelines.jsonl").read_text().splitlines()[-1])["workers"]["0"]
+    gen_end = max(b for k, _, b in bars if k == "generating")
+    assert any(k == "drafter" and a < gen_end for k, a, _ in bars)
+
+
+def test_worker_in_process_rollout_train_merge_learn(tiny, tmp_path):
+    from tlt_rt.config import to_dict
+    from tlt_rt.train.learner import MiniBatch
+    from tlt_rt.train.worker import Worker
+
+    cfg = tiny_config(tiny, tmp_path, "w", "drafter.train_online=true", "drafter.batch_tokens=32")
+    w = Worker(0, 1, to_dict(cfg), str(tmp_path / "w"))
+    params = dict(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=4, seed=3)
+    res = w.rollout(0, [[1, 2, 3], [4, 5]], params)
+    assert len(res["completions"]) == 4 and res["timeline"] and w.buffer.num_tokens > 0
+    w.stop_drafter(7)  # a stop that arrives before its training call still stops it
+    assert w.train_drafter(7)["steps"] == 0
+    box = {}
+    t = threading.Thread(target=lambda: box.update(w.train_drafter(1)))
+    t.start()
+    while w.trainer.steps < 2:
+        t.join(0.01)
+    w.stop_drafter(1)
+    t.join()
+    assert box["steps"] >= 2 and box["end"] >= box["start"]
+    w.merge_drafter(box["steps"], box["steps"])
+    served = w.engine.drafter_runner.drafter.state_dict()
+    for k, v in w.drafter.state_dict().items():
+        assert torch.equal(served[k], v.to(served[k].dtype)), k
+    toks, lps = res["completions"][0][2], res["completions"][0][3]
+    out = w.learn(0, [MiniBatch([LearnSample([1, 2, 3], toks, lps, 1.0)], len(toks), 1)])
+    assert out["version"] == 1 and out["optimizer_steps"] == 1
+    other = Worker(1, 1, to_dict(cfg), str(tmp_path / "w"))
+    other.import_state(w.export_state())
+    for k, v in w.model.state_dict().items():
+        assert torch.equal(other.model.state_dict()[k], v), k
+    assert other.learner.version == 1
+
+
+def test_a_lone_worker_that_dies_restarts_from_the_step_checkpoint(ray_cluster, tiny, tmp_path):
+    records = train(tiny_config(tiny, tmp_path, "lone", "cluster.num_workers=1", "cluster.debug_fail=rollout:0:1"))
+    assert (tmp_path / "lone" / ".debug_fail.rollout.0.1").is_file()
+    assert records[-1]["worker_restarts"] == 1 and records[-1]["policy_version"] == 2
+
+
+# ----------------------------------------------------------------------------- dry runs
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_dry_run_every_config(path, capsys):
+    assert train_main([str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "valid" in out and "memory per" in out and "total" in out
+
+
+def test_shipped_configs_exist():
+    assert {p.stem for p in CONFIGS} >= {"smollm2-arith", "smollm2-arith-gpu", "qwen2.5-7b", "qwen2.5-32b",
+                                         "llama70b"}  # fmt: skip
+
+
+def test_dry_run_errors(capsys, tmp_path):
+    assert train_main(["--dry-run", "model.path=/nowhere/model"]) == 2
+    assert "model.arch" in capsys.readouterr().err
+    assert train_main(["--dry-run", "rl.group_sise=4"]) == 2
+    assert "did you mean 'rl.group_size'" in capsys.readouterr().err
+    assert train_main(["--dry-run", "model.path=/nowhere/model", "model.arch=qwen2.5-7b"]) == 0
+    assert train_main(["--dry-run", "--bogus"]) == 2
+
+
+# ----------------------------------------------------------------------------- helpers
+def test_split_even_and_share_seed():
+    assert split_even(5, 2) == [(0, 3), (3, 5)]
+    assert split_even(1, 3) == [(0, 1), (1, 1), (1, 1)]
+    assert share_seed(0, 3, 2) == share_seed(0, 3, 2) != share_seed(0, 3, 0)
+
+
+def test_build_minibatches_global_counts_and_balance():
+    samples = [LearnSample([1] * p, [2] * r, [0.0] * r, 1.0) for p, r in ((3, 5), (2, 1), (4, 4), (1, 2), (2, 2))]
+    per_worker = build_minibatches(samples, num_minibatches=2, num_workers=2)
+    assert [len(mbs) for mbs in per_worker] == [2, 2]
+    for m in range(2):
+        parts = [per_worker[r][m] for r in range(2)]
+        assert parts[0].num_tokens == parts[1].num_tokens == sum(len(s.response) for p in parts for s in p.samples)
+        assert parts[0].num_seqs == sum(len(p.samples) for p in parts)
+    assert sum(len(per_worker[r][m].samples) for r in range(2) for m in range(2)) == len(samples)
+
+
+def test_tail_trainer_starts_in_the_tail_and_stops():
+    class FakeTrainer:
+        def __init__(self):
+            self.started = threading.Event()
+
+        def train(self, stop, max_steps=None):
+            self.started.set()
+            stop.wait()
+            return {"steps": 3, "loss": 1.0, "top1": 0.5}
+
+    class FakeEngine:
+        timeline = [{"kind": "prefill", "running": 8}, {"kind": "decode", "running": 8}]
+
+    eng, tr = FakeEngine(), FakeTrainer()
+    tail = TailTrainer(eng, tr, first_entry=0, capacity=8, fraction=0.25, max_steps=None)
+    tail.start()
+    assert not tr.started.wait(0.1)  # 8 of 8 running: not the tail
+    eng.timeline.append({"kind": "decode", "running": 1})
+    assert tr.started.wait(5)
+    out = tail.finish()
+    assert out["steps"] == 3 and out["where"] == "tail" and out["end"] >= out["start"]
+
+
+def test_tail_training_switch():
+    cfg = load_config(TLTConfig, overrides=["cluster.num_workers=1"])
+    assert tail_training_on(cfg)
+    assert not tail_training_on(load_config(TLTConfig))
+    assert tail_training_on(load_config(TLTConfig, overrides=["drafter.tail_training=on"]))
+    assert not tail_training_on(
+        load_config(TLTConfig, overrides=["cluster.num_workers=1", "drafter.train_online=false"])
+    )
+
+
+def test_checkpoint_commit_and_prune(tmp_path):
+    for step in (1, 2, 3):
+        tmp = ckpt.staging_dir(tmp_path, step)
+        (tmp / "x").write_text(str(step))
+        ckpt.commit(tmp, tmp_path, step, {"step": step}, keep=2)
+    (ckpt.checkpoint_root(tmp_path) / "step_000009").mkdir()  # no COMPLETE marker: ignored
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_000002", "step_000003"]
+    assert ckpt.load_state(ckpt.latest_checkpoint(tmp_path)) == {"step": 3}

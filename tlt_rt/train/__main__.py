@@ -1,0 +1,172 @@
+"""`python -m tlt_rt.train CONFIG [key.sub=value ...] [--dry-run] [--help-config]`
+
+Trains with GRPO: rollouts on Ray workers with adaptive speculative decoding, the drafter trained on
+workers the rollout tail leaves idle. `--dry-run` validates the config and prints the placement plan
+(nodes, GPUs, parallelism, memory per GPU) without loading any weights: shapes come from the model
+folder's config.json, or from the known-shapes table (`model.arch=qwen2.5-7b`, ...) for a checkpoint
+that is not on this machine.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tlt_rt.config import ConfigError, TLTConfig, describe, load_config, parse_cli
+from tlt_rt.models.arch import ArchConfig
+
+# Published shapes (each model's config.json), so a plan needs no download.
+KNOWN_SHAPES: dict[str, dict] = {
+    "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                         tie_word_embeddings=True, max_position_embeddings=8192),
+    "qwen2.5-7b": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, head_dim=128,
+                       qkv_bias=True, max_position_embeddings=32768),
+    "qwen2.5-32b": dict(model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=27648,
+                        num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+                        qkv_bias=True, max_position_embeddings=32768),
+    "llama3-70b": dict(model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                       num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                       max_position_embeddings=131072),
+}  # fmt: skip
+GIB = 1024**3
+PROMPT_ALLOWANCE = 512  # prompt tokens assumed on top of max_new_tokens for per-sequence estimates
+
+
+def resolve_arch(cfg: TLTConfig) -> tuple[ArchConfig, str]:
+    """The model's shape without loading weights, and where it came from."""
+    m = cfg.model
+    if m.arch is not None and m.arch not in KNOWN_SHAPES:
+        raise ConfigError("model.arch", f"unknown shape {m.arch!r}; known: {', '.join(KNOWN_SHAPES)}")
+    if m.path == "smollm2":
+        return ArchConfig(**KNOWN_SHAPES["smollm2-135m"]), "embedded default (known shape smollm2-135m)"
+    p = Path(m.path).expanduser()
+    cfg_json = p if p.name == "config.json" else p / "config.json"
+    if cfg_json.is_file():  # the checkpoint itself wins over a declared shape
+        return ArchConfig.from_file(cfg_json), str(cfg_json)
+    if m.arch is not None:
+        return ArchConfig(**KNOWN_SHAPES[m.arch]), f"known shape {m.arch}; {m.path} is not on this machine"
+    raise ConfigError(
+        "model.path",
+        f"{m.path}: no config.json to read the shape from; for a dry run of a checkpoint that is not on this "
+        f"machine set model.arch to one of {', '.join(KNOWN_SHAPES)}",
+    )
+
+
+def param_count(a: ArchConfig) -> tuple[int, int]:
+    """(target parameters, one-layer drafter parameters without the shared embedding / head)."""
+    h, q, kv = a.hidden_size, a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
+    attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if a.qkv_bias else 0) + (h if a.o_bias else 0)
+    layer = attn + 3 * h * a.intermediate_size + 2 * h
+    embed = a.vocab_size * h * (1 if a.tie_word_embeddings else 2)
+    return embed + a.num_hidden_layers * layer + h, layer + 2 * h * h + h
+
+
+def plan(cfg: TLTConfig) -> str:
+    """The placement plan and per-GPU (or per-worker on CPU) memory estimate, as text."""
+    arch, source = resolve_arch(cfg)
+    c, r = cfg.cluster, cfg.rollout
+    gpu = c.gpus_per_worker > 0
+    tp = c.tensor_parallel
+    dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if gpu else "float32")
+    nbytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    params, draft_params = param_count(arch)
+    total_gpus = c.num_workers * c.gpus_per_worker
+    engines = c.num_workers * max(1, c.gpus_per_worker // tp)
+    ctx = cfg.model.max_context
+    seq = min(ctx, r.max_new_tokens + PROMPT_ALLOWANCE)
+    kv_per_token = 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * nbytes
+    if r.num_blocks:
+        kv_tokens, kv_note = r.num_blocks * r.block_size, "rollout.num_blocks"
+    elif gpu:
+        kv_tokens, kv_note = r.max_batch * seq, f"max_batch x {seq}; the engine takes half the free memory"
+    else:  # the engine's CPU rule: at most 1024 blocks or 512 MiB
+        per_block = kv_per_token * r.block_size
+        kv_tokens, kv_note = max(64, min(1024, (512 << 20) // per_block)) * r.block_size, "engine's CPU default"
+    shard = tp if gpu else 1
+    mem = {
+        "weights": params * nbytes / shard,
+        "gradients": params * nbytes / shard,
+        "fp32 master weights": (params * 4 / shard) if nbytes != 4 else 0.0,
+        "AdamW moments (fp32)": params * 8 / shard,
+        f"KV cache ({kv_tokens} tokens: {kv_note})": kv_tokens * kv_per_token / shard,
+        "drafter + its AdamW": draft_params * (nbytes + 4 + 8 + (4 if nbytes != 4 else 0)),
+        f"learner logits (micro_batch {cfg.rl.micro_batch} x {seq} x vocab, fp32 x2)": (
+            2 * cfg.rl.micro_batch * seq * arch.vocab_size * 4 / shard
+        ),
+    }
+    total = sum(mem.values())
+    unit = "GPU" if gpu else "worker (CPU RAM)"
+    lines = [
+        f"model      {cfg.model.path}  [{source}]",
+        f"           {arch.model_type}, {params / 1e9:.3f}B params, {arch.num_hidden_layers} layers, hidden "
+        f"{arch.hidden_size}, vocab {arch.vocab_size}, {dtype}",
+        f"workers    {c.num_workers} x {c.gpus_per_worker or 'CPU'} {'GPU' if gpu else ''}".rstrip()
+        + (f" ({c.cpus_per_worker} cores each)" if not gpu else ""),
+    ]
+    if gpu:
+        nodes = math.ceil(total_gpus / c.gpus_per_node)
+        lines.append(f"nodes      {nodes} x {c.gpus_per_node} GPUs ({total_gpus} GPUs in use)")
+    lines += [
+        f"parallel   TP {tp} x DP {engines}: {engines} rollout engine(s); learner data parallel over "
+        f"{c.num_workers} worker(s), gradients all-reduced ({'NCCL' if gpu else 'gloo'})",
+        f"rollout    {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} samples per step, max_new_tokens "
+        f"{r.max_new_tokens}, speculative={r.speculative}",
+        f"drafter    online training={'on' if cfg.drafter.train_online else 'off'} (idle workers"
+        f"{', and own tail' if _tail_on(cfg) else ''})",
+        f"memory per {unit} (estimate):",
+    ]
+    width = max(len(k) for k in mem) + 2
+    lines += [f"  {k:<{width}} {v / GIB:9.2f} GiB" for k, v in mem.items()]
+    lines.append(f"  {'total':<{width}} {total / GIB:9.2f} GiB")
+    if gpu:
+        budget = c.gpu_memory_gb
+        verdict = "fits" if total / GIB <= budget else f"DOES NOT FIT (over by {total / GIB - budget:.1f} GiB)"
+        lines.append(f"  of {budget:.0f} GiB per GPU: {verdict}")
+        if tp > 1 or c.gpus_per_worker > 1:
+            lines.append("  note: tensor-parallel engines are planned here only; the runtime runs one GPU per worker")
+        if total / GIB > budget:
+            lines.append("  note: optimizer state is replicated per worker (no ZeRO/FSDP sharding yet)")
+    return "\n".join(lines)
+
+
+def _tail_on(cfg: TLTConfig) -> bool:
+    t = cfg.drafter.tail_training
+    return t == "on" or (t == "auto" and cfg.cluster.num_workers == 1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        path, overrides, flags = parse_cli(sys.argv[1:] if argv is None else argv)
+        unknown = [f for f in flags if f not in ("--dry-run", "--help-config", "-h", "--help")]
+        if unknown:
+            raise ConfigError("", f"unknown flag(s) {', '.join(unknown)}; known: --dry-run, --help-config")
+        if "-h" in flags or "--help" in flags:
+            print(__doc__)
+            return 0
+        if "--help-config" in flags:
+            print(describe(TLTConfig), end="")
+            return 0
+        cfg = load_config(TLTConfig, path, overrides)
+        if "--dry-run" in flags:
+            print(f"config {path or '(defaults)'}: valid")
+            print(plan(cfg))
+            return 0
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    from tlt_rt.train.loop import RunExistsError, train
+
+    try:
+        train(cfg)
+    except (RunExistsError, NotImplementedError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""The policy learner: dense forward on padded (prompt + response) batches, the GRPO loss, an AdamW step.
+
+Data parallel without a wrapper: every worker runs the same number of mini-batches, each worker's loss is
+its share of the global sum (global token/response counts come with the mini-batch), gradients are summed
+by `grad_sync` (an all-reduce) and every worker applies the same clipped AdamW step, so all workers hold
+identical weights afterwards. The model is the rollout engine's own target: updating it in place is how
+the engine gets the new policy.
+
+Low-precision weights (bf16 on GPU) are stepped through fp32 master copies: an lr of 1e-6 is below
+bf16's resolution, so a direct bf16 AdamW step would drop most updates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from tlt_rt.config import RLConfig
+from tlt_rt.train.grpo import policy_loss, token_logprobs
+
+
+@dataclass
+class LearnSample:
+    """One response to learn from; `old_logprobs[i]` is the rollout's log-prob of `response[i]`."""
+
+    prompt: list[int]
+    response: list[int]
+    old_logprobs: list[float]
+    advantage: float
+
+
+@dataclass
+class MiniBatch:
+    """This worker's part of one optimizer step, with the step's global counts (over all workers)."""
+
+    samples: list[LearnSample]
+    num_tokens: int
+    num_seqs: int
+
+
+@dataclass
+class SamplingFilter:
+    """The rollout's sampling distribution; the learner's log-probs must be taken under the same one."""
+
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+
+    @property
+    def filtering(self) -> bool:
+        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1)
+
+
+def unique_parameters(model: nn.Module) -> list[nn.Parameter]:
+    # named_parameters() already skips the tied lm_head, so each tensor is stepped once
+    return [p for _, p in model.named_parameters() if p.requires_grad]
+
+
+def pad_batch(samples: list[LearnSample], pad_id: int, device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """-> input_ids [B, L-1], targets [B, L-1], mask [B, L-1], old_logprobs [B, L-1] (right padded).
+
+    Row t of the logits predicts token t+1, so response token k of a prompt of length P is scored at
+    position P-1+k; the last token is never an input whose prediction is needed.
+    """
+    length = max(len(s.prompt) + len(s.response) for s in samples)
+    b = len(samples)
+    ids = torch.full((b, length), pad_id, dtype=torch.long)
+    mask = torch.zeros(b, length - 1)
+    old = torch.zeros(b, length - 1)
+    for i, s in enumerate(samples):
+        full = s.prompt + s.response
+        ids[i, : len(full)] = torch.tensor(full, dtype=torch.long)
+        p, r = len(s.prompt), len(s.response)
+        mask[i, p - 1 : p - 1 + r] = 1.0
+        old[i, p - 1 : p - 1 + r] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    ids = ids.to(device)
+    return ids[:, :-1], ids[:, 1:], mask.to(device), old.to(device)
+
+
+class Learner:
+    """Owns the policy optimizer; `update` runs the mini-batches of one RL step."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: RLConfig,
+        sampling: SamplingFilter,
+        grad_sync: Callable[[list[Tensor]], None] | None = None,
+        ref_model: nn.Module | None = None,
+        pad_id: int = 0,
+    ) -> None:
+        self.model, self.cfg, self.sampling = model, cfg, sampling
+        self.grad_sync, self.ref_model, self.pad_id = grad_sync, ref_model, pad_id
+        self.params = unique_parameters(model)
+        self.device = self.params[0].device
+        self.master: list[nn.Parameter] | None = None
+        if self.params[0].dtype != torch.float32:
+            self.master = [nn.Parameter(p.detach().float().clone()) for p in self.params]
+        self.optimizer = torch.optim.AdamW(
+            self.master or self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999)
+        )
+        self.version = 0  # optimizer steps taken; identical on every worker after each step
+
+    # ----------------------------------------------------------------------------------- log-probs
+    def _logprobs(self, model: nn.Module, ids: Tensor, targets: Tensor) -> Tensor:
+        logits = model(ids).logits  # [B, T, V]
+        keep = None
+        if self.sampling.filtering:
+            from tlt_rt.codegen.kernels.sampling import filter_thresholds
+
+            b = logits.shape[0]
+            s = self.sampling
+            thr = filter_thresholds(
+                logits.detach(),
+                torch.full((b,), s.temperature, device=logits.device),
+                torch.full((b,), s.top_k, dtype=torch.int32, device=logits.device),
+                torch.full((b,), s.top_p, device=logits.device),
+            )
+            keep = logits.detach().float() >= thr[..., None]
+        return token_logprobs(logits, targets, self.sampling.temperature, keep)
+
+    @torch.no_grad()
+    def recompute_logprobs(self, samples: list[LearnSample]) -> None:
+        """Replace each sample's old log-probs with the dense forward's (the `rl.recompute_logprobs` path)."""
+        for chunk in _chunks(samples, self.cfg.micro_batch):
+            ids, targets, mask, _ = pad_batch(chunk, self.pad_id, self.device)
+            lp = self._logprobs(self.model, ids, targets)
+            for i, s in enumerate(chunk):
+                p = len(s.prompt)
+                s.old_logprobs = lp[i, p - 1 : p - 1 + len(s.response)].tolist()
+
+    # ------------------------------------------------------------------------------------- update
+    def update(self, minibatches: list[MiniBatch]) -> dict[str, float]:
+        """One optimizer step per mini-batch; returns sums (loss, clip counts, ...) for the driver to total."""
+        t0 = time.perf_counter()
+        totals = {"loss": 0.0, "tokens": 0.0, "clipped_low": 0.0, "clipped_high": 0.0, "ratio_sum": 0.0,
+                  "kl_sum": 0.0, "grad_norm": 0.0, "optimizer_steps": 0.0}  # fmt: skip
+        was_training = self.model.training
+        self.model.train()
+        for p in self.params:  # a failed earlier attempt may have left partial sums
+            p.grad = None
+        try:
+            for mb in minibatches:
+                self._accumulate(mb, totals)
+                totals["grad_norm"] = self._step()
+                totals["optimizer_steps"] += 1
+        finally:
+            self.model.train(was_training)
+        totals["seconds"] = time.perf_counter() - t0
+        return totals
+
+    def _accumulate(self, mb: MiniBatch, totals: dict[str, float]) -> None:
+        for chunk in _chunks(mb.samples, self.cfg.micro_batch):
+            ids, targets, mask, old = pad_batch(chunk, self.pad_id, self.device)
+            adv = torch.tensor([s.advantage for s in chunk], device=self.device)
+            ref = None
+            if self.ref_model is not None and self.cfg.kl_coef > 0:
+                with torch.no_grad():
+                    ref = self._logprobs(self.ref_model, ids, targets)
+            logp = self._logprobs(self.model, ids, targets)
+            cfg = self.cfg
+            loss, st = policy_loss(
+                logp, old, adv, mask, cfg.clip_low, cfg.clip_high, cfg.loss_agg, ref, cfg.kl_coef,
+                num_tokens=mb.num_tokens, num_seqs=mb.num_seqs,
+            )  # fmt: skip
+            loss.backward()
+            totals["loss"] += loss.item()
+            for k in ("tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum"):
+                totals[k] += getattr(st, k)
+
+    def _step(self) -> float:
+        for p in self.params:
+            if p.grad is None:  # a worker with no samples still joins the all-reduce
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params]
+        if self.grad_sync is not None:
+            self.grad_sync(grads)
+        targets = self.params
+        if self.master is not None:
+            for m, p in zip(self.master, self.params, strict=True):
+                m.grad = p.grad.float()
+            targets = self.master
+        if self.cfg.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(targets, self.cfg.max_grad_norm)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
+        if self.master is not None:
+            with torch.no_grad():
+                for m, p in zip(self.master, self.params, strict=True):
+                    p.copy_(m)
+        self.version += 1
+        return float(norm)
+
+    # ------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        state = {"optimizer": self.optimizer.state_dict(), "version": self.version}
+        if self.master is not None:
+            state["master"] = [m.detach().cpu() for m in self.master]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        if self.master is not None and "master" in state:
+            with torch.no_grad():
+                for m, saved in zip(self.master, state["master"], strict=True):
+                    m.copy_(saved)
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -1,0 +1,293 @@
+"""The RL loop. Each step: sample prompts, roll them out over the workers (idle workers train the drafter),
+score the responses, compute GRPO advantages, run the data-parallel learner update, merge the drafter,
+then write metrics and a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from tlt_rt.config import ConfigError, TLTConfig, dump_yaml
+from tlt_rt.train import checkpoint as ckpt
+from tlt_rt.train.coordinator import Coordinator, WorkerPool
+from tlt_rt.train.data import ArithmeticTask, PromptSource, format_prompt, load_dataset_file
+from tlt_rt.train.grpo import equal_reward_groups, group_advantages
+from tlt_rt.train.learner import LearnSample, MiniBatch
+from tlt_rt.train.metrics import MetricsWriter, percentile, rollout_metrics, spot_metrics, worker_timeline
+from tlt_rt.train.reward import reward
+
+
+class RunExistsError(ValueError):
+    """The run folder already holds a run and resume is off."""
+
+
+def init_ray(cfg: TLTConfig) -> bool:
+    """Join `cluster.ray_address` / $RAY_ADDRESS, else start a local Ray; True when this call connected."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
+        return True
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster needs no token
+    c = cfg.cluster
+    cpus = max(os.cpu_count() or 1, c.num_workers * c.cpus_per_worker)
+    gpus = torch.cuda.device_count() if c.gpus_per_worker else 0
+    ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False)
+    return True
+
+
+def make_source(cfg: TLTConfig) -> PromptSource:
+    t = cfg.task
+    if t.kind == "arithmetic":
+        task = ArithmeticTask(t.digits, t.num_ops, t.word_problems, t.seed)
+        return PromptSource(task, cfg.rl.prompts_per_step, seed=t.seed)
+    problems = load_dataset_file(t.path, t.question_field, t.answer_field)
+    return PromptSource(problems, cfg.rl.prompts_per_step, seed=t.seed)
+
+
+def split_even(n: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) ranges of n items over `parts`, sizes differing by at most one."""
+    base, extra = divmod(n, parts)
+    out, lo = [], 0
+    for r in range(parts):
+        hi = lo + base + (1 if r < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def share_seed(seed: int, step: int, first_prompt: int) -> int:
+    """Sampling seed of one share: fixed by (run seed, step, the share's first prompt), not by the worker,
+    so a redone share draws the same samples."""
+    return random.Random(f"rollout:{seed}:{step}:{first_prompt}").getrandbits(62)
+
+
+def build_minibatches(samples: list[LearnSample], num_minibatches: int, num_workers: int) -> list[list[MiniBatch]]:
+    """Split the step's samples into mini-batches, and each mini-batch over workers balanced by tokens.
+
+    Returns per worker its list of mini-batches (same length for every worker; a part may be empty), each
+    carrying the mini-batch's global response-token and response counts for the loss normalisation.
+    """
+    chunks = [samples[i::num_minibatches] for i in range(min(num_minibatches, len(samples)))]
+    per_worker: list[list[MiniBatch]] = [[] for _ in range(num_workers)]
+    for chunk in chunks:
+        n_tokens = sum(len(s.response) for s in chunk)
+        parts: list[list[LearnSample]] = [[] for _ in range(num_workers)]
+        load = [0] * num_workers
+        for s in sorted(chunk, key=lambda s: -(len(s.prompt) + len(s.response))):  # largest first
+            r = min(range(num_workers), key=lambda i: (load[i], i))
+            parts[r].append(s)
+            load[r] += len(s.prompt) + len(s.response)
+        for r in range(num_workers):
+            per_worker[r].append(MiniBatch(parts[r], n_tokens, len(chunk)))
+    return per_worker
+
+
+class Trainer:
+    def __init__(self, cfg: TLTConfig) -> None:
+        from tlt_rt.models.default import load_tokenizer
+
+        c = cfg.cluster
+        if c.tensor_parallel > 1 or c.gpus_per_worker > 1:
+            raise NotImplementedError(
+                f"cluster.tensor_parallel={c.tensor_parallel}, gpus_per_worker={c.gpus_per_worker}: engines run on "
+                "one GPU per worker for now; --dry-run plans sharded layouts, training needs gpus_per_worker <= 1"
+            )
+        want = "cuda" if c.gpus_per_worker else "cpu"
+        if cfg.model.device not in ("auto", want):
+            raise ConfigError(
+                "model.device",
+                f"is {cfg.model.device} but cluster.gpus_per_worker={c.gpus_per_worker} puts workers on {want}; "
+                f"set model.device=auto or {want}",
+            )
+        self.cfg = cfg
+        self.run_dir = Path(cfg.output_dir) / cfg.name
+        last = ckpt.latest_checkpoint(self.run_dir) if cfg.resume else None
+        if not cfg.resume and ((self.run_dir / "metrics.jsonl").exists() or ckpt.list_checkpoints(self.run_dir)):
+            raise RunExistsError(f"{self.run_dir} already holds a run: pass resume=true to continue it, or name=NEW")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        self.source = make_source(cfg)
+        self.start_step, state = 0, None
+        if last is not None:
+            state = ckpt.load_state(last)
+            self.start_step = int(state["step"])
+            self.source.load_state_dict(state["prompts"])
+            ckpt.set_python_rng_state(state["python_rng"])
+        self.pool: WorkerPool | None = None
+        self.metrics: MetricsWriter | None = None
+        self._owns_ray = init_ray(cfg)
+        try:
+            self.pool = WorkerPool(cfg, self.run_dir, str(last / "policy") if last is not None else None)
+            if last is not None:
+                self.pool.load_checkpoint(last)
+                self.pool.version = int(state["version"])
+                tqdm.write(f"resumed {self.run_dir} at step {self.start_step} from {last}")
+        except BaseException:
+            self.close()
+            raise
+        self.coordinator = Coordinator(self.pool, spot=cfg.drafter.train_online)
+        self.metrics = MetricsWriter(self.run_dir, self.start_step, cfg.tensorboard)
+        self.history: list[dict] = []
+
+    def run(self) -> list[dict]:
+        for step in range(self.start_step, self.cfg.rl.steps):
+            record = self.step(step)
+            self.history.append(record)
+            if (step + 1) % self.cfg.rl.checkpoint_every == 0 or step + 1 == self.cfg.rl.steps:
+                self.save_checkpoint(step + 1)
+        return self.history
+
+    # --------------------------------------------------------------------------------------- a step
+    def step(self, step: int) -> dict:
+        cfg, pool = self.cfg, self.pool
+        t0 = time.time()
+        problems = self.source.next_batch()
+        prompts = [format_prompt(p, self.tokenizer) for p in problems]
+        n = cfg.rl.group_size
+        bounds = split_even(len(prompts), pool.size)
+        r = cfg.rollout
+        params = [dict(n=n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+                       seed=share_seed(cfg.rl.seed, step, lo)) for lo, _ in bounds]  # fmt: skip
+        with tqdm(total=len(prompts) * n, desc=f"step {step} rollout", unit="seq", leave=False, disable=None) as bar:
+            outcome = self.coordinator.rollout(step, [prompts[lo:hi] for lo, hi in bounds], params, bar)
+        self.coordinator.merge(outcome)
+        t_rollout = time.time()
+
+        responses: list[list[tuple]] = [[()] * n for _ in prompts]
+        for (lo, _), res in zip(bounds, outcome["results"], strict=True):
+            for pi, si, toks, lps, finish in res["completions"]:
+                responses[lo + pi][si] = (toks, lps, finish)
+        texts = [[self.tokenizer.decode(c[0], skip_special_tokens=True) for c in row] for row in responses]
+        rewards = torch.tensor([[reward(t, p.answer) for t in row] for row, p in zip(texts, problems, strict=True)])
+        adv = group_advantages(rewards, cfg.rl.normalize_adv_std, cfg.rl.adv_eps)
+        drop = (
+            equal_reward_groups(rewards) if cfg.rl.drop_equal_reward_groups else torch.zeros(len(prompts), dtype=bool)
+        )
+        samples = [
+            LearnSample(prompts[i], list(responses[i][j][0]), list(responses[i][j][1]), float(adv[i, j]))
+            for i in range(len(prompts)) if not drop[i] for j in range(n)
+        ]  # fmt: skip
+        learn: list[dict] = []
+        if samples:
+            per_worker = build_minibatches(samples, cfg.rl.mini_batches, pool.size)
+            with tqdm(total=1, desc=f"step {step} update", leave=False, disable=None) as bar:
+                learn = self.coordinator.learn(step, per_worker, pool.version)
+                bar.update(1)
+            pool.version += len(per_worker[0])
+        t_end = time.time()
+        record = self._record(step, outcome, rewards, responses, drop, samples, learn, t0, t_rollout, t_end)
+        self.metrics.write(record, self._timelines(outcome))
+        tqdm.write(_summary(record))
+        return record
+
+    def _record(self, step, outcome, rewards, responses, drop, samples, learn, t0, t_rollout, t_end) -> dict:
+        lengths = [len(c[0]) for row in responses for c in row]
+        results = outcome["results"]
+        rollout_s = outcome["end"] - outcome["start"]
+        trainings = list(outcome["trainings"].values()) + [res["tail"] for res in results if res.get("tail")]
+        idle = sum(max(0.0, outcome["end"] - res["end"]) for res in results)
+        # preemption waits for the current drafter micro-step: how long that held the step up
+        overrun = max([t["end"] - outcome["end"] for t in outcome["trainings"].values() if t.get("steps")], default=0.0)
+        tokens = sum(x.get("tokens", 0.0) for x in learn)
+        rec = {
+            "step": step,
+            "reward_mean": float(rewards.mean()),
+            "accuracy": float((rewards >= 1.0).float().mean()),
+            "response_len_p50": percentile(lengths, 50),
+            "response_len_p90": percentile(lengths, 90),
+            "response_len_max": max(lengths) if lengths else 0,
+            "truncated_share": sum(c[2] == "length" for row in responses for c in row) / max(len(lengths), 1),
+            "groups_dropped": int(drop.sum()),
+            "samples_trained": len(samples),
+            **rollout_metrics(results, rollout_s),
+            **spot_metrics(trainings, idle),
+            "spot_overrun_seconds": max(0.0, overrun),
+            "learner_seconds": t_end - t_rollout,
+            "loss": sum(x.get("loss", 0.0) for x in learn) if learn else None,
+            "grad_norm": learn[0].get("grad_norm") if learn else None,
+            "clip_low_share": sum(x.get("clipped_low", 0.0) for x in learn) / tokens if tokens else None,
+            "clip_high_share": sum(x.get("clipped_high", 0.0) for x in learn) / tokens if tokens else None,
+            # exp(new - old log-prob) averaged over tokens: 1 on the first mini-batch when the engine's
+            # log-probs are the policy's own
+            "ratio_mean": sum(x.get("ratio_sum", 0.0) for x in learn) / tokens if tokens else None,
+            "kl": sum(x.get("kl_sum", 0.0) for x in learn) / tokens if tokens and self.cfg.rl.kl_coef else None,
+            "policy_version": self.pool.version,
+            "step_seconds": t_end - t0,
+            "worker_restarts": self.pool.restarts,
+        }
+        return rec
+
+    def _timelines(self, outcome: dict) -> dict[str, list]:
+        t0, end = outcome["start"], outcome["end"] - outcome["start"]
+        out = {}
+        for res in outcome["results"]:
+            rank = res["rank"]
+            roll = {"start": res["start"] - t0, "end": res["end"] - t0, "timeline": res["timeline"]}
+            tail = res.get("tail")
+            if tail and tail.get("steps"):
+                roll["tail_training"] = [tail["start"] - t0, tail["end"] - t0]
+            tr = outcome["trainings"].get(rank)
+            tr = {**tr, "start": tr["start"] - t0, "end": tr["end"] - t0} if tr and tr.get("steps") else None
+            out[str(rank)] = worker_timeline(roll, tr, max(end, tr["end"] if tr else end))
+        return out
+
+    # ---------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, steps_done: int) -> Path:
+        import ray
+
+        tmp = ckpt.staging_dir(self.run_dir, steps_done)
+        try:
+            self.pool.call_all("save_checkpoint", [(str(tmp),)] * self.pool.size)
+        except ray.exceptions.RayActorError:  # a worker died while saving: replace it and save again
+            for rank in range(self.pool.size):
+                if not self.pool._alive(rank):
+                    self.pool.replace(rank)
+            self.pool.call_all("save_checkpoint", [(str(tmp),)] * self.pool.size)
+        state = {"step": steps_done, "prompts": self.source.state_dict(), "python_rng": ckpt.python_rng_state(),
+                 "version": self.pool.version, "name": self.cfg.name}  # fmt: skip
+        return ckpt.commit(tmp, self.run_dir, steps_done, state, self.cfg.rl.keep_checkpoints)
+
+    def close(self) -> None:
+        import ray
+
+        if self.metrics is not None:
+            self.metrics.close()
+        for w in self.pool.workers if self.pool is not None else []:
+            ray.kill(w, no_restart=True)
+        if self._owns_ray:
+            ray.shutdown()
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _summary(r: dict) -> str:
+    return (
+        f"step {r['step']}: reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "
+        f"{r['response_len_p50']:.0f}/{r['response_len_max']} | rollout {r['rollout_seconds']:.1f}s tail "
+        f"{r['tail_share']:.0%} SD {r['sd_share']:.0%} accept {_fmt(r['accept_length'], '.2f')} "
+        f"{r['tokens_per_second']:.0f} tok/s | drafter {r['spot_steps']} steps loss {_fmt(r['drafter_loss'], '.3f')} "
+        f"harvested {r['harvested_worker_seconds']:.1f}s | learner {r['learner_seconds']:.1f}s "
+        f"loss {_fmt(r['loss'], '.4f')}"
+    )
+
+
+def train(cfg: TLTConfig) -> list[dict]:
+    """Run (or resume) training as configured; returns the metrics records of the steps run."""
+    trainer = Trainer(cfg)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()

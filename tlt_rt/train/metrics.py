@@ -1,0 +1,210 @@
+"""Per-step metrics: `runs/<name>/metrics.jsonl` (one JSON object per RL step), per-worker timelines
+(`timelines.jsonl`), and TensorBoard scalars when tensorboard is importable.
+
+Timeline segments are (kind, start, end) in seconds from the step's rollout start, kinds:
+  generating  plain prefill/decode steps        sd        speculative steps
+  idle        share done, nothing to do        drafter   drafter training (idle worker, or own tail)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+# the tail: fewer than a quarter of a worker's full batch (its sequences, or the engine's max_batch when
+# smaller) still running
+TAIL_FRACTION = 0.25
+ENGINE_KINDS = {"prefill": "generating", "decode": "generating", "sd": "sd"}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]; 0.0 for no values."""
+    if not values:
+        return 0.0
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return float(v[lo] + (v[hi] - v[lo]) * (pos - lo))
+
+
+def tail_seconds(timeline: Iterable[dict], capacity: int, fraction: float = TAIL_FRACTION) -> tuple[float, float]:
+    """(seconds of decode/SD steps whose batch was under `fraction` of `capacity`, all step seconds)."""
+    tail = total = 0.0
+    for e in timeline:
+        total += e["seconds"]
+        if e["kind"] != "prefill" and e["batch"] < fraction * capacity:
+            tail += e["seconds"]
+    return tail, total
+
+
+def sd_seconds(timeline: Iterable[dict]) -> tuple[float, float]:
+    """(seconds in speculative steps, seconds in decode + speculative steps)."""
+    sd = dec = 0.0
+    for e in timeline:
+        if e["kind"] == "sd":
+            sd += e["seconds"]
+        if e["kind"] in ("sd", "decode"):
+            dec += e["seconds"]
+    return sd, dec
+
+
+def engine_segments(timeline: Sequence[dict], start: float, end: float) -> list[list]:
+    """Merge consecutive engine steps into [kind, start, end] bars spanning [start, end].
+
+    Step records carry durations but not timestamps, so bars are laid end to end and stretched over the
+    measured wall time (the scheduler's host work between steps is shared out proportionally).
+    """
+    busy = sum(e["seconds"] for e in timeline)
+    if busy <= 0 or end <= start:
+        return [["generating", start, end]] if end > start else []
+    scale = (end - start) / busy
+    out: list[list] = []
+    t = start
+    for e in timeline:
+        kind = ENGINE_KINDS.get(e["kind"], "generating")
+        t1 = t + e["seconds"] * scale
+        if out and out[-1][0] == kind:
+            out[-1][2] = t1
+        else:
+            out.append([kind, t, t1])
+        t = t1
+    out[-1][2] = end
+    return out
+
+
+def worker_timeline(rollout: dict, training: dict | None, step_end: float) -> list[list]:
+    """One worker's bars for a step: its engine bars, then idle/drafter until the rollout's end.
+
+    `rollout` holds start/end (seconds from the step start) and the engine timeline; `training` holds
+    the idle-time training's start/end when the coordinator gave it some. Tail training (single worker)
+    overlaps generation and arrives as rollout["tail_training"] = [start, end].
+    """
+    bars = engine_segments(rollout["timeline"], rollout["start"], rollout["end"])
+    t = rollout["end"]
+    if training and training.get("steps", 0) > 0:
+        if training["start"] > t:
+            bars.append(["idle", t, training["start"]])
+        bars.append(["drafter", training["start"], training["end"]])
+        t = training["end"]
+    if step_end > t:
+        bars.append(["idle", t, step_end])
+    tail = rollout.get("tail_training")
+    if tail:
+        bars.append(["drafter", tail[0], tail[1]])
+    return [[k, round(a, 4), round(b, 4)] for k, a, b in bars]
+
+
+def rollout_metrics(rollouts: Sequence[dict], rollout_seconds: float) -> dict[str, Any]:
+    """Aggregate engine statistics of one step's rollout over workers."""
+    tail = busy = sd = dec = 0.0
+    tokens = 0
+    hist: dict[str, int] = {}
+    strategies: dict[str, int] = {}
+    for r in rollouts:
+        a, b = tail_seconds(r["timeline"], r.get("capacity", r["num_seqs"]))
+        tail, busy = tail + a, busy + b
+        a, b = sd_seconds(r["timeline"])
+        sd, dec = sd + a, dec + b
+        tokens += r["stats"].get("generated_tokens", 0)
+        for k, v in r["stats"].get("accept_length_hist", {}).items():
+            hist[str(k)] = hist.get(str(k), 0) + int(v)
+        for k, v in r["stats"].get("strategy_use", {}).items():
+            strategies[k] = strategies.get(k, 0) + int(v)
+    n_sd = sum(hist.values())
+    return {
+        "rollout_seconds": rollout_seconds,
+        "tail_share": tail / busy if busy else 0.0,
+        "sd_share": sd / dec if dec else 0.0,
+        "accept_length": sum(int(k) * v for k, v in hist.items()) / n_sd if n_sd else None,
+        "accept_length_hist": hist,
+        "strategy_use": strategies,
+        "generated_tokens": tokens,
+        "tokens_per_second": tokens / rollout_seconds if rollout_seconds > 0 else 0.0,
+    }
+
+
+def spot_metrics(trainings: Sequence[dict], idle_seconds: float) -> dict[str, Any]:
+    """Drafter training of one step: steps, loss and top-1 agreement with the target (weighted by steps),
+    worker-seconds harvested from idle workers (tail training overlaps generation, so it harvests none)."""
+    steps = sum(t.get("steps", 0) for t in trainings)
+    harvested = sum(t.get("seconds", 0.0) for t in trainings if t.get("where") == "idle")
+
+    def weighted(key: str) -> float | None:
+        pairs = [(t[key], t["steps"]) for t in trainings if t.get(key) is not None and t.get("steps", 0) > 0]
+        w = sum(s for _, s in pairs)
+        return sum(v * s for v, s in pairs) / w if w else None
+
+    return {
+        "spot_steps": steps,
+        "spot_workers": sum(1 for t in trainings if t.get("steps", 0) > 0),
+        "drafter_loss": weighted("loss"),
+        "drafter_top1": weighted("top1"),
+        "idle_worker_seconds": idle_seconds,
+        "harvested_worker_seconds": harvested,
+    }
+
+
+def stats_delta(after: dict, before: dict) -> dict:
+    """Engine counters are cumulative over its life; one rollout's share is the difference."""
+    out = {}
+    for k, v in after.items():
+        b = before.get(k)
+        if isinstance(v, int | float) and not isinstance(v, bool) and isinstance(b, int | float):
+            out[k] = v - b
+        elif isinstance(v, dict) and isinstance(b, dict):
+            out[k] = {kk: vv - b.get(kk, 0) for kk, vv in v.items() if isinstance(vv, int | float)}
+            out[k] = {kk: vv for kk, vv in out[k].items() if vv}
+    return out
+
+
+class MetricsWriter:
+    """Appends step records; on resume, drops records of steps at or after the resumed step first."""
+
+    def __init__(self, run_dir: str | Path, start_step: int = 0, tensorboard: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self.timeline_path = self.run_dir / "timelines.jsonl"
+        for p in (self.path, self.timeline_path):
+            _truncate_from(p, start_step)
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.run_dir / "tb"))
+            except ImportError:  # tensorboard is optional
+                self._tb = None
+
+    def write(self, record: dict[str, Any], timelines: dict[str, list] | None = None) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+        if timelines is not None:
+            with self.timeline_path.open("a") as f:
+                f.write(json.dumps({"step": record["step"], "workers": timelines}) + "\n")
+        if self._tb is not None:
+            for k, v in record.items():
+                if isinstance(v, int | float) and not isinstance(v, bool) and k != "step":
+                    self._tb.add_scalar(k, v, record["step"])
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def _truncate_from(path: Path, step: int) -> None:
+    if not path.is_file():
+        return
+    keep = [r for r in read_jsonl(path) if r.get("step", -1) < step]
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))

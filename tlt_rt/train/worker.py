@@ -1,0 +1,300 @@
+"""A rollout worker (one Ray actor per worker: a process on CPU, one per GPU): its engine, its share of
+the data-parallel learner, and a drafter replica with its trainer.
+
+The engine and the learner hold the same model object, so an optimizer step is the engine's new policy.
+Gradients are all-reduced through a torch.distributed group made inside the actors (gloo on CPU, NCCL on
+GPU), so every worker holds identical weights after an update without a round trip through the driver.
+The drafter trains on a separate replica (the engine may be drafting with its own copy meanwhile); merged
+replicas are copied into the engine's drafter before the next rollout.
+
+Methods run on a small thread pool (the actor's max_concurrency), so `stop_drafter` can preempt a
+running `train_drafter`, and `export_state` can copy weights out while the engine generates.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tlt_rt.config import TLTConfig, from_dict
+from tlt_rt.train.checkpoint import rng_state, set_rng_state
+from tlt_rt.train.coordinator import TailTrainer, tail_training_on
+from tlt_rt.train.learner import Learner, MiniBatch, SamplingFilter
+from tlt_rt.train.metrics import stats_delta
+
+BUCKET_BYTES = 64 << 20  # gradient all-reduce bucket
+TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens", "chat_template",
+                   "generation_config")  # fmt: skip
+
+
+class Worker:
+    def __init__(self, rank: int, world_size: int, cfg: dict, run_dir: str, policy_path: str | None = None) -> None:
+        from tlt_rt.models import load_target
+        from tlt_rt.models.drafter import Drafter
+        from tlt_rt.rollout import Engine
+        from tlt_rt.train.drafter_data import DrafterBuffer
+        from tlt_rt.train.drafter_trainer import DrafterTrainer
+
+        self.cfg: TLTConfig = from_dict(TLTConfig, cfg)
+        self.rank, self.world_size, self.run_dir = rank, world_size, Path(run_dir)
+        c = self.cfg
+        gpu = c.cluster.gpus_per_worker > 0
+        self.device = torch.device("cuda" if gpu else "cpu")
+        if not gpu:
+            torch.set_num_threads(c.cluster.cpus_per_worker)
+        # the same seed on every worker: drafter replicas must start equal to be averaged
+        torch.manual_seed(c.rl.seed)
+        self.model = load_target(policy_path or c.model.path, dtype=c.model.dtype, device=self.device)
+        dtype = self.model.lm_head.weight.dtype
+        if c.drafter.path:
+            from tlt_rt.models.eagle_export import load_eagle
+
+            serving = load_eagle(c.drafter.path, self.model)
+        else:
+            serving = Drafter(self.model.arch, self.model).to(self.device, dtype)
+        r = c.rollout
+        self.engine = Engine(
+            self.model, drafter=serving if r.speculative != "off" else None, speculative=r.speculative,
+            strategies=r.strategies, num_blocks=r.num_blocks, block_size=r.block_size, max_batch=r.max_batch,
+            max_context=c.model.max_context,
+        )  # fmt: skip
+        self.serving_drafter = serving.eval()
+        # the trained replica is fp32: AdamW steps of 1e-4-sized updates vanish in bf16
+        self.drafter = Drafter(serving.arch, self.model).to(self.device, torch.float32)
+        self.drafter.set_draft_vocab(serving.d2t)
+        self.drafter.load_state_dict(serving.state_dict())
+        self.buffer = DrafterBuffer(max_steps=c.drafter.buffer_steps, seed=c.rl.seed * 1009 + rank)
+        self.trainer = DrafterTrainer.from_config(self.drafter, self.buffer, c.drafter, seed=c.rl.seed * 1009 + rank)
+        ref = None
+        if c.rl.kl_coef > 0:  # the reference policy is the run's starting model, frozen
+            ref = load_target(c.model.path, dtype=c.model.dtype, device=self.device).requires_grad_(False)
+        sampling = SamplingFilter(r.temperature, r.top_k, r.top_p)
+        sync = self._all_reduce if world_size > 1 else None
+        self.learner = Learner(self.model, c.rl, sampling, sync, ref)
+        self._stops: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------------------------- process group
+    def ping(self) -> int:
+        return self.rank
+
+    def group_address(self) -> tuple[str, int]:
+        """This node's address and a free port, for rank 0 to host the rendezvous."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def form_group(self, addr: str, port: int, world_size: int) -> None:
+        """(Re)create the gradient group; called on every worker at once, e.g. after a worker was replaced."""
+        self.world_size = world_size
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if world_size == 1:
+            return
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=world_size,
+            timeout=timedelta(seconds=self.cfg.cluster.collective_timeout_s),
+        )  # fmt: skip
+        self.learner.grad_sync = self._all_reduce
+
+    def _all_reduce(self, tensors: list[torch.Tensor]) -> None:
+        """Sum `tensors` over workers in place, in flat buckets of about BUCKET_BYTES."""
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for t in [*tensors, None]:
+            if t is not None:
+                bucket.append(t)
+                size += t.numel() * t.element_size()
+            if bucket and (t is None or size >= BUCKET_BYTES):
+                flat = torch.cat([b.reshape(-1) for b in bucket])
+                dist.all_reduce(flat)
+                offset = 0
+                for b in bucket:
+                    b.copy_(flat[offset : offset + b.numel()].view_as(b))
+                    offset += b.numel()
+                bucket, size = [], 0
+
+    # ----------------------------------------------------------------------------------- rollout
+    def _maybe_fail(self, phase: str, step: int) -> None:
+        """The `cluster.debug_fail` testing aid: exit this process once at PHASE:RANK:STEP."""
+        spec = self.cfg.cluster.debug_fail
+        if spec is None or spec != f"{phase}:{self.rank}:{step}":
+            return
+        marker = self.run_dir / f".debug_fail.{phase}.{self.rank}.{step}"
+        if marker.exists():
+            return
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("failed once\n")
+        os._exit(1)
+
+    def rollout(self, step: int, prompts: list[list[int]], params: dict) -> dict:
+        """Generate this worker's share; store (tokens, hidden) for the drafter; return tokens and timings."""
+        from tlt_rt.rollout import SamplingParams
+
+        self._maybe_fail("rollout", step)
+        start = time.time()
+        n0, before = len(self.engine.timeline), self.engine.stats()
+        online = self.cfg.drafter.train_online
+        tail = None
+        n_seqs = len(prompts) * params["n"]
+        capacity = min(n_seqs, self.engine.max_batch)  # the batch the engine runs before its tail
+        if online and prompts and tail_training_on(self.cfg) and self.buffer.num_tokens > 0:
+            d = self.cfg.drafter
+            tail = TailTrainer(self.engine, self.trainer, n0, capacity, d.tail_fraction, d.max_spot_steps or None)
+            tail.start()
+        outs = []
+        try:
+            if prompts:
+                outs = self.engine.generate(prompts, SamplingParams(**params, return_hidden=online))
+        finally:
+            tail_stats = tail.finish() if tail is not None else None
+        end = time.time()
+        timeline = self.engine.timeline[n0:]
+        del self.engine.timeline[:]  # read once per rollout: a long run must not accumulate it
+        if online and outs:
+            # hidden has one row per position the target processed: the prompt and every token but the last
+            ids = [torch.tensor(prompts[o.prompt_index] + o.token_ids[:-1]) for o in outs]
+            self.buffer.add(step, ids, [o.hidden for o in outs])
+        if tail_stats is not None:
+            self._push_drafter()
+        return {
+            "rank": self.rank,
+            "completions": [(o.prompt_index, o.sample_index, o.token_ids, o.logprobs, o.finish_reason) for o in outs],
+            "timeline": timeline,
+            "stats": stats_delta(self.engine.stats(), before),
+            "start": start,
+            "end": end,
+            "num_seqs": n_seqs,
+            "capacity": capacity,
+            "tail": tail_stats,
+        }
+
+    # ------------------------------------------------------------------------- drafter training
+    def _stop_event(self, epoch: int) -> threading.Event:
+        with self._lock:  # the stop may arrive before the training call it stops
+            return self._stops.setdefault(epoch, threading.Event())
+
+    def train_drafter(self, epoch: int) -> dict:
+        """Train the drafter replica until `stop_drafter(epoch)`; the coordinator calls this on idle workers."""
+        stop = self._stop_event(epoch)
+        start = time.time()
+        if self.buffer.num_tokens == 0 or stop.is_set():
+            return {"rank": self.rank, "steps": 0, "start": start, "end": start, "seconds": 0.0, "where": "idle"}
+        out = self.trainer.train(stop, max_steps=self.cfg.drafter.max_spot_steps or None)
+        end = time.time()
+        return {"rank": self.rank, "steps": int(out["steps"]), "loss": out["loss"], "top1": out["top1"],
+                "start": start, "end": end, "seconds": end - start, "where": "idle"}  # fmt: skip
+
+    def stop_drafter(self, epoch: int) -> None:
+        self._stop_event(epoch).set()
+        with self._lock:
+            for old in [e for e in self._stops if e < epoch - 1]:
+                del self._stops[old]
+
+    @torch.no_grad()
+    def merge_drafter(self, my_steps: int, total_steps: int) -> None:
+        """Average the drafter replicas over the workers that trained, weighted by their steps; push to the engine.
+
+        Collective: every worker calls it. Optimizer moments stay per worker (local-SGD style).
+        """
+        if self.world_size > 1 and total_steps > 0:
+            tensors = [t for t in self.drafter.state_dict().values() if t.is_floating_point()]
+            # scaled copies: if a peer dies mid-reduce, this replica is still whole
+            shares = [t * (my_steps / total_steps) for t in tensors]
+            self._all_reduce(shares)
+            for t, s in zip(tensors, shares, strict=True):
+                t.copy_(s)
+        if total_steps > 0:
+            self._push_drafter()
+
+    @torch.no_grad()
+    def _push_drafter(self) -> None:
+        self.serving_drafter.load_state_dict(self.drafter.state_dict())
+        for d in (self.drafter, self.serving_drafter):
+            if d.d2t is not None:
+                d.refresh_head()
+
+    # ----------------------------------------------------------------------------------- learner
+    def learn(self, step: int, minibatches: list[MiniBatch]) -> dict:
+        self._maybe_fail("learn", step)
+        if self.cfg.rl.recompute_logprobs:
+            self.learner.recompute_logprobs([s for mb in minibatches for s in mb.samples])
+        out = self.learner.update(minibatches)
+        for d in (self.drafter, self.serving_drafter):
+            if d.d2t is not None:  # a reduced head is a copy of the policy's rows
+                d.refresh_head()
+        return {**out, "rank": self.rank, "version": self.learner.version}
+
+    def version(self) -> int:
+        return self.learner.version
+
+    # ---------------------------------------------------------------------------- state transfer
+    def export_state(self) -> dict:
+        """Everything a replacement worker needs to continue as this one (weights, optimizer, drafter)."""
+        return {
+            "policy": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+            "learner": self.learner.state_dict(),
+            "drafter": {k: v.detach().cpu().clone() for k, v in self.drafter.state_dict().items()},
+            "drafter_optimizer": self.trainer.optimizer.state_dict(),
+        }
+
+    @torch.no_grad()
+    def import_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["policy"])
+        self.learner.load_state_dict(state["learner"])
+        self.drafter.load_state_dict(state["drafter"])
+        self.trainer.optimizer.load_state_dict(state["drafter_optimizer"])
+        self._push_drafter()
+
+    # ------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, folder: str) -> None:
+        """Rank 0 writes the shared state (policy in HF layout, optimizer, drafter); every rank its own RNG and
+        SD policy. `folder` must be on a file system every worker sees."""
+        from tlt_rt.models import save_target
+        from tlt_rt.models.loader import resolve_model_path
+
+        folder = Path(folder)
+        if self.rank == 0:
+            save_target(self.model, folder / "policy")
+            # tokenizer and chat template files travel as they are (loading a tokenizer costs seconds)
+            source = resolve_model_path(self.cfg.model.path)
+            for f in source.iterdir():
+                if f.is_file() and f.name.startswith(TOKENIZER_FILES):
+                    shutil.copy2(f, folder / "policy" / f.name)
+            torch.save(self.learner.state_dict(), folder / "learner.pt")
+            self.trainer.save_checkpoint(folder / "drafter", async_=False)
+        policy = getattr(self.engine, "policy", None)
+        torch.save(
+            {"rng": rng_state(), "sd_policy": policy.state_dict() if hasattr(policy, "state_dict") else None},
+            folder / f"worker_{self.rank}.pt",
+        )
+
+    def load_checkpoint(self, folder: str) -> None:
+        """Restore what `save_checkpoint` wrote (the policy weights were loaded at construction)."""
+        folder = Path(folder)
+        self.learner.load_state_dict(torch.load(folder / "learner.pt", weights_only=False))
+        with warnings.catch_warnings():  # the buffer starts empty after a restart; its cursor is moot
+            warnings.simplefilter("ignore")
+            self.trainer.load_checkpoint(folder / "drafter")
+        self._push_drafter()
+        own = folder / f"worker_{self.rank}.pt"
+        if own.is_file():  # absent when resuming with more workers than before
+            state = torch.load(own, weights_only=False)
+            set_rng_state(state["rng"])
+            policy = getattr(self.engine, "policy", None)
+            if state.get("sd_policy") is not None and hasattr(policy, "load_state_dict"):
+                policy.load_state_dict(state["sd_policy"])
