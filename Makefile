@@ -30,7 +30,7 @@ $(MODEL_STAMP): $(STAMP)
 model: $(MODEL_STAMP)
 
 run: $(MODEL_STAMP)
-	$(PY) -m tlt_rt.demo
+	$(PY) -m tlt_rt.train configs/smollm2-arith.yaml name=default-$$(date +%Y%m%d-%H%M%S)
 
 test: $(MODEL_STAMP)
 	$(PY) -m pytest -q
