@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml | $(PY)
 setup: $(STAMP)
 
 $(MODEL_STAMP): $(STAMP)
-	$(PY) -m tlt_rt.models.default
+	$(PY) -c "from tlt_rt.models.default import default_model_dir; print(default_model_dir())"
 	touch $(MODEL_STAMP)
 
 model: $(MODEL_STAMP)

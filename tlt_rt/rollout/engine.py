@@ -20,7 +20,8 @@ from collections import Counter, deque
 
 import torch
 
-from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for
+from tlt_rt.codegen.lower import lower
+from tlt_rt.ir.strategy import Bucket, Strategy, batch_buckets, bucket_for
 from tlt_rt.models.llama import CausalLM, set_glue
 from tlt_rt.rollout.block_manager import BlockManager
 from tlt_rt.rollout.params import Completion, SamplingParams
@@ -28,7 +29,7 @@ from tlt_rt.rollout.policy import CostTable, SDPolicy
 from tlt_rt.rollout.rng import sequence_seed
 from tlt_rt.rollout.runner import Layout, Sampler, TargetRunner
 from tlt_rt.rollout.sequence import PrefillJob, Sequence
-from tlt_rt.rollout.speculative import DrafterRunner, scratch_tokens, speculative_step
+from tlt_rt.rollout.speculative import DrafterRunner, scratch_tokens, speculative_step, step_program
 
 log = logging.getLogger(__name__)
 DEFAULT_STRATEGIES = ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")
@@ -98,6 +99,7 @@ class Engine:
         self._next_id = 0
         self._gen_time = 0.0
         self._allocated: set[int] = set()  # prefill jobs that hold blocks
+        self._lowered: dict = {}
 
     # ------------------------------------------------------------------------------------------ set-up
     @classmethod
@@ -381,7 +383,15 @@ class Engine:
                 self._emit(seq, [tok[i]], [lp[i]], stop, running, done)
             emitted = b
         else:
-            res = speculative_step(seqs, tables, strategy, self.runner, self.drafter_runner, sampler)
+            res = speculative_step(
+                seqs,
+                tables,
+                strategy,
+                self.runner,
+                self.drafter_runner,
+                sampler,
+                self._lowered_step(b, strategy, sampler.params),
+            )
             acc = res.accept
             emitted = 0
             for i, seq in enumerate(seqs):
@@ -434,6 +444,16 @@ class Engine:
             "graph_memory": self.graph_memory(),
             "policy": self.policy.stats(),
         }
+
+    def _lowered_step(self, batch: int, strategy: Strategy, params: SamplingParams):
+        """The StepProgram of `strategy` lowered for this batch's bucket, built once per (bucket, params)."""
+        bucket = self.bucket(batch) if batch <= self.buckets[-1] else batch
+        key = (bucket, str(strategy), params.temperature, params.top_k, params.top_p)
+        if key not in self._lowered:
+            a = self.target.arch
+            b = Bucket(bucket, strategy, self.max_blocks_per_seq, self.block_size, a.vocab_size, a.hidden_size)
+            self._lowered[key] = lower(step_program(strategy, params), b, self.device)
+        return self._lowered[key]
 
     def graph_keys(self, batch_sizes: list[int] | None = None) -> tuple[list, list]:
         """Shape keys of the target and drafter graphs for every (bucket, option): verify graphs are keyed by

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from tlt_rt.codegen.kernels.accept import AcceptOutput, accept_tree
-from tlt_rt.codegen.kernels.kv_commit import kv_commit, kv_commit_reference
-from tlt_rt.ir.strategy import Strategy
-from tlt_rt.ir.tree import Candidates, build_tree
+from tlt_rt.codegen.kernels.accept import AcceptOutput
+from tlt_rt.codegen.lower import LoweredStep, lower
+from tlt_rt.ir.program import StepProgram
+from tlt_rt.ir.strategy import Bucket, Strategy
+from tlt_rt.ir.tree import Candidates
 from tlt_rt.models.llama import KVCache
 from tlt_rt.rollout.rng import counter_uniforms
 from tlt_rt.rollout.runner import Layout, PagedForward, Sampler, TargetRunner, build_meta
@@ -122,6 +123,40 @@ class DrafterRunner:
         return cands
 
 
+class EngineStepModels:
+    """The engine's side of a lowered step (`codegen.lower.StepModels`) for one batch of sequences."""
+
+    def __init__(self, seqs: list[Sequence], tables: list[list[int]], target: TargetRunner, drafter: DrafterRunner):
+        self.seqs, self.tables, self.target, self.drafter = seqs, tables, target, drafter
+
+    def draft(self, strategy: Strategy) -> Candidates:
+        return self.drafter.draft(self.seqs, self.tables, strategy, self.target.device)
+
+    def verify(self, tree):
+        seqs, T = self.seqs, tree.tree_tokens.shape[1]
+        layout = Layout(
+            self.tables,
+            [T] * len(seqs),
+            [s.num_cached + T for s in seqs],
+            tree.positions.tolist(),
+            [list(range(s.num_cached, s.num_cached + T)) for s in seqs],
+        )
+        meta, positions = build_meta(layout, "verify", self.target.block_size, self.target.device, tree.tree_mask)
+        out = self.target.run(tree.tree_tokens.flatten(), positions, meta)
+        b = len(seqs)
+        return out.logits.view(b, T, -1), out.hidden.view(b, T, -1), meta.block_tables
+
+    def kv_layers(self):
+        c = self.target.cache
+        return [(c.k[i], c.v[i]) for i in range(c.num_layers)]
+
+
+def step_program(strategy: Strategy, params) -> StepProgram:
+    if params.greedy:
+        return StepProgram.speculative(strategy, accept="greedy")
+    return StepProgram.speculative(strategy, "sampled", params.temperature, params.top_k, params.top_p)
+
+
 def speculative_step(
     seqs: list[Sequence],
     tables: list[list[int]],
@@ -129,46 +164,27 @@ def speculative_step(
     target: TargetRunner,
     drafter: DrafterRunner,
     sampler: Sampler,
+    lowered: LoweredStep | None = None,
 ) -> StepResult:
-    """Draft, verify, accept and commit for every sequence; results come back to the host once."""
+    """Draft, verify, accept and commit for every sequence through the lowered StepProgram; results come
+    back to the host once."""
     device = target.device
-    b, T, D = len(seqs), strategy.verify_tokens, strategy.depth
-    cands = drafter.draft(seqs, tables, strategy, device)
-    roots = torch.tensor([s.tokens[-1] for s in seqs], device=device)
-    prefix = torch.tensor([s.num_cached for s in seqs], device=device)
-    tree = build_tree(cands, roots, prefix, T)
-    layout = Layout(
-        tables,
-        [T] * b,
-        [s.num_cached + T for s in seqs],
-        tree.positions.tolist(),
-        [list(range(s.num_cached, s.num_cached + T)) for s in seqs],
-    )
-    meta, positions = build_meta(layout, "verify", target.block_size, device, tree_mask=tree.tree_mask)
-    out = target.run(tree.tree_tokens.flatten(), positions, meta)
-    logits = out.logits.view(b, T, -1)
-    temp, top_k, top_p = sampler.row_params(b)
+    b, D = len(seqs), strategy.depth
+    if lowered is None:
+        arch = target.model.arch
+        bucket = Bucket(b, strategy, max(len(t) for t in tables), target.block_size, arch.vocab_size, arch.hidden_size)
+        lowered = lower(step_program(strategy, sampler.params), bucket, device)
     seeds = torch.tensor([s.seed for s in seqs], device=device)
     counters = torch.tensor([s.counter for s in seqs], device=device)
-    uniforms = counter_uniforms(seeds, counters, 2 * (D + 1)).view(b, D + 1, 2)
-    acc = accept_tree(
-        logits,
-        tree.tree_tokens,
-        tree.parents,
-        temp,
-        top_k,
-        top_p,
-        uniforms,
-        D,
-        all_greedy=sampler.params.greedy,
-        filtering=sampler.params.filtering,
-        backend="triton" if device.type == "cuda" else "torch",
-    )
-    layers = [(target.cache.k[i], target.cache.v[i]) for i in range(target.cache.num_layers)]
-    commit = kv_commit if device.type == "cuda" else kv_commit_reference
-    commit(layers, meta.block_tables, prefix, acc.accepted_nodes, acc.accept_len)
+    inputs = {
+        "last_tokens": torch.tensor([s.tokens[-1] for s in seqs], device=device),
+        "prefix_lens": torch.tensor([s.num_cached for s in seqs], device=device),
+        "uniforms": counter_uniforms(seeds, counters, 2 * (D + 1)).view(b, D + 1, 2),
+    }
+    v = lowered(EngineStepModels(seqs, tables, target, drafter), inputs)
     # target hidden at the root and along the accepted path: positions L .. L+a
+    acc = AcceptOutput(v["accept_len"], v["accepted_tokens"], v["accepted_nodes"], v["bonus"], v["logprobs"])
     nodes = torch.cat([torch.zeros_like(acc.accepted_nodes[:, :1]), acc.accepted_nodes[:, :D]], 1).clamp(min=0)
-    hid = out.hidden.view(b, T, -1).gather(1, nodes[..., None].expand(-1, -1, out.hidden.shape[-1]))
-    host = AcceptOutput(*(t.cpu() for t in acc))
-    return StepResult(host, hid)
+    hidden = v["hidden"]
+    hid = hidden.gather(1, nodes[..., None].expand(-1, -1, hidden.shape[-1]))
+    return StepResult(AcceptOutput(*(t.cpu() for t in acc)), hid)
