@@ -34,9 +34,7 @@ class Layout:
 def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: torch.Tensor | None = None):
     """AttnMetadata and flat positions for a layout (one host->device copy per tensor)."""
     width = max(1, max(len(t) for t in layout.tables))
-    tables = torch.zeros(len(layout.tables), width, dtype=torch.int32)
-    for i, t in enumerate(layout.tables):
-        tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    tables = torch.tensor([t + [0] * (width - len(t)) for t in layout.tables], dtype=torch.int32)
     cu = torch.zeros(len(layout.q_lens) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(layout.q_lens).cumsum(0)
     slots = []
@@ -53,6 +51,18 @@ def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: to
         tree_mask=tree_mask,
     )
     return meta, positions.to(device)
+
+
+def tree_meta(
+    tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int, tree_mask: torch.Tensor, block_size: int
+) -> AttnMetadata:
+    """Verify-mode metadata built on the device: every sequence's q_len new tokens sit at the last q_len of
+    its seq_lens cache positions. tables [B, W] int32, seq_lens [B]; no host round trip."""
+    b, dev = tables.shape[0], tables.device
+    pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len, device=dev)  # [B, q_len]
+    slots = tables.long().gather(1, pos // block_size) * block_size + pos % block_size
+    cu = torch.arange(0, b * q_len + 1, q_len, dtype=torch.int32, device=dev)
+    return AttnMetadata("verify", cu, seq_lens.int(), tables, slots.flatten(), q_len, tree_mask)
 
 
 class Sampler:

@@ -25,7 +25,7 @@ from tlt_rt.ir.strategy import Bucket, Strategy
 from tlt_rt.ir.tree import Candidates
 from tlt_rt.models.llama import KVCache
 from tlt_rt.rollout.rng import counter_uniforms
-from tlt_rt.rollout.runner import Layout, PagedForward, Sampler, TargetRunner, build_meta
+from tlt_rt.rollout.runner import Layout, PagedForward, Sampler, TargetRunner, build_meta, tree_meta
 from tlt_rt.rollout.sequence import Sequence
 
 
@@ -78,13 +78,15 @@ class DrafterRunner:
         )
         for s in seqs:
             s.draft_cached = s.num_cached
-        return out.logits, out.hidden[last.to(device)]
+        return out.logits, out.hidden[last.to(device)], meta.block_tables
 
     @torch.no_grad()
-    def draft(self, seqs: list[Sequence], tables: list[list[int]], strategy: Strategy, device) -> Candidates:
-        """Grow the candidate tree level by level (EAGLE-2 expansion); returns every candidate."""
+    def draft(self, seqs: list[Sequence], tables: list[list[int]], strategy: Strategy, device):
+        """Grow the candidate tree level by level (EAGLE-2 expansion); returns every candidate and the batch's
+        block tables on the device."""
         k, depth = strategy.topk, strategy.depth
-        root_logits, root_hidden = self.catch_up(seqs, tables, device)
+        root_logits, root_hidden, table_t = self.catch_up(seqs, tables, device)
+        cached = torch.tensor([s.num_cached for s in seqs], device=device)
         cands = Candidates.start(torch.log_softmax(root_logits.float(), -1), k)
         b = len(seqs)
         slot_of = torch.full_like(cands.tokens, -1)  # flat candidate -> slot in the scratch window
@@ -107,20 +109,15 @@ class DrafterRunner:
             mask = torch.zeros(b, k, w + 1, dtype=torch.bool, device=device)
             mask.scatter_(2, torch.where(anc_slot >= 0, anc_slot, w), True)
             mask = mask[..., :w]
-            layout = Layout(
-                tables,
-                [k] * b,
-                [s.num_cached + w for s in seqs],
-                [[s.num_cached + d - 1] * k for s in seqs],
-                [[s.num_cached + (d - 1) * k + j for j in range(k)] for s in seqs],
-            )
-            meta, positions = build_meta(layout, "verify", self.block_size, device, tree_mask=mask)
+            # level d's k rows: rotary position L+d-1, cache positions [L+(d-1)k, L+dk)
+            meta = tree_meta(table_t, cached + w, k, mask, self.block_size)
+            positions = (cached + d - 1).repeat_interleave(k)
             tokens = cands.tokens.gather(1, front)
             out = self.run(tokens.flatten(), positions, meta, extra=parent_hidden.reshape(b * k, -1))
             logp = torch.log_softmax(out.logits.float(), -1).view(b, k, -1)
             cands = cands.grow(front, logp)
             prev_front, prev_hidden = front, out.hidden.view(b, k, -1)
-        return cands
+        return cands, table_t
 
 
 class EngineStepModels:
@@ -128,21 +125,25 @@ class EngineStepModels:
 
     def __init__(self, seqs: list[Sequence], tables: list[list[int]], target: TargetRunner, drafter: DrafterRunner):
         self.seqs, self.tables, self.target, self.drafter = seqs, tables, target, drafter
+        self.table_t: torch.Tensor | None = None  # the batch's block tables on the device, built once
 
     def draft(self, strategy: Strategy) -> Candidates:
-        return self.drafter.draft(self.seqs, self.tables, strategy, self.target.device)
+        cands, self.table_t = self.drafter.draft(self.seqs, self.tables, strategy, self.target.device)
+        return cands
 
     def verify(self, tree):
         seqs, T = self.seqs, tree.tree_tokens.shape[1]
-        layout = Layout(
-            self.tables,
-            [T] * len(seqs),
-            [s.num_cached + T for s in seqs],
-            tree.positions.tolist(),
-            [list(range(s.num_cached, s.num_cached + T)) for s in seqs],
-        )
-        meta, positions = build_meta(layout, "verify", self.target.block_size, self.target.device, tree.tree_mask)
-        out = self.target.run(tree.tree_tokens.flatten(), positions, meta)
+        dev = self.target.device
+        if self.table_t is None:
+            self.table_t = build_meta(
+                Layout(self.tables, [1] * len(seqs), [1] * len(seqs), [[0]] * len(seqs), [[-1]] * len(seqs)),
+                "decode",
+                self.target.block_size,
+                dev,
+            )[0].block_tables
+        cached = torch.tensor([s.num_cached for s in seqs], device=dev)
+        meta = tree_meta(self.table_t, cached + T, T, tree.tree_mask, self.target.block_size)
+        out = self.target.run(tree.tree_tokens.flatten(), tree.positions.flatten(), meta)
         b = len(seqs)
         return out.logits.view(b, T, -1), out.hidden.view(b, T, -1), meta.block_tables
 
