@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections import Counter, deque
+from collections import Counter
 
 import torch
 
@@ -28,6 +28,7 @@ from tlt_rt.rollout.params import Completion, SamplingParams
 from tlt_rt.rollout.policy import CostTable, SDPolicy
 from tlt_rt.rollout.rng import sequence_seed
 from tlt_rt.rollout.runner import Layout, Sampler, TargetRunner
+from tlt_rt.rollout.scheduler import Scheduler
 from tlt_rt.rollout.sequence import PrefillJob, Sequence
 from tlt_rt.rollout.speculative import DrafterRunner, scratch_tokens, speculative_step, step_program
 
@@ -98,7 +99,7 @@ class Engine:
         self.timeline: list[dict] = []
         self._next_id = 0
         self._gen_time = 0.0
-        self._allocated: set[int] = set()  # prefill jobs that hold blocks
+        self._t_start = time.perf_counter()
         self._lowered: dict = {}
 
     # ------------------------------------------------------------------------------------------ set-up
@@ -180,7 +181,7 @@ class Engine:
         stop = set(params.stop_token_ids if params.stop_token_ids is not None else self.target.arch.eos_token_ids)
         sampler = Sampler(params, self.device)
         keep_hidden = params.return_hidden or self.drafter_runner is not None
-        waiting: deque[PrefillJob] = deque()
+        sched = Scheduler(self.blocks, self.max_batch, self.max_prefill_tokens, self._stats)
         seen: Counter = Counter()
         for i, p in enumerate(prompts):
             occurrence = seen[tuple(p)]
@@ -191,21 +192,19 @@ class Engine:
             ]
             # a group never outgrows the running batch: larger n prefills the prompt once per slice
             for k in range(0, len(group), self.max_batch):
-                waiting.append(PrefillJob(self._new_id(), list(p), group=group[k : k + self.max_batch]))
-        running: list[Sequence] = []
-        done: list[Sequence] = []
-        t_start = time.perf_counter()
-        while waiting or running:
-            jobs = self._admit(waiting, running)
+                sched.waiting.append(PrefillJob(self._new_id(), list(p), group=group[k : k + self.max_batch]))
+        self._t_start = t_start = time.perf_counter()
+        while sched.busy:
+            jobs = sched.admit()
             if jobs:
-                self._prefill(jobs, waiting, running, sampler, stop, done, keep_hidden)
+                self._prefill(jobs, sched, sampler, stop, keep_hidden)
                 continue
-            if not running:
+            if not sched.running:
                 raise RuntimeError("no sequence can run: the KV cache is too small for the waiting work")
-            self._decode_or_speculate(running, waiting, sampler, stop, done, keep_hidden)
+            self._decode_or_speculate(sched, sampler, stop, keep_hidden)
         self._gen_time += time.perf_counter() - t_start
-        done.sort(key=lambda s: (s.prompt_index, s.sample_index))
-        return [self._completion(s, params) for s in done]
+        sched.done.sort(key=lambda s: (s.prompt_index, s.sample_index))
+        return [self._completion(s, params) for s in sched.done]
 
     def _completion(self, s: Sequence, params: SamplingParams) -> Completion:
         hidden = None
@@ -221,27 +220,8 @@ class Engine:
             {"preemptions": s.preemptions},
         )
 
-    # ------------------------------------------------------------------------------------ scheduling
-    def _admit(self, waiting: deque[PrefillJob], running: list[Sequence]) -> list[tuple[PrefillJob, int]]:
-        """Pick prefill chunks for this step, allocating blocks for jobs as they are first admitted."""
-        jobs, budget = [], self.max_prefill_tokens
-        slots = self.max_batch - len(running)
-        for job in waiting:
-            n = len(job.group) if job.group else 1
-            if budget <= 0 or n > slots:
-                break
-            if job.done == 0 and job.seq_id not in self._allocated:
-                if not self.blocks.can_allocate(len(job.tokens) + n * self.block_size):
-                    break
-                self.blocks.allocate(job.seq_id, len(job.tokens))
-                self._allocated.add(job.seq_id)
-            chunk = min(job.remaining, budget)
-            jobs.append((job, chunk))
-            budget -= chunk
-            slots -= n
-        return jobs
-
-    def _prefill(self, jobs, waiting, running, sampler, stop, done, keep_hidden) -> None:
+    # ---------------------------------------------------------------------------------------- steps
+    def _prefill(self, jobs, sched: Scheduler, sampler, stop, keep_hidden) -> None:
         t0 = time.perf_counter()
         layout = Layout([], [], [], [], [])
         tokens, last_rows, finishing = [], [], []
@@ -263,14 +243,13 @@ class Engine:
             job.done += chunk
             offset += chunk
         for row, job in enumerate(finishing):
-            waiting.remove(job)
-            self._allocated.discard(job.seq_id)
+            sched.prefilled(job)
             if job.seq is not None:  # a recomputed sample resumes where it was
                 seq = job.seq
                 seq.num_cached, seq.hidden_chunks = len(job.tokens), [torch.cat(job.hidden_chunks)]
-                running.append(seq)
+                sched.running.append(seq)
                 continue
-            self._fork_group(job, out.logits[row], running, waiting, sampler, stop, done, keep_hidden)
+            self._fork_group(job, out.logits[row], sched, sampler, stop, keep_hidden)
         self._stats["prefill_steps"] += 1
         self._stats["prefill_tokens"] += len(tokens)
         self.timeline.append(
@@ -278,12 +257,13 @@ class Engine:
                 "kind": "prefill",
                 "batch": len(jobs),
                 "tokens": len(tokens),
+                "start": t0 - self._t_start,
                 "seconds": time.perf_counter() - t0,
-                "running": len(running),
+                "running": len(sched.running),
             }
         )
 
-    def _fork_group(self, job, logits, running, waiting, sampler, stop, done, keep_hidden) -> None:
+    def _fork_group(self, job, logits, sched: Scheduler, sampler, stop, keep_hidden) -> None:
         hidden = torch.cat(job.hidden_chunks)
         p = len(job.tokens)
         draft_cached = 0
@@ -293,8 +273,7 @@ class Engine:
             self.drafter_runner.catch_up([parent], [self.blocks.block_table(job.seq_id)], self.device)
             draft_cached = p - 1
         group = job.group
-        while self.blocks.num_free < len(group) and running:  # each sample takes a private last block
-            self._preempt_youngest(running, waiting)
+        sched.make_room(len(group))  # each sample takes a private last block
         copies = []
         for seq in group:
             copies += self.blocks.fork(job.seq_id, seq.seq_id, p - 1)
@@ -310,10 +289,10 @@ class Engine:
             seq.num_cached, seq.draft_cached = p, draft_cached
             seq.hidden_chunks = [hidden] if keep_hidden else []
             seq.counter = 1
-            running.append(seq)
-            self._emit(seq, [t], [l], stop, running, done)
+            sched.running.append(seq)
+            self._emit(seq, [t], [l], stop, sched)
 
-    def _emit(self, seq: Sequence, toks: list[int], lps: list[float], stop, running, done) -> int:
+    def _emit(self, seq: Sequence, toks: list[int], lps: list[float], stop, sched: Scheduler) -> int:
         """Append tokens until a stop token or a limit; returns how many were kept."""
         kept = 0
         for t, lp in zip(toks, lps, strict=False):
@@ -325,37 +304,17 @@ class Engine:
             elif len(seq.output) >= seq.max_new_tokens or seq.length >= self.max_context:
                 seq.finish_reason = "length"
             if seq.finished:
-                running.remove(seq)
-                self.blocks.free(seq.seq_id)
-                done.append(seq)
+                sched.finish(seq)
                 break
         self._stats["generated_tokens"] += kept
         return kept
 
-    def _preempt_youngest(self, running: list[Sequence], waiting: deque) -> Sequence:
-        """Free the most recently admitted sample's blocks; it will be recomputed from its tokens."""
-        victim = running.pop()
-        self.blocks.free(victim.seq_id)
-        victim.reset_for_recompute()
-        self._stats["preemptions"] += 1
-        waiting.appendleft(PrefillJob(victim.seq_id, victim.tokens[:-1], seq=victim))
-        return victim
-
-    def _reserve(self, running: list[Sequence], waiting: deque, extra: int) -> None:
-        """Make sure every running sample has blocks for `extra` more positions; preempt the youngest if not."""
-        i = 0
-        while i < len(running):
-            seq = running[i]
-            if self.blocks.ensure(seq.seq_id, seq.num_cached + extra):
-                i += 1
-            else:
-                self._preempt_youngest(running, waiting)
-
-    def _decode_or_speculate(self, running, waiting, sampler, stop, done, keep_hidden) -> None:
+    def _decode_or_speculate(self, sched: Scheduler, sampler, stop, keep_hidden) -> None:
+        running = sched.running
         b = len(running)
         strategy = self.policy.decide(b) if self.drafter_runner is not None else None
         extra = 1 if strategy is None else scratch_tokens(strategy)
-        self._reserve(running, waiting, extra)
+        sched.reserve(extra)
         if not running:
             return
         b = len(running)
@@ -380,7 +339,7 @@ class Engine:
                 if keep_hidden:
                     seq.hidden_chunks.append(out.hidden[i : i + 1])
                 seq.num_cached += 1
-                self._emit(seq, [tok[i]], [lp[i]], stop, running, done)
+                self._emit(seq, [tok[i]], [lp[i]], stop, sched)
             emitted = b
         else:
             res = speculative_step(
@@ -400,7 +359,7 @@ class Engine:
                 L = seq.num_cached
                 toks = acc.accepted_tokens[i, : a + 1].tolist()
                 lps = acc.logprobs[i, : a + 1].tolist()
-                kept = self._emit(seq, toks, lps, stop, running, done)
+                kept = self._emit(seq, toks, lps, stop, sched)
                 if keep_hidden:
                     seq.hidden_chunks.append(res.hidden[i, :kept])
                 seq.num_cached = L + kept
@@ -419,6 +378,7 @@ class Engine:
                 "strategy": str(strategy) if strategy else None,
                 "batch": b,
                 "tokens": emitted,
+                "start": t0 - self._t_start,
                 "seconds": dt,
                 "running": len(running),
             }
