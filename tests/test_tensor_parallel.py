@@ -1,0 +1,233 @@
+"""Tensor parallelism over 2 gloo ranks on CPU equals the unsharded model: dense forward and its gradients,
+paged prefill / decode / tree verify (and the per-rank KV cache), and a whole greedy and sampled engine run.
+
+One pair of spawned ranks runs every check and writes its results; the tests read them back.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tlt_rt.models.arch import ArchConfig
+from tlt_rt.models.attention import AttnMetadata
+from tlt_rt.models.llama import CausalLM
+from tlt_rt.models.tensor_parallel import shard_for_tp
+
+WORLD = 2
+BASE = dict(
+    hidden_size=64,
+    intermediate_size=112,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+)
+CASES = {
+    "llama": ArchConfig(model_type="llama", vocab_size=96, **BASE),
+    "qwen2-tied": ArchConfig(model_type="qwen2", vocab_size=96, qkv_bias=True, tie_word_embeddings=True, **BASE),
+    # every bias, and a vocabulary that 2 ranks split unevenly (padded shard)
+    "llama-bias-vocab97": ArchConfig(
+        model_type="llama", vocab_size=97, qkv_bias=True, o_bias=True, mlp_bias=True, **BASE
+    ),
+}
+ATOL = 1e-5
+
+
+def _build(case: str) -> CausalLM:
+    torch.manual_seed(11)
+    model = CausalLM(CASES[case])
+    with torch.no_grad():
+        for p in model.parameters():  # random biases and norms so that every path matters
+            p.normal_(0, 0.2)
+    return model.eval()
+
+
+def _pair(case: str) -> tuple[CausalLM, CausalLM]:
+    full = _build(case)
+    return full, shard_for_tp(copy.deepcopy(full))
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=ATOL, msg=lambda m: f"{what}: {m}")
+
+
+# ---------------------------------------------------------------------------------------- checks
+def check_dense(case: str, rank: int) -> None:
+    full, tp = _pair(case)
+    ids = torch.randint(0, CASES[case].vocab_size, (2, 13), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, got = full(ids), tp(ids)
+    _close(got.logits, want.logits, "logits")
+    _close(got.hidden, want.hidden, "hidden")
+
+
+def check_dense_grad(case: str, rank: int) -> None:
+    full, tp = _pair(case)
+    ids = torch.randint(0, CASES[case].vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
+    for m in (full, tp):
+        m(ids).logits.log_softmax(-1).pow(2).mean().backward()
+    a, d, i = CASES[case], CASES[case].head_dim, CASES[case].intermediate_size // WORLD
+    hq, hkv = a.num_attention_heads // WORLD, a.num_key_value_heads // WORLD
+    q, kv, mlp = (slice(rank * n, (rank + 1) * n) for n in (hq * d, hkv * d, i))
+    lf, lt = full.model.layers[0], tp.model.layers[0]
+    _close(lt.self_attn.q_proj.weight.grad, lf.self_attn.q_proj.weight.grad[q], "q")
+    _close(lt.self_attn.k_proj.weight.grad, lf.self_attn.k_proj.weight.grad[kv], "k")
+    _close(lt.self_attn.o_proj.weight.grad, lf.self_attn.o_proj.weight.grad[:, q], "o")
+    _close(lt.mlp.down_proj.weight.grad, lf.mlp.down_proj.weight.grad[:, mlp], "down")
+    _close(lt.input_layernorm.weight.grad, lf.input_layernorm.weight.grad, "norm (replicated)")
+    size = tp.model.embed_tokens.weight.shape[0]
+    rows = full.model.embed_tokens.weight.grad[rank * size : (rank + 1) * size]
+    _close(tp.model.embed_tokens.weight.grad[: rows.shape[0]], rows, "embedding (tied: + lm_head)")
+
+
+def _meta(tables, q_lens, seq_lens, slots, mode, tree_mask=None) -> AttnMetadata:
+    cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(q_lens).cumsum(0)
+    return AttnMetadata(
+        mode, cu, torch.tensor(seq_lens, dtype=torch.int32), tables, torch.cat(slots), max(q_lens), tree_mask
+    )
+
+
+def _paged_script(vocab: int, block_size: int):
+    """Two sequences: prefill in two uneven chunks, two decode steps, then a random 5-node tree verify.
+    Returns the (ids, positions, meta) of every step and the number of cache blocks they need."""
+    gen = torch.Generator().manual_seed(3)
+    per_seq = 8
+    tables = torch.randperm(2 * per_seq + 2, generator=gen)[: 2 * per_seq].view(2, per_seq).int()
+
+    def slots(b, pos):
+        return tables[b, pos // block_size].long() * block_size + pos % block_size
+
+    steps, done = [], [0, 0]
+    for chunk in ([7, 3], [4, 2]):
+        ids, pos, sl = [], [], []
+        for b, c in enumerate(chunk):
+            p = torch.arange(done[b], done[b] + c)
+            ids.append(torch.randint(0, vocab, (c,), generator=gen)), pos.append(p), sl.append(slots(b, p))
+            done[b] += c
+        steps.append((torch.cat(ids), torch.cat(pos), _meta(tables, chunk, list(done), sl, "prefill")))
+    for _ in range(2):
+        pos = torch.tensor(done)
+        done = [n + 1 for n in done]
+        sl = [slots(b, pos[b : b + 1]) for b in range(2)]
+        steps.append((torch.randint(0, vocab, (2,), generator=gen), pos, _meta(tables, [1, 1], done, sl, "decode")))
+    t = 5
+    mask = torch.zeros(2, t, t, dtype=torch.bool)
+    for b in range(2):
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
+        for n in range(t):
+            j = n
+            while j >= 0:
+                mask[b, n, j], j = True, parents[j]
+    positions = torch.tensor(done).view(2, 1) + mask.sum(-1) - 1  # rotary position by depth
+    sl = [slots(b, torch.arange(done[b], done[b] + t)) for b in range(2)]
+    meta = _meta(tables, [t, t], [n + t for n in done], sl, "verify", tree_mask=mask)
+    steps.append((torch.randint(0, vocab, (2 * t,), generator=gen), positions.flatten(), meta))
+    return steps, 2 * per_seq + 2
+
+
+def check_paged(case: str, rank: int) -> None:
+    full, tp = _pair(case)
+    a = CASES[case]
+    hkv = a.num_key_value_heads // WORLD
+    steps, num_blocks = _paged_script(a.vocab_size, 4)
+    cf, ct = full.make_cache(num_blocks, 4), tp.make_cache(num_blocks, 4)
+    assert tuple(ct.k.shape) == (a.num_hidden_layers, num_blocks, 4, hkv, a.head_dim), tuple(ct.k.shape)
+    with torch.no_grad():
+        for n, (ids, pos, meta) in enumerate(steps):
+            want, got = full.forward_paged(ids, pos, cf, meta), tp.forward_paged(ids, pos, ct, meta)
+            _close(got.logits, want.logits, f"step {n} ({meta.mode}) logits")
+            _close(got.hidden, want.hidden, f"step {n} ({meta.mode}) hidden")
+    heads = slice(rank * hkv, (rank + 1) * hkv)
+    _close(ct.k, cf.k[..., heads, :], "k cache holds this rank's KV heads")
+    _close(ct.v, cf.v[..., heads, :], "v cache holds this rank's KV heads")
+
+
+def check_engine(case: str, rank: int) -> None:
+    from tlt_rt.rollout.engine import Engine
+    from tlt_rt.rollout.params import SamplingParams
+
+    full, tp = _pair(case)
+    a = CASES[case]
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15], [42]]
+    kw = dict(speculative="off", block_size=4, max_batch=4, max_prefill_tokens=8)
+    ref, eng = Engine(full, **kw), Engine(tp, **kw)
+    assert eng.runner.cache.k.shape[3] == a.num_key_value_heads // WORLD
+    for params in (
+        SamplingParams(n=2, temperature=0.0, max_new_tokens=12, stop_token_ids=[]),
+        SamplingParams(n=3, temperature=0.9, top_k=20, max_new_tokens=10, stop_token_ids=[], seed=5),
+    ):
+        want, got = ref.generate(prompts, params), eng.generate(prompts, params)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want], "TP=2 tokens differ from TP=1"
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=1e-4)
+        every = [None] * WORLD
+        dist.all_gather_object(every, [o.token_ids for o in got])
+        assert every[0] == every[1], "ranks disagree on the generated tokens"
+
+
+CHECKS = {"dense": check_dense, "dense_grad": check_dense_grad, "paged": check_paged, "engine": check_engine}
+
+
+# ---------------------------------------------------------------------------------------- harness
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    results = {}
+    try:
+        for name, fn in CHECKS.items():
+            for case in CASES:
+                try:
+                    fn(case, rank)
+                    results[f"{name}[{case}]"] = "ok"
+                except Exception:
+                    results[f"{name}[{case}]"] = traceback.format_exc()
+    finally:
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tp_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp")
+    mp.spawn(_worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=True)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("check", sorted(CHECKS))
+def test_tp2_equals_tp1(tp_results, check, case):
+    for rank, results in enumerate(tp_results):
+        outcome = results.get(f"{check}[{case}]", "not run")
+        assert outcome == "ok", f"rank {rank}, {check}[{case}]:\n{outcome}"
+
+
+def test_heads_must_divide():
+    model = CausalLM(CASES["llama"])
+    with pytest.raises(ValueError, match=r"arch\.num_attention_heads divisible by 3"):
+        shard_for_tp(model, rank=0, world=3)
+    with pytest.raises(ValueError, match=r"arch\.num_key_value_heads divisible by 4"):
+        shard_for_tp(model, rank=0, world=4)
+    odd_mlp = CausalLM(ArchConfig(model_type="llama", vocab_size=96, **{**BASE, "intermediate_size": 111}))
+    with pytest.raises(ValueError, match=r"arch\.intermediate_size"):
+        shard_for_tp(odd_mlp, rank=0, world=2)
+    assert shard_for_tp(model, rank=0, world=1) is model

@@ -1,0 +1,225 @@
+"""Tensor parallelism for the target CausalLM (Megatron-style), over any torch.distributed group.
+
+`shard_for_tp(model, group)` cuts a loaded model in place so that each rank keeps
+    q/k/v_proj        column-parallel by heads: n_heads/world query heads and n_kv/world KV heads
+    gate/up_proj      column-parallel: intermediate/world rows
+    o_proj, down_proj row-parallel: partial sums, one all-reduce per attention and per MLP block, the bias
+                      added once after it
+    embed_tokens      vocab-parallel: a slice of ceil(V/world) rows (zero-padded at the end); ids outside it
+                      embed to zeros and an all-reduce sums the slices
+    lm_head           vocab-parallel: logits of that slice, all-gathered to [..., V] (tied weights stay tied)
+Norms, rotary and the residual stream stay replicated, so both forwards run unchanged and `hidden` is the
+full hidden state on every rank. Query head i of a rank reads local KV head i // (n_heads/n_kv), which is
+the GQA mapping of the full model restricted to the rank's heads. `model.arch` carries the per-rank head
+counts, so `make_cache` holds [L, blocks, bs, n_kv/world, D] and the engine sizes blocks per rank;
+`model.tp.full_arch` keeps the original.
+
+Collectives are autograd-aware (identity/all-reduce pairs), so the dense forward also trains; under
+no_grad the all-reduce works in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from tlt_rt.models.arch import ArchConfig
+from tlt_rt.models.llama import CausalLM
+
+
+@dataclass(frozen=True)
+class TPInfo:
+    group: Any  # a torch.distributed ProcessGroup (None: the default group)
+    rank: int
+    world: int
+    full_arch: ArchConfig
+
+
+# ------------------------------------------------------------------------------------------ collectives
+class _ReduceFromTP(torch.autograd.Function):
+    """Forward: sum over ranks. Backward: identity (the incoming gradient is already replicated)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Forward: identity on a replicated input. Backward: sum the ranks' partial input gradients."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _GatherLastDim(torch.autograd.Function):
+    """Forward: concatenate every rank's [..., s] slice into [..., world * s]. Backward: this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group, rank: int, world: int) -> torch.Tensor:
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x, group=group)
+        ctx.rank, ctx.size = rank, x.shape[-1]
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.narrow(-1, ctx.rank * ctx.size, ctx.size).contiguous(), None, None, None
+
+
+def reduce_from_tp(x: torch.Tensor, group) -> torch.Tensor:
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _ReduceFromTP.apply(x, group)
+    dist.all_reduce(x, group=group)
+    return x
+
+
+def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _CopyToTP.apply(x, group)
+    return x
+
+
+# ------------------------------------------------------------------------------------------- layers
+def _param(t: torch.Tensor, requires_grad: bool) -> nn.Parameter:
+    return nn.Parameter(t.detach().clone().contiguous(), requires_grad=requires_grad)
+
+
+class ColumnParallelLinear(nn.Module):
+    """Rows [start, end) of a Linear: replicated input -> this rank's slice of the output features."""
+
+    def __init__(self, full: nn.Linear, start: int, end: int, tp: TPInfo):
+        super().__init__()
+        rg = full.weight.requires_grad
+        self.weight = _param(full.weight[start:end], rg)
+        self.bias = None if full.bias is None else _param(full.bias[start:end], rg)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(copy_to_tp(x, self.tp.group), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """Input columns [start, end) of a Linear: sharded input -> full output after one all-reduce; the bias
+    (replicated) is added after the sum so it counts once."""
+
+    def __init__(self, full: nn.Linear, start: int, end: int, tp: TPInfo):
+        super().__init__()
+        rg = full.weight.requires_grad
+        self.weight = _param(full.weight[:, start:end], rg)
+        self.bias = None if full.bias is None else _param(full.bias, rg)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_from_tp(F.linear(x, self.weight), self.tp.group)
+        return y if self.bias is None else y + self.bias
+
+
+def vocab_shard(weight: torch.Tensor, tp: TPInfo) -> tuple[nn.Parameter, int]:
+    """This rank's rows of a [V, H] vocab matrix, zero-padded to ceil(V/world) rows; returns (param, start)."""
+    v = weight.shape[0]
+    size = -(-v // tp.world)
+    start = tp.rank * size
+    rows = weight.detach()[start : min(start + size, v)]
+    shard = weight.new_zeros(size, weight.shape[1])
+    shard[: rows.shape[0]] = rows
+    return nn.Parameter(shard, requires_grad=weight.requires_grad), start
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, full: nn.Embedding, tp: TPInfo):
+        super().__init__()
+        self.weight, self.start = vocab_shard(full.weight, tp)
+        self.tp = tp
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        x = x.masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(x, self.tp.group)
+
+
+class VocabParallelLMHead(nn.Module):
+    """x [..., H] -> full logits [..., V]: this rank's slice of the vocabulary, all-gathered."""
+
+    def __init__(self, weight: nn.Parameter, vocab_size: int, tp: TPInfo):
+        super().__init__()
+        self.weight = weight  # [ceil(V/world), H]; the embedding's own parameter when tied
+        self.vocab_size = vocab_size
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        local = F.linear(copy_to_tp(x, self.tp.group), self.weight)
+        full = _GatherLastDim.apply(local, self.tp.group, self.tp.rank, self.tp.world)
+        return full[..., : self.vocab_size]
+
+
+# ------------------------------------------------------------------------------------------ sharding
+def check_tp_divisible(arch: ArchConfig, world: int) -> None:
+    """Raise ValueError naming the field that `world` ranks cannot split evenly."""
+    if world < 1:
+        raise ValueError(f"tensor-parallel world size must be >= 1, got {world}")
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        n = getattr(arch, name)
+        if n % world:
+            raise ValueError(f"tensor parallelism over {world} ranks needs arch.{name} divisible by {world}, got {n}")
+
+
+def shard_for_tp(model: CausalLM, group=None, rank: int | None = None, world: int | None = None) -> CausalLM:
+    """Cut `model` in place into this rank's tensor-parallel shard and return it.
+
+    Every rank must call this on an identical model (same weights), with the same group. rank/world default
+    to this process's place in `group`. world == 1 returns the model unchanged.
+    """
+    world = dist.get_world_size(group) if world is None else world
+    rank = dist.get_rank(group) if rank is None else rank
+    if getattr(model, "tp", None) is not None:
+        raise ValueError("model is already sharded for tensor parallelism")
+    a = model.arch
+    check_tp_divisible(a, world)
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    if world == 1:
+        return model
+    tp = TPInfo(group, rank, world, a)
+    hq, hkv, inter = a.num_attention_heads // world, a.num_key_value_heads // world, a.intermediate_size // world
+    d = a.head_dim
+    for layer in model.model.layers:
+        at = layer.self_attn
+        at.q_proj = ColumnParallelLinear(at.q_proj, rank * hq * d, (rank + 1) * hq * d, tp)
+        at.k_proj = ColumnParallelLinear(at.k_proj, rank * hkv * d, (rank + 1) * hkv * d, tp)
+        at.v_proj = ColumnParallelLinear(at.v_proj, rank * hkv * d, (rank + 1) * hkv * d, tp)
+        at.o_proj = RowParallelLinear(at.o_proj, rank * hq * d, (rank + 1) * hq * d, tp)
+        at.n_heads, at.n_kv = hq, hkv
+        mlp = layer.mlp
+        mlp.gate_proj = ColumnParallelLinear(mlp.gate_proj, rank * inter, (rank + 1) * inter, tp)
+        mlp.up_proj = ColumnParallelLinear(mlp.up_proj, rank * inter, (rank + 1) * inter, tp)
+        mlp.down_proj = RowParallelLinear(mlp.down_proj, rank * inter, (rank + 1) * inter, tp)
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    emb = VocabParallelEmbedding(model.model.embed_tokens, tp)
+    head = emb.weight if tied else vocab_shard(model.lm_head.weight, tp)[0]
+    model.model.embed_tokens = emb
+    model.lm_head = VocabParallelLMHead(head, a.vocab_size, tp)
+    model.arch = replace(a, num_attention_heads=hq, num_key_value_heads=hkv)
+    model.tp = tp
+    return model
