@@ -262,9 +262,7 @@ def format_prompt(
     if not getattr(tokenizer, "chat_template", None):
         return list(tokenizer.encode(_plain_prompt(problem, system, instruction)))
     messages = _messages(problem, system, instruction)
-    ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # older/newer transformers may return an encoding
         ids = ids["input_ids"]
     if ids and isinstance(ids[0], list):
