@@ -32,3 +32,21 @@ def test_warmup_trains_measures_and_exports(tmp_path):
     from tlt_rt.models import load_target
 
     assert load_eagle(tmp_path / "drafter", load_target(None)).fc.weight.shape[1] == 2 * 576
+
+
+def test_default_steps_follow_the_data(tmp_path):
+    rep = warmup(
+        None,
+        tmp_path / "d",
+        num_prompts=2,
+        held_out=1,
+        samples=1,
+        max_new_tokens=8,
+        strategy="3_2_4",
+        batch_tokens=64,
+        device="cpu",
+        progress=False,
+        epochs=2.0,
+    )
+    # two passes over every generated (prompt + answer) token at 64 tokens a step
+    assert rep["train_steps"] >= 2 * (rep["generated_tokens"] // 64)

@@ -60,7 +60,7 @@ def warmup(
     num_prompts: int = 256,
     held_out: int = 32,
     samples: int = 2,
-    steps: int = 2000,
+    steps: int | None = None,
     max_new_tokens: int = 256,
     temperature: float = 0.9,
     strategy: str = "8_4_48",
@@ -70,7 +70,12 @@ def warmup(
     device: str | None = None,
     dtype: str = "auto",
     progress: bool = True,
+    epochs: float = 4.0,
+    noise_std: float = 0.0,
 ) -> dict:
+    """steps=None trains for `epochs` passes over the generated tokens: a one-layer drafter over-fits a small
+    set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
+    count, should grow."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tok = load_tokenizer(target_path)
     task = ArithmeticTask(digits=2, num_ops=2, seed=seed)
@@ -95,7 +100,9 @@ def warmup(
     before = accept_length(spec, eval_prompts, eval_params)
 
     drafter.train()
-    trainer = DrafterTrainer(drafter, buffer, lr=lr, batch_tokens=batch_tokens, seed=seed)
+    trainer = DrafterTrainer(drafter, buffer, lr=lr, batch_tokens=batch_tokens, seed=seed, noise_std=noise_std)
+    if steps is None:
+        steps = max(1, round(epochs * buffer.num_tokens / batch_tokens))
     bar = tqdm(range(steps), desc="drafter warm-up", disable=not progress, file=sys.stderr)
     t1 = time.perf_counter()
     metrics: dict = {}
@@ -134,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=256)
     ap.add_argument("--held-out", type=int, default=32)
     ap.add_argument("--samples", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=None, help="default: --epochs passes over the generated data")
+    ap.add_argument("--epochs", type=float, default=4.0)
+    ap.add_argument("--noise-std", type=float, default=0.0, help="Gaussian noise on input features")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.9)
     ap.add_argument("--strategy", default="8_4_48")
