@@ -700,6 +700,17 @@ class ClusterConfig:
     ray_address: str | None = option(None, help="Ray cluster to join; null = start a local one.")
     cpus_per_worker: int = option(1, help="CPU cores reserved per worker (its torch thread count on CPU workers).")
     gpus_per_node: int = option(8, help="GPUs per machine, for the placement plan (--dry-run).")
+    nodes: int = option(
+        0,
+        help="Machines the --dry-run placement plan lays the workers over (each with gpus_per_node GPUs); "
+        "0 = as many as the workers need (one on CPU). A live run plans over the Ray cluster's own nodes.",
+    )
+    cpus_per_node: int = option(0, help="CPU cores per machine for the --dry-run placement plan; 0 = not checked.")
+    placement_timeout_s: float = option(
+        120.0,
+        help="Seconds to wait for the workers' Ray placement groups (one per tensor-parallel group) to be "
+        "reserved before failing with the resources that were missing.",
+    )
     gpu_memory_gb: float = option(80.0, help="Memory of one GPU in GiB, for the placement plan's fit check.")
     collective_timeout_s: float = option(
         600.0, help="Seconds a gradient/drafter all-reduce may wait for a peer before failing the step."
@@ -715,6 +726,9 @@ class ClusterConfig:
         check_min(self, "num_workers", 1)
         check_min(self, "cpus_per_worker", 1)
         check_min(self, "gpus_per_node", 1)
+        check_min(self, "nodes", 0)
+        check_min(self, "cpus_per_node", 0)
+        check(self.placement_timeout_s > 0, "placement_timeout_s", f"must be > 0, got {self.placement_timeout_s}")
         check(self.gpu_memory_gb > 0, "gpu_memory_gb", f"must be > 0, got {self.gpu_memory_gb}")
         check(self.collective_timeout_s > 0, "collective_timeout_s", "must be > 0")
         check_min(self, "max_restarts", 0)

@@ -2,20 +2,21 @@
 
 Trains with GRPO: rollouts on Ray workers with adaptive speculative decoding, the drafter trained on
 workers the rollout tail leaves idle. `--dry-run` validates the config and prints the placement plan
-(nodes, GPUs, parallelism, memory per GPU) without loading any weights: shapes come from the model
+(nodes, tensor-parallel groups with their node, data-parallel replicas, placement-group bundles,
+parallelism, memory per GPU) without loading any weights: shapes come from the model
 folder's config.json, or from the known-shapes table (`model.arch=qwen2.5-7b`, ...) for a checkpoint
 that is not on this machine.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from tlt_rt.config import ConfigError, TLTConfig, describe, load_config, parse_cli
 from tlt_rt.models.arch import ArchConfig
+from tlt_rt.train.placement import PlacementError, plan_layout
 
 # Published shapes (each model's config.json), so a plan needs no download.
 KNOWN_SHAPES: dict[str, dict] = {
@@ -107,9 +108,9 @@ def plan(cfg: TLTConfig) -> str:
         f"workers    {c.num_workers} x {c.gpus_per_worker or 'CPU'} {'GPU' if gpu else ''}".rstrip()
         + (f" ({c.cpus_per_worker} cores each)" if not gpu else ""),
     ]
+    lines += plan_layout(c).describe()
     if gpu:
-        nodes = math.ceil(total_gpus / c.gpus_per_node)
-        lines.append(f"nodes      {nodes} x {c.gpus_per_node} GPUs ({total_gpus} GPUs in use)")
+        lines.append(f"           {total_gpus} GPUs in use")
     lines += [
         f"parallel   TP {tp} x DP {engines}: {engines} rollout engine(s); learner data parallel over "
         f"{c.num_workers} worker(s), gradients all-reduced ({'NCCL' if gpu else 'gloo'})",
@@ -152,8 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         cfg = load_config(TLTConfig, path, overrides)
         if "--dry-run" in flags:
+            text = plan(cfg)  # a layout that cannot be placed is a config error too
             print(f"config {path or '(defaults)'}: valid")
-            print(plan(cfg))
+            print(text)
             return 0
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
@@ -162,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         train(cfg)
-    except (RunExistsError, NotImplementedError, ConfigError) as e:
+    except (RunExistsError, NotImplementedError, ConfigError, PlacementError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from tlt_rt.config import ConfigError, TLTConfig, dump_yaml
 from tlt_rt.train import checkpoint as ckpt
+from tlt_rt.train import placement
 from tlt_rt.train.coordinator import Coordinator, WorkerPool
 from tlt_rt.train.data import ArithmeticTask, PromptSource, format_prompt, load_dataset_file
 from tlt_rt.train.grpo import equal_reward_groups, group_advantages
@@ -126,9 +127,14 @@ class Trainer:
             ckpt.set_python_rng_state(state["python_rng"])
         self.pool: WorkerPool | None = None
         self.metrics: MetricsWriter | None = None
+        self.placement_groups: list = []
         self._owns_ray = init_ray(cfg)
         try:
-            self.pool = WorkerPool(cfg, self.run_dir, str(last / "policy") if last is not None else None)
+            # one placement group per TP group, planned over the live nodes; each worker takes one bundle
+            layout = placement.plan_layout(c, placement.ray_nodes())
+            self.placement_groups = placement.create_placement_groups(layout, c.placement_timeout_s, cfg.name)
+            policy = str(last / "policy") if last is not None else None
+            self.pool = placement.PlacedWorkerPool(cfg, self.run_dir, policy, layout, self.placement_groups)
             if last is not None:
                 self.pool.load_checkpoint(last)
                 self.pool.version = int(state["version"])
@@ -265,6 +271,8 @@ class Trainer:
             self.metrics.close()
         for w in self.pool.workers if self.pool is not None else []:
             ray.kill(w, no_restart=True)
+        placement.remove_placement_groups(self.placement_groups)
+        self.placement_groups = []
         if self._owns_ray:
             ray.shutdown()
 
