@@ -29,3 +29,12 @@ def test_profile_and_cost_table_round_trip(tmp_path, monkeypatch):
     assert isinstance(loaded, CostTable)
     assert loaded.get(1, None) == table.get(1, None)
     assert callable(tlt_rt.compile)
+
+
+def test_cli_help_and_config_errors(capsys):
+    from tlt_rt.compile import main
+
+    assert main(["--help"]) == 0
+    assert "python -m tlt_rt.compile CONFIG" in capsys.readouterr().out
+    assert main(["configs/smollm2-arith.yaml", "rollout.max_bach=4"]) == 2
+    assert "rollout.max_batch" in capsys.readouterr().err

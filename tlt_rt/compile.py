@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -129,7 +130,11 @@ def compile(config) -> dict:  # noqa: A001 - the public name this module is for
 def main(argv: list[str] | None = None) -> int:
     from tlt_rt.config import ConfigError, TLTConfig, load_config, parse_cli
 
-    path, overrides, flags = parse_cli(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print("usage: python -m tlt_rt.compile CONFIG [key.sub=value ...]\n\n" + __doc__.split("\n\n", 1)[1])
+        return 0
+    path, overrides, flags = parse_cli(argv)
     try:
         config = load_config(TLTConfig, path, overrides)
     except ConfigError as e:
@@ -143,6 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"graphs: {g['graphs']}, graph pool: {g['pool_bytes'] / 2**20:.1f} MiB; cost table: {out['cost_table']}")
     return 0
 
+
+class _CallableModule(types.ModuleType):
+    """Makes `tlt_rt.compile(config)` work: the module and its main function share the name."""
+
+    def __call__(self, config) -> dict:
+        return compile(config)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     raise SystemExit(main())
