@@ -126,6 +126,8 @@ class Report:
             else:
                 m = step_costs.build_model(name, str(self.device))
             m.attn_backend = select_backend(self.device)
+            if self.cuda:
+                m.compile_glue()  # time the step as the engine runs it
             self.models[name] = m
         return self.models[name]
 

@@ -143,12 +143,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--verify", type=int, nargs="*", default=[16, 48])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--eager-glue", action="store_true", help="plain-torch norms/rotary/activation, as before fusion")
     args = ap.parse_args(argv)
     from tlt_rt.codegen.backend import select_backend
 
     bw = hbm_bandwidth()
     model = build_model(args.model)
     model.attn_backend = select_backend("cuda")
+    if not args.eager_glue:
+        model.compile_glue()  # the fused RMSNorm / rotary / SwiGLU the engine runs with on CUDA
     rows = []
     for ctx in args.ctx:
         for b in args.batch:
