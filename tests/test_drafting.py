@@ -6,6 +6,7 @@ import torch
 
 from tests.test_engine import tiny_pair
 from tlt_rt.ir.strategy import Strategy
+from tlt_rt.rollout.runner import table_tensor
 from tlt_rt.rollout.sequence import Sequence
 from tlt_rt.rollout.speculative import DrafterRunner
 
@@ -35,7 +36,7 @@ def test_draft_levels_match_dense_paths():
         seqs.append(Sequence(i, i, 0, toks, 0, 8, num_cached=L, hidden_chunks=[h]))
         tables.append(list(range(i * 16, i * 16 + 16)))
     with torch.no_grad():
-        cands, _ = runner.draft(seqs, tables, strategy, torch.device("cpu"))
+        cands = runner.draft(seqs, tables, table_tensor(tables, "cpu"), strategy, torch.device("cpu"))
         for b, (toks, seq) in enumerate(zip(prompts, seqs, strict=True)):
             feats = drafter.features(seq.hidden())
             n = cands.tokens.shape[1]

@@ -31,10 +31,14 @@ class Layout:
     cache_pos: list[list[int]]  # cache position of each new token (-1: do not write)
 
 
+def table_tensor(tables: list[list[int]], device) -> torch.Tensor:
+    """[B, max blocks] int32 block tables, padded with block 0 (attention masks padded positions out)."""
+    width = max(1, max(len(t) for t in tables))
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).to(device)
+
+
 def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: torch.Tensor | None = None):
     """AttnMetadata and flat positions for a layout (one host->device copy per tensor)."""
-    width = max(1, max(len(t) for t in layout.tables))
-    tables = torch.tensor([t + [0] * (width - len(t)) for t in layout.tables], dtype=torch.int32)
     cu = torch.zeros(len(layout.q_lens) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(layout.q_lens).cumsum(0)
     slots = []
@@ -45,7 +49,7 @@ def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: to
         mode=mode,
         cu_seqlens_q=cu.to(device),
         seq_lens=torch.tensor(layout.seq_lens, dtype=torch.int32).to(device),
-        block_tables=tables.to(device),
+        block_tables=table_tensor(layout.tables, device),
         slot_mapping=torch.tensor(slots, dtype=torch.long).to(device),
         max_q_len=max(layout.q_lens),
         tree_mask=tree_mask,

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import torch
 
 from tlt_rt.codegen.kernels.accept import AcceptOutput
-from tlt_rt.codegen.lower import LoweredStep, lower
+from tlt_rt.codegen.lower import LoweredStep
 from tlt_rt.ir.program import StepProgram
-from tlt_rt.ir.strategy import Bucket, Strategy
+from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import Candidates
 from tlt_rt.models.llama import KVCache
 from tlt_rt.rollout.rng import counter_uniforms
-from tlt_rt.rollout.runner import Layout, PagedForward, Sampler, TargetRunner, build_meta, tree_meta
+from tlt_rt.rollout.runner import Layout, PagedForward, Sampler, TargetRunner, build_meta, table_tensor, tree_meta
 from tlt_rt.rollout.sequence import Sequence
 
 
@@ -78,18 +78,23 @@ class DrafterRunner:
         )
         for s in seqs:
             s.draft_cached = s.num_cached
-        return out.logits, out.hidden[last.to(device)], meta.block_tables
+        return out.logits, out.hidden[last.to(device)]
 
     @torch.no_grad()
-    def draft(self, seqs: list[Sequence], tables: list[list[int]], strategy: Strategy, device):
-        """Grow the candidate tree level by level (EAGLE-2 expansion); returns every candidate and the batch's
-        block tables on the device."""
+    def draft(
+        self, seqs: list[Sequence], tables: list[list[int]], table_t: torch.Tensor, strategy: Strategy, device
+    ) -> Candidates:
+        """Grow the candidate tree level by level (EAGLE-2 expansion); returns every candidate.
+
+        tables: the block tables as lists (for the catch-up's host-built layout); table_t: the same on the device.
+        """
         k, depth = strategy.topk, strategy.depth
-        root_logits, root_hidden, table_t = self.catch_up(seqs, tables, device)
+        root_logits, root_hidden = self.catch_up(seqs, tables, device)
         cached = torch.tensor([s.num_cached for s in seqs], device=device)
         cands = Candidates.start(torch.log_softmax(root_logits.float(), -1), k)
         b = len(seqs)
-        slot_of = torch.full_like(cands.tokens, -1)  # flat candidate -> slot in the scratch window
+        # flat candidate -> its row in the scratch window, sized for every candidate the step will have
+        slot_of = torch.full((b, strategy.num_candidates), -1, dtype=torch.long, device=device)
         prev_front, prev_hidden = None, root_hidden[:, None].expand(b, k, -1)
         for d in range(1, depth):
             front = cands.frontier()  # [B, K]
@@ -99,9 +104,6 @@ class DrafterRunner:
                 parent = cands.parents.gather(1, front)
                 which = (prev_front[:, None, :] == parent[:, :, None]).float().argmax(-1)  # [B, K]
                 parent_hidden = prev_hidden.gather(1, which[..., None].expand(-1, -1, prev_hidden.shape[-1]))
-            if slot_of.shape[1] < cands.tokens.shape[1]:
-                pad = cands.tokens.shape[1] - slot_of.shape[1]
-                slot_of = torch.cat([slot_of, slot_of.new_full((b, pad), -1)], 1)
             slot_of.scatter_(1, front, (d - 1) * k + torch.arange(k, device=device).expand(b, k))
             anc = cands.ancestry(front)  # [B, K, levels]
             anc_slot = torch.where(anc >= 0, slot_of.gather(1, anc.clamp(min=0).flatten(1)).view_as(anc), -1)
@@ -117,7 +119,7 @@ class DrafterRunner:
             logp = torch.log_softmax(out.logits.float(), -1).view(b, k, -1)
             cands = cands.grow(front, logp)
             prev_front, prev_hidden = front, out.hidden.view(b, k, -1)
-        return cands, table_t
+        return cands
 
 
 class EngineStepModels:
@@ -125,22 +127,14 @@ class EngineStepModels:
 
     def __init__(self, seqs: list[Sequence], tables: list[list[int]], target: TargetRunner, drafter: DrafterRunner):
         self.seqs, self.tables, self.target, self.drafter = seqs, tables, target, drafter
-        self.table_t: torch.Tensor | None = None  # the batch's block tables on the device, built once
+        self.table_t = table_tensor(tables, target.device)  # the batch's block tables on the device, once a step
 
     def draft(self, strategy: Strategy) -> Candidates:
-        cands, self.table_t = self.drafter.draft(self.seqs, self.tables, strategy, self.target.device)
-        return cands
+        return self.drafter.draft(self.seqs, self.tables, self.table_t, strategy, self.target.device)
 
     def verify(self, tree):
         seqs, T = self.seqs, tree.tree_tokens.shape[1]
         dev = self.target.device
-        if self.table_t is None:
-            self.table_t = build_meta(
-                Layout(self.tables, [1] * len(seqs), [1] * len(seqs), [[0]] * len(seqs), [[-1]] * len(seqs)),
-                "decode",
-                self.target.block_size,
-                dev,
-            )[0].block_tables
         cached = torch.tensor([s.num_cached for s in seqs], device=dev)
         meta = tree_meta(self.table_t, cached + T, T, tree.tree_mask, self.target.block_size)
         out = self.target.run(tree.tree_tokens.flatten(), tree.positions.flatten(), meta)
@@ -165,16 +159,12 @@ def speculative_step(
     target: TargetRunner,
     drafter: DrafterRunner,
     sampler: Sampler,
-    lowered: LoweredStep | None = None,
+    lowered: LoweredStep,
 ) -> StepResult:
-    """Draft, verify, accept and commit for every sequence through the lowered StepProgram; results come
-    back to the host once."""
+    """Draft, verify, accept and commit for every sequence through `lowered` (the strategy's StepProgram
+    lowered for this batch's bucket); results come back to the host once."""
     device = target.device
     b, D = len(seqs), strategy.depth
-    if lowered is None:
-        arch = target.model.arch
-        bucket = Bucket(b, strategy, max(len(t) for t in tables), target.block_size, arch.vocab_size, arch.hidden_size)
-        lowered = lower(step_program(strategy, sampler.params), bucket, device)
     seeds = torch.tensor([s.seed for s in seqs], device=device)
     counters = torch.tensor([s.counter for s in seqs], device=device)
     inputs = {
