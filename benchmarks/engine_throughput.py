@@ -11,7 +11,9 @@ Without --drafter the engine's drafter is freshly initialised: SD rows then meas
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import time
 import warnings
 
@@ -26,15 +28,27 @@ def prompts_for(n: int, tok) -> list[list[int]]:
     return [format_prompt(p, tok) for p in ArithmeticTask(digits=2, num_ops=2, seed=1).sample(n)]
 
 
-def run_engine(engine: Engine, prompts, max_new: int) -> tuple[float, int]:
+def run_engine(engine: Engine, prompts, max_new: int, profile: int = 0) -> tuple[float, int]:
+    """Tokens/s of one timed generate after a warm-up call; with `profile` > 0 the timed call also runs under
+    cProfile and the `profile` functions with the most own host time are printed (GPU waits show up in the
+    call that synchronises, e.g. `.cpu()`)."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
     engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=8))  # warm-up / captures
     torch.cuda.synchronize()
+    prof = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
+    if prof:
+        prof.enable()
     outs = engine.generate(prompts, params)
     torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    if prof:
+        prof.disable()
+        steps = engine.stats()["steps"]
+        print(f"--- profile: {len(prompts)} prompts, {steps} steps, {1e3 * dt / max(steps, 1):.2f} ms/step (profiled)")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(profile)
     n = sum(len(o.token_ids) for o in outs)
-    return n / (time.perf_counter() - t0), n
+    return n / dt, n
 
 
 def run_hf(prompts, max_new: int, lookup: bool) -> tuple[float, int]:
@@ -59,8 +73,9 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--strategies", nargs="+", default=["8_4_48", "8_4_16", "6_2_12"])
     ap.add_argument("--drafter", default=None)
-    ap.add_argument("--hf-prompts", type=int, default=4)
+    ap.add_argument("--hf-prompts", type=int, default=4, help="prompts for transformers' generate (0: skip it)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", type=int, default=0, help="print the N functions with the most host time per run")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
@@ -79,7 +94,7 @@ def main(argv=None) -> None:
                 strategies=strategies,
                 max_batch=max(b, 1),
             )
-            tps, n = run_engine(eng, prompts, args.max_new_tokens)
+            tps, n = run_engine(eng, prompts, args.max_new_tokens, args.profile)
             st = eng.stats()
             rows.append(
                 dict(
@@ -96,7 +111,7 @@ def main(argv=None) -> None:
             del eng
             torch.cuda.empty_cache()
     hf_prompts = prompts_for(args.hf_prompts, tok)
-    for lookup in (False, True):
+    for lookup in (False, True) if args.hf_prompts else ():
         tps, n = run_hf(hf_prompts, args.max_new_tokens, lookup)
         rows.append(
             dict(
