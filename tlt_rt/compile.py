@@ -26,7 +26,7 @@ from tqdm import tqdm
 from tlt_rt.ir.strategy import Strategy
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.default import cache_dir
-from tlt_rt.rollout.policy import CostTable, cost_key
+from tlt_rt.rollout.costs import CostTable, cost_key
 
 
 def engine_cost_key(engine) -> dict:

@@ -24,8 +24,9 @@ from tlt_rt.codegen.lower import lower
 from tlt_rt.ir.strategy import Bucket, Strategy, batch_buckets, bucket_for
 from tlt_rt.models.llama import CausalLM, set_glue
 from tlt_rt.rollout.block_manager import BlockManager
+from tlt_rt.rollout.costs import CostTable
 from tlt_rt.rollout.params import Completion, SamplingParams
-from tlt_rt.rollout.policy import CostTable, SDPolicy
+from tlt_rt.rollout.policy import SDPolicy
 from tlt_rt.rollout.rng import sequence_seed
 from tlt_rt.rollout.runner import Layout, Sampler, TargetRunner
 from tlt_rt.rollout.scheduler import Scheduler

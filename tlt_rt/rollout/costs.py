@@ -1,0 +1,174 @@
+"""Measured seconds per step, per (batch bucket, plain decoding or strategy), and what they are valid for.
+
+`tlt_rt.compile` profiles every bucket ahead and saves the table under the cache dir keyed by `cost_key`
+(model shape, dtype, device, torch/triton versions); the engine loads it at start, profiles missing cells
+lazily, and refines cells online from the steps it times (an EMA with outliers clipped).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from tlt_rt.ir.strategy import Strategy
+
+OFF = "off"  # name of plain decoding wherever options are keyed by name
+
+
+def option_name(strategy: Strategy | None) -> str:
+    return OFF if strategy is None else str(strategy)
+
+
+def cost_key(model_shape: dict, dtype: object, device: object) -> dict:
+    """What a measured cost table is only valid for: model shape, dtype, device name, torch/triton versions."""
+    import torch
+
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+    try:
+        triton = version("triton")
+    except PackageNotFoundError:  # CPU-only installs may lack triton
+        triton = None
+    return {
+        "model": dict(model_shape),
+        "dtype": str(dtype),
+        "device": name,
+        "torch": torch.__version__,
+        "triton": triton,
+    }
+
+
+class CostTableMismatch(ValueError):
+    """A saved cost table was measured for another model, dtype, device or software version."""
+
+
+def _positive(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value}")
+    return value
+
+
+class CostTable:
+    """Seconds per step for each (batch bucket, strategy or None for plain decoding)."""
+
+    def __init__(self, key: dict | None = None, alpha: float = 0.2, clip: float = 3.0):
+        if not 0 < alpha <= 1 or clip <= 1:
+            raise ValueError(f"CostTable needs 0 < alpha <= 1 and clip > 1, got alpha={alpha}, clip={clip}")
+        self.key = json.loads(json.dumps(key or {}))  # normalised so saved and fresh keys compare equal
+        self.alpha, self.clip = alpha, clip
+        self._costs: dict[str, dict[int, float]] = {}
+        self._provisional: set[tuple[str, int]] = set()  # cells whose only reading may be a warm-up step
+
+    def get(self, bucket: int, strategy: Strategy | None) -> float | None:
+        """The measured cost, or None (see `interpolate` for an estimate)."""
+        return self._costs.get(option_name(strategy), {}).get(bucket)
+
+    def set(self, bucket: int, strategy: Strategy | None, seconds: float) -> None:
+        """Record a trusted cost (a profiled median, say)."""
+        name = option_name(strategy)
+        self._costs.setdefault(name, {})[int(bucket)] = _positive("seconds", seconds)
+        self._provisional.discard((name, int(bucket)))
+
+    def is_provisional(self, bucket: int, strategy: Strategy | None) -> bool:
+        """True while the cell's only reading is the first online one (it may include compilation or
+        CUDA-graph capture); the policy measures such a cell once more before trusting it."""
+        return (option_name(strategy), bucket) in self._provisional
+
+    def observe(self, bucket: int, strategy: Strategy | None, seconds: float) -> float:
+        """Fold one measured step into the estimate; returns the new estimate.
+
+        The first online reading of a cell is provisional and the second replaces it outright. After that,
+        an EMA: step times have a hard floor and their noise is upward (host hiccups, allocator, preemption
+        work), so a reading above clip x estimate is clipped, while one below estimate / clip means the
+        estimate itself was an outlier and is replaced.
+        """
+        seconds = _positive("seconds", seconds)
+        cur, cell = self.get(bucket, strategy), (option_name(strategy), bucket)
+        if cur is None:
+            self.set(bucket, strategy, seconds)
+            self._provisional.add(cell)
+            return seconds
+        if cell in self._provisional or seconds < cur / self.clip:
+            new = seconds
+        else:
+            new = cur + self.alpha * (min(seconds, cur * self.clip) - cur)
+        self.set(bucket, strategy, new)
+        return new
+
+    def buckets(self, strategy: Strategy | None) -> list[int]:
+        return sorted(self._costs.get(option_name(strategy), {}))
+
+    def interpolate(self, bucket: int, strategy: Strategy | None) -> float | None:
+        """Measured cost, else an estimate from the strategy's measured neighbours, else None.
+
+        Step cost is close to linear in batch between buckets, so a bucket between two measured ones is
+        interpolated linearly; above the largest measured bucket the last segment's slope (at least 0)
+        extends it, or the cost stays flat when only one bucket is measured. Estimates are kept optimistic
+        (cost grows with batch, so these err low): an option that looks good on an estimate gets picked and
+        thereby measured, while a pessimistic guess could shut it out for good. Hence None below the smallest
+        measured bucket, where the only estimate at hand, that bucket's cost, is an upper bound.
+        """
+        row = self._costs.get(option_name(strategy), {})
+        if bucket in row:
+            return row[bucket]
+        xs = sorted(row)
+        if not xs or bucket < xs[0]:
+            return None
+        if bucket > xs[-1]:
+            if len(xs) == 1:
+                return row[xs[0]]
+            x0, x1 = xs[-2], xs[-1]
+            slope = max(0.0, (row[x1] - row[x0]) / (x1 - x0))
+            return row[x1] + slope * (bucket - x1)
+        hi = next(x for x in xs if x > bucket)
+        lo = max(x for x in xs if x < bucket)
+        t = (bucket - lo) / (hi - lo)
+        return row[lo] + t * (row[hi] - row[lo])
+
+    # ------------------------------------------------------------------------------------ persistence
+    def to_dict(self) -> dict:
+        costs = {name: {str(b): s for b, s in sorted(row.items())} for name, row in sorted(self._costs.items())}
+        provisional = sorted([name, b] for name, b in self._provisional)
+        return {
+            "version": 1,
+            "key": self.key,
+            "alpha": self.alpha,
+            "clip": self.clip,
+            "costs": costs,
+            "provisional": provisional,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostTable:
+        if data.get("version") != 1 or not isinstance(data.get("costs"), dict):
+            raise ValueError("not a version-1 cost table (expected keys 'version': 1, 'key', 'costs')")
+        table = cls(data.get("key"), data.get("alpha", 0.2), data.get("clip", 3.0))
+        for name, row in data["costs"].items():
+            for b, s in row.items():
+                table._costs.setdefault(name, {})[int(b)] = _positive(f"cost of {name} at bucket {b}", s)
+        table._provisional = {(name, int(b)) for name, b in data.get("provisional", [])}
+        return table
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path, key: dict | None = None, strict: bool = False) -> CostTable | None:
+        """Read a saved table. If `key` is given and differs from the saved one, the measurements do not
+        apply here: return None (the caller profiles afresh), or raise `CostTableMismatch` when `strict`."""
+        try:
+            table = cls.from_dict(json.loads(Path(path).read_text()))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"cost table {path} is not valid JSON: {e}") from e
+        if key is not None:
+            want = json.loads(json.dumps(key))
+            diff = sorted(k for k in set(want) | set(table.key) if want.get(k) != table.key.get(k))
+            if diff:
+                if strict:
+                    details = ", ".join(f"{k}: saved {table.key.get(k)!r}, here {want.get(k)!r}" for k in diff)
+                    raise CostTableMismatch(f"cost table {path} was measured elsewhere ({details})")
+                return None
+        return table
