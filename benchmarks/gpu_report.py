@@ -17,8 +17,8 @@ Sections:
               off so that lengths are exact) for the tokens up to the next level. The running batch thus
               shrinks as in a real rollout, at the price of one re-prefill per segment boundary, paid equally
               by SD off, always-on (best strategy of the strategies section) and auto.
-  memory      (CUDA only) graph pool bytes of one engine capturing every (bucket, strategy) into one shared
-              pool per model, against capturing each graph key into its own pool.
+  memory      (CUDA only) graph pool bytes of one engine capturing every (bucket, strategy) into its one
+              shared pool (target forwards and draft steps), against capturing each graph key into its own pool.
 """
 
 from __future__ import annotations
@@ -546,11 +546,9 @@ def section_adaptivity(rep: Report, make: EngineMaker, best: str) -> None:
 # ------------------------------------------------------------------------------------------------ memory
 def separate_pool_bytes(pool, keys) -> int:
     """Sum of pool bytes when each key is captured into its own GraphPool, freed before the next."""
-    from tlt_rt.codegen.graphs import GraphPool
-
     total = 0
     for key in keys:
-        own = GraphPool(pool.forward, pool.cache, pool.width, pool.device, pool.extra_dim)
+        own = pool.fresh()
         own.capture([key])
         total += own.pool_bytes
         del own
@@ -571,12 +569,10 @@ def section_memory(rep: Report) -> None:
         eng = Engine(target, drafter=drafter, speculative="auto", strategies=a.strategies,
                      max_batch=a.memory_max_batch, num_blocks=256)  # fmt: skip
         tkeys, dkeys = eng.graph_keys()
-        sep_t = separate_pool_bytes(eng.runner.run.pool, tkeys)
-        sep_d = separate_pool_bytes(eng.drafter_runner.run.pool, dkeys)
-        eng.capture()
-        sh_t, sh_d = eng.runner.run.pool.pool_bytes, eng.drafter_runner.run.pool.pool_bytes
-        rows += [dict(model=name, pool="target", graphs=len(tkeys), shared=sh_t, separate=sep_t),
-                 dict(model=name, pool="drafter", graphs=len(dkeys), shared=sh_d, separate=sep_d)]  # fmt: skip
+        sep = separate_pool_bytes(eng.runner.run.pool, tkeys + dkeys)
+        shared = eng.capture()["pool_bytes"]
+        graphs = len(tkeys) + len(dkeys)
+        rows.append(dict(model=name, pool="target + draft", graphs=graphs, shared=shared, separate=sep))
         del eng, drafter
         gc.collect()
         torch.cuda.empty_cache()
@@ -586,7 +582,8 @@ def section_memory(rep: Report) -> None:
         "### CUDA-graph pool memory",
         "",
         f"Every (bucket up to {a.memory_max_batch}, strategy in {a.strategies}) graph of one engine captured into "
-        "one shared pool per model (`engine.capture()`), against each graph key captured into its own pool "
+        "the engine's one shared pool (`engine.capture()`: target forwards and draft steps), against each graph "
+        "key captured into its own pool "
         "(sum of pool bytes, freed between keys). Drafters are freshly initialised (memory does not depend on "
         "weights).",
         "",

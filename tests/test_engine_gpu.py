@@ -67,3 +67,63 @@ def test_smollm2_bf16_answers():
     out = eng.generate([list(ids)], SamplingParams(temperature=0.0, max_new_tokens=8))
     assert tok.decode(out[0].token_ids).startswith("17*3 = 51")
     assert torch.cuda.is_available()
+
+
+def test_draft_graphs_match_plain_and_eager_decoding():
+    """Whole draft steps replayed from their captured graphs (padded batches, prompts shorter than the
+    catch-up block) give the greedy tokens of plain decoding and of the eager engine."""
+    params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
+    strategies = ("3_3_8", "4_2_6")
+    eager, graphed = _engines(speculative="on", strategies=strategies, max_batch=16)
+    off = _engines(speculative="off", strategies=strategies, max_batch=16)[1]
+    mem = graphed.capture()
+    target_keys, draft_keys = graphed.graph_keys()
+    assert len(draft_keys) == len(graphed.buckets) * len(strategies)
+    assert all(k[0] == "draft" for k in draft_keys)
+    assert mem["graphs"] == len(target_keys) + len(draft_keys) and mem["pool_bytes"] > 0
+    pool = graphed.runner.run.pool
+    replays = []
+    replay = pool.replay
+    pool.replay = lambda key, *args: replays.append(key) or replay(key, *args)
+    tokens = [o.token_ids for o in graphed.generate(PROMPTS, params)]
+    assert tokens == [o.token_ids for o in eager.generate(PROMPTS, params)]
+    assert tokens == [o.token_ids for o in off.generate(PROMPTS, params)]
+    assert graphed.stats()["sd_steps"] > 0
+    assert sum(k[0] == "draft" for k in replays) == graphed.stats()["sd_steps"]
+    assert graphed.graph_memory()["graphs"] == mem["graphs"]  # nothing captured lazily
+
+
+def test_draft_graph_replay_equals_eager_draft():
+    from tlt_rt.ir.strategy import Strategy
+    from tlt_rt.rollout.drafting import TREE_FIELDS, DraftInputs, draft_tree
+
+    _, graphed = _engines(speculative="on", strategies=("4_2_6",), max_batch=8)
+    runner, s = graphed.drafter_runner, Strategy.parse("4_2_6")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    b, r, h = 3, s.depth + 1, GPU_TINY.hidden_size
+    lens = torch.tensor([2, 40, 77], device="cuda")
+    tables = torch.arange(b * 8, dtype=torch.int32, device="cuda").view(b, 8)
+    ins = DraftInputs(
+        torch.randint(0, GPU_TINY.vocab_size, (b, r), generator=gen, device="cuda"),
+        torch.randn(b, r, h, generator=gen, device="cuda"),
+        lens.clamp(max=r),
+        lens,
+        tables,
+    )
+    got = runner.draft_tree(s, ins)  # captures the bucket-4 graph, then replays it
+    assert runner.pool.has(("draft", 4, 6, 4, 2))
+    with torch.no_grad():
+        want = draft_tree(runner.drafter, runner.cache, s, runner.block_size, ins)
+    for name in TREE_FIELDS:
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+@pytest.mark.parametrize("speculative", ["off", "on"])
+def test_returned_hidden_outlive_graph_replays(speculative):
+    """Hidden rows kept from a replayed graph's output are copies, not views the next replay overwrites."""
+    _, graphed = _engines(speculative=speculative, strategies=("3_3_8",))
+    params = SamplingParams(n=2, temperature=0.7, max_new_tokens=20, stop_token_ids=[], return_hidden=True)
+    for o in graphed.generate([[1, 2, 3]], params):
+        with torch.no_grad():
+            dense = graphed.target(torch.tensor([[1, 2, 3] + o.token_ids], device="cuda"))
+        torch.testing.assert_close(o.hidden, dense.hidden[0, :-1], atol=1e-3, rtol=1e-3)

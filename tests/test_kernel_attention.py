@@ -152,6 +152,27 @@ def test_tree_matches_reference(data, n_tree, batch, n_kv, group, head_dim, page
     check_close(out, fp32_reference(q, k, v, meta, scale), dtype)
 
 
+@given(data=st.data(), n_tree=st.integers(1, 8), extra=st.integers(1, 24), **shapes)
+def test_tree_window_matches_reference(data, n_tree, extra, batch, n_kv, group, head_dim, page, dtype, num_splits,
+                                       spare, garbage, layout):  # fmt: skip
+    """A drafter level's mask covers W > T positions: the T new tokens and earlier levels' nodes."""
+    w = n_tree + extra
+    prefixes = [data.draw(st.sampled_from([0, 1, 17, 100]) | st.integers(0, 150)) for _ in range(batch)]
+    lens = [p + w for p in prefixes]
+    k, v, tables = make_paged(lens, n_kv, head_dim, page, dtype, spare, garbage, layout)
+    q = torch.randn(batch * n_tree, n_kv * group, head_dim, device=DEVICE).to(dtype)
+    seed = data.draw(st.integers(0, 2**16))
+    mask = torch.rand(batch, n_tree, w, generator=torch.Generator().manual_seed(seed)) < 0.4
+    mask[:, torch.arange(n_tree), extra + torch.arange(n_tree)] = True  # every node sees itself
+    mask = mask.to(DEVICE)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    scale = head_dim**-0.5
+    out = paged_tree_attention(q, k, v, tables, seq_lens, mask, scale, num_splits=num_splits)
+    meta = AttnMetadata("verify", torch.arange(batch + 1, dtype=torch.int32, device=DEVICE) * n_tree, seq_lens,
+                        tables, torch.zeros(batch * n_tree, dtype=torch.long, device=DEVICE), n_tree, mask)  # fmt: skip
+    check_close(out, fp32_reference(q, k, v, meta, scale), dtype)
+
+
 def test_tree_chain_mask_is_causal_decode():
     """A chain tree is causal attention; its last token equals a decode step over the same cache."""
     t, lens = 5, [37, 80]

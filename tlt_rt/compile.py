@@ -5,9 +5,9 @@ time the step on a representative context, and write the cost table, keyed by mo
 and versions, to `$TLT_CACHE/costs/`. Engines built for the same key load it at start, so the SD policy
 decides from measured costs from the first step; without it they profile lazily online.
 
-A strategy's step cost is the sum of its parts: the drafter's levels and the target's verify (graphs
-where captured) plus acceptance and commit, timed on synthetic sequences that write only to the
-cache's trash block.
+A strategy's step cost is the sum of its parts: the draft step (catch-up, levels and reranking) and the
+target's verify (graphs where captured), timed on synthetic sequences that write only to the caches'
+trash blocks.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tlt_rt.ir.strategy import Strategy
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.default import cache_dir
 from tlt_rt.rollout.costs import CostTable, cost_key
+from tlt_rt.rollout.drafting import DraftInputs
 
 
 def engine_cost_key(engine) -> dict:
@@ -52,10 +53,23 @@ def cost_path(key: dict) -> Path:
     return cache_dir() / "costs" / f"{digest}.json"
 
 
+def _synthetic_tables(engine, b: int, tokens: int) -> torch.Tensor:
+    width = min(engine.max_blocks_per_seq, -(-tokens // engine.block_size))
+    return (torch.arange(b * width, device=engine.device, dtype=torch.int32) % engine.blocks.num_blocks).view(b, width)
+
+
+def _synthetic_draft(engine, b: int, s: Strategy, ctx: int) -> DraftInputs:
+    """A draft of b sequences of ctx cached tokens; valid 0 sends every write to the trash slot."""
+    dev, r = engine.device, s.depth + 1
+    hidden = torch.zeros(b, r, engine.target.arch.hidden_size, device=dev, dtype=engine.target.lm_head.weight.dtype)
+    zeros = torch.zeros(b, dtype=torch.long, device=dev)
+    tables = _synthetic_tables(engine, b, ctx + (s.depth - 1) * s.topk)
+    return DraftInputs(torch.zeros(b, r, dtype=torch.long, device=dev), hidden, zeros, zeros + ctx, tables)
+
+
 def _synthetic_meta(engine, b: int, t: int, w: int, ctx: int) -> tuple[AttnMetadata, torch.Tensor]:
     dev = engine.device
-    width = min(engine.max_blocks_per_seq, -(-(ctx + w) // engine.block_size))
-    tables = (torch.arange(b * width, device=dev, dtype=torch.int32) % engine.blocks.num_blocks).view(b, width)
+    tables = _synthetic_tables(engine, b, ctx + w)
     mask = torch.ones(t, w, dtype=torch.bool, device=dev).tril(w - t).expand(b, t, w).contiguous()
     meta = AttnMetadata(
         "decode" if t == 1 else "verify",
@@ -92,17 +106,14 @@ def profile(engine, ctx: int = 512, iters: int = 10, progress: bool = True) -> t
     if engine.drafter_runner is not None:
         options += engine.strategies
     work = [(b, s) for b in sorted(engine.buckets, reverse=True) for s in options]
-    h = engine.target.arch.hidden_size
     for b, s in tqdm(work, desc="profiling buckets", disable=not progress, file=sys.stderr):
-        parts = [(engine.runner.run, 1 if s is None else s.verify_tokens, None)]
+        t = 1 if s is None else s.verify_tokens
+        meta, pos = _synthetic_meta(engine, b, t, t, ctx)
+        ids = torch.zeros(b * t, dtype=torch.long, device=engine.device)
+        total = _time(lambda meta=meta, pos=pos, ids=ids: engine.runner.run(ids, pos, meta), iters)
         if s is not None:
-            parts += [(engine.drafter_runner.run, s.topk, d * s.topk) for d in range(1, s.depth)]
-        total = 0.0
-        for run, t, w in parts:
-            meta, pos = _synthetic_meta(engine, b, t, w or t, ctx)
-            ids = torch.zeros(b * t, dtype=torch.long, device=engine.device)
-            extra = torch.zeros(b * t, h, device=engine.device, dtype=engine.target.lm_head.weight.dtype)
-            total += _time(lambda run=run, meta=meta, pos=pos, ids=ids, extra=extra: run(ids, pos, meta, extra), iters)
+            ins = _synthetic_draft(engine, b, s, ctx)
+            total += _time(lambda s=s, ins=ins: engine.drafter_runner.draft_tree(s, ins), iters)
         table.set(b, s, total)
         rows.append({"bucket": b, "option": str(s) if s else "off", "ms": total * 1e3})
     return table, rows

@@ -2,7 +2,8 @@
 
 TritonAttention runs the paged Triton kernels:
     "decode" -> kernels.decode_attention.paged_decode_attention (split-K, GQA-shared K/V reads)
-    "verify" -> kernels.tree_attention.paged_tree_attention (T tree tokens x group heads per tile)
+    "verify" -> kernels.tree_attention.paged_tree_attention (T tree tokens x group heads per tile; a drafter
+                level's wider tree window W > T too)
     "prefill" -> the plain-torch reference (per-sequence SDPA). Prefill runs once per request, eagerly
                  and outside CUDA graphs, so it is not on the path this runtime speeds up; a varlen
                  flash kernel can replace it later without touching callers.
@@ -54,9 +55,7 @@ class TritonAttention:
             from tlt_rt.codegen.kernels.tree_attention import paged_tree_attention
 
             if meta.tree_mask is None:
-                raise ValueError("verify needs meta.tree_mask [B, T, T]")
-            if meta.window != meta.max_q_len:  # a drafter level's wider tree window: reference path
-                return paged_attention_reference(q, k_cache, v_cache, meta, scale)
+                raise ValueError("verify needs meta.tree_mask [B, T, W]")
             return paged_tree_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.tree_mask, scale,
                 num_splits=self.num_splits,

@@ -7,8 +7,8 @@ Lowering is a straight sequence of passes: verify the program, check it against 
 one call per node from the table `EMIT` (op -> function). Each emitted function reads and writes the
 step's named tensors, so the data flow is exactly the IR's. On CUDA the calls are the Triton kernels
 (acceptance, KV commit; attention runs inside the models' forwards), on CPU their torch references.
-The models are not part of the program: the engine supplies them through `StepModels`, whose forwards
-replay CUDA graphs per bucket.
+The models are not part of the program: the engine supplies them through `StepModels`, whose draft (the
+whole drafter step, tree included) and verify replay CUDA graphs per bucket.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tlt_rt.codegen.kernels.accept import accept_tree
 from tlt_rt.codegen.kernels.kv_commit import kv_commit, kv_commit_reference
 from tlt_rt.ir.program import Op, StepProgram
 from tlt_rt.ir.strategy import Bucket, Strategy
-from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
+from tlt_rt.ir.tree import DraftTree
 
 Values = dict[str, Any]
 
@@ -31,8 +31,10 @@ Values = dict[str, Any]
 class StepModels(Protocol):
     """What a lowered step needs from the engine: the two models' forwards and the caches to commit."""
 
-    def draft(self, strategy: Strategy) -> Candidates:
-        """Run the drafter level by level from each sequence's root; every candidate of the step."""
+    def draft(self, strategy: Strategy, prefix_lens, ctx_tokens, ctx_hidden, ctx_len) -> DraftTree:
+        """Catch the drafter up on the block ctx_tokens / ctx_hidden (see `StepProgram.step_inputs`), grow the
+        candidate tree level by level from each root ctx_tokens[:, -1] and rerank it (`ir.tree.build_tree`).
+        No host sync, shapes fixed by the bucket: the engine replays it as one CUDA graph."""
 
     def verify(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Target forward over the tree: logits [B, T, V], hidden [B, T, H], block tables [B, max_blocks]."""
@@ -65,8 +67,7 @@ def _emit_draft(node, device):
     strategy = Strategy(node["depth"], node["topk"], node["verify_tokens"])
 
     def draft(models: StepModels, v: Values) -> None:
-        cands = models.draft(strategy)
-        v["tree"] = build_tree(cands, v["last_tokens"], v["prefix_lens"], strategy.verify_tokens)
+        v["tree"] = models.draft(strategy, v["prefix_lens"], v["ctx_tokens"], v["ctx_hidden"], v["ctx_len"])
 
     return draft
 

@@ -233,9 +233,11 @@ class StepProgram:
 
         last_tokens [B]: last emitted token (the tree root), not yet in the KV cache; prefix_lens [B]:
         tokens in the KV cache, so the root sits at position prefix_lens; block_table [B, blocks].
-        With a DRAFT also the pairs the drafter has not seen yet, from the previous step's accepted path:
-        ctx_hidden [B, D+1, H] target hidden states at the root and the accepted nodes, ctx_tokens
-        [B, D+1] the token after each (accepted_tokens, bonus included), ctx_len [B] how many are valid.
+        With a DRAFT also the drafter's catch-up block, its rows p = prefix_lens-D-1 .. prefix_lens-1 (every
+        row the previous step's accepted path added, and rows seen before, recomputed): ctx_hidden
+        [B, D+1, H] the target hidden state at p, ctx_tokens [B, D+1] the token at p+1 (the last is the
+        root, last_tokens), ctx_len [B] how many rows are real, min(prefix_lens, D+1); rows before
+        position 0 are padding, and 0 marks a padding sequence.
         With sampled acceptance also uniforms [B, D+1, 2] f32 in [0, 1): the acceptance walk's random
         draws at each depth (accept scan, bonus draw), filled on the device so nothing syncs.
         """

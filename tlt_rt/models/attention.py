@@ -100,12 +100,15 @@ def _gather_cache(cache: torch.Tensor, block_tables: torch.Tensor, length: int) 
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, Tq, Hq, D], k/v [B, L, Hkv, D], allowed [B, Tq, L] -> [B, Tq, Hq, D] in fp32 math."""
+    """q [B, Tq, Hq, D], k/v [B, L, Hkv, D], allowed [B, Tq, L] -> [B, Tq, Hq, D] in fp32 math.
+
+    A query that may see no key at all (a padding row) gets zeros, as the Triton kernels give."""
     hq, hkv = q.shape[2], k.shape[2]
     qf = q.float().transpose(1, 2)  # [B, Hq, Tq, D]
     kf = k.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
     vf = v.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
     out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=allowed[:, None], scale=scale)
+    out = torch.where(allowed.any(-1)[:, None, :, None], out, 0.0)
     return out.transpose(1, 2).to(q.dtype)
 
 
@@ -115,7 +118,9 @@ def paged_attention_reference(
     """Plain-torch paged attention: q [N, Hq, D] -> [N, Hq, D], following the rule in the module docstring."""
     if meta.mode in ("decode", "verify"):
         b, t = meta.num_seqs, meta.max_q_len
-        max_len = meta.block_tables.shape[1] * k_cache.shape[1]
+        max_len = meta.block_tables.shape[1] * k_cache.shape[1]  # a static bound: CUDA graphs capture this
+        if q.device.type == "cpu":  # on the host the batch's longest sequence is free to read, and tighter
+            max_len = max(1, min(max_len, int(meta.seq_lens.max())))
         k = _gather_cache(k_cache, meta.block_tables, max_len)
         v = _gather_cache(v_cache, meta.block_tables, max_len)
         key_pos = torch.arange(max_len, device=q.device)

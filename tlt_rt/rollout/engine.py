@@ -25,13 +25,14 @@ from tlt_rt.ir.strategy import Bucket, Strategy, batch_buckets, bucket_for
 from tlt_rt.models.llama import CausalLM, set_glue
 from tlt_rt.rollout.block_manager import BlockManager
 from tlt_rt.rollout.costs import CostTable
+from tlt_rt.rollout.drafting import DrafterRunner, DraftProgram
 from tlt_rt.rollout.params import Completion, SamplingParams
 from tlt_rt.rollout.policy import SDPolicy
 from tlt_rt.rollout.rng import sequence_seed
 from tlt_rt.rollout.runner import Layout, Sampler, TargetRunner
 from tlt_rt.rollout.scheduler import Scheduler
 from tlt_rt.rollout.sequence import PrefillJob, Sequence
-from tlt_rt.rollout.speculative import DrafterRunner, scratch_tokens, speculative_step, step_program
+from tlt_rt.rollout.speculative import scratch_tokens, speculative_step, step_program
 
 log = logging.getLogger(__name__)
 DEFAULT_STRATEGIES = ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")
@@ -90,7 +91,10 @@ class Engine:
             drafter.attn_backend = target.attn_backend
             if self._glue is not None:
                 set_glue(drafter, self._glue)
-            self.drafter_runner = DrafterRunner(drafter, num_blocks, block_size, graph_buckets, self.max_blocks_per_seq)
+            rows = max(s.depth for s in self.strategies) + 1  # the deepest strategy's catch-up block
+            self.drafter_runner = DrafterRunner(drafter, num_blocks, block_size, window_rows=rows)
+            if self.runner.run.pool is not None:  # whole draft steps share the target's graph pool
+                self.drafter_runner.use_graphs(self.runner.run.pool, self.buckets, self.max_blocks_per_seq)
         self.policy = SDPolicy(
             self.strategies, self.buckets, self._load_costs(), mode=speculative, epsilon=epsilon, hysteresis=hysteresis
         )
@@ -271,7 +275,7 @@ class Engine:
         if self.drafter_runner is not None and p > 1:
             # drafter rows of the shared prompt once, before the samples diverge
             parent = Sequence(job.seq_id, -1, -1, job.tokens, 0, 1, num_cached=p - 1, hidden_chunks=[hidden])
-            self.drafter_runner.catch_up([parent], [self.blocks.block_table(job.seq_id)], self.device)
+            self.drafter_runner.catch_up([parent], [self.blocks.block_table(job.seq_id)])
             draft_cached = p - 1
         group = job.group
         sched.make_room(len(group))  # each sample takes a private last block
@@ -335,10 +339,12 @@ class Engine:
             counters = torch.tensor([s.counter for s in seqs], device=self.device)
             tok, lp = sampler.sample(out.logits, seeds, counters)
             tok, lp = tok.tolist(), lp.tolist()
+            # a replayed graph's output is overwritten by the next replay: keep a copy of this step's rows
+            hidden = out.hidden.clone() if keep_hidden else None
             for i, seq in enumerate(seqs):
                 seq.counter += 1
                 if keep_hidden:
-                    seq.hidden_chunks.append(out.hidden[i : i + 1])
+                    seq.add_hidden(hidden[i : i + 1])
                 seq.num_cached += 1
                 self._emit(seq, [tok[i]], [lp[i]], stop, sched)
             emitted = b
@@ -362,7 +368,7 @@ class Engine:
                 lps = acc.logprobs[i, : a + 1].tolist()
                 kept = self._emit(seq, toks, lps, stop, sched)
                 if keep_hidden:
-                    seq.hidden_chunks.append(res.hidden[i, :kept])
+                    seq.add_hidden(res.hidden[i, :kept])
                 seq.num_cached = L + kept
                 emitted += kept
                 self._accept_hist[a + 1] += 1
@@ -417,32 +423,34 @@ class Engine:
         return self._lowered[key]
 
     def graph_keys(self, batch_sizes: list[int] | None = None) -> tuple[list, list]:
-        """Shape keys of the target and drafter graphs for every (bucket, option): verify graphs are keyed by
-        verify_tokens alone, so strategies that share it share the graph."""
-        target, drafter = [], []
+        """Keys of the target forward graphs and of the draft-step graphs for every (bucket, option). Verify
+        graphs are keyed by verify_tokens alone, so strategies that share it share the graph; a draft graph
+        (catch-up, levels, reranking) is one per (bucket, strategy)."""
+        target, draft = [], []
         for b in batch_sizes or self.buckets:
             target.append(("decode", b, 1, 1))
             if self.drafter_runner is None:
                 continue
             for s in self.strategies:
                 target.append(("verify", b, s.verify_tokens, s.verify_tokens))
-                drafter += [("verify", b, s.topk, d * s.topk) for d in range(1, s.depth)]
-        return sorted(set(target)), sorted(set(drafter))
+                draft.append(DraftProgram.key(b, s))
+        return sorted(set(target)), sorted(set(draft))
 
     def capture(self, batch_sizes: list[int] | None = None) -> dict:
-        """Capture every graph ahead of generation, largest first, into one pool per model."""
-        if self.runner.run.pool is None:
+        """Capture every graph ahead of generation, largest first, into the one shared pool."""
+        pool = self.runner.run.pool
+        if pool is None:
             return {"graphs": 0, "pool_bytes": 0}
-        target_keys, drafter_keys = self.graph_keys(batch_sizes)
-        self.runner.run.pool.capture(target_keys)
-        if self.drafter_runner is not None:
-            self.drafter_runner.run.pool.capture(drafter_keys)
+        target_keys, draft_keys = self.graph_keys(batch_sizes)
+        pool.capture(target_keys + draft_keys)
         return self.graph_memory()
 
     def graph_memory(self) -> dict:
-        pools = [self.runner.run.pool] + ([self.drafter_runner.run.pool] if self.drafter_runner else [])
-        pools = [p for p in pools if p is not None]
-        return {"graphs": sum(len(p.graphs) for p in pools), "pool_bytes": sum(p.pool_bytes for p in pools)}
+        """Captured graphs (target forwards and draft steps) and the bytes their shared pool holds."""
+        pool = self.runner.run.pool
+        if pool is None:
+            return {"graphs": 0, "pool_bytes": 0}
+        return {"graphs": len(pool.graphs), "pool_bytes": pool.pool_bytes}
 
     def bucket(self, batch: int) -> int:
         return bucket_for(batch, self.buckets)

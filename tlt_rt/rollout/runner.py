@@ -58,13 +58,23 @@ def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: to
 
 
 def tree_meta(
-    tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int, tree_mask: torch.Tensor, block_size: int
+    tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    q_len: int,
+    tree_mask: torch.Tensor,
+    block_size: int,
+    write: torch.Tensor | None = None,
 ) -> AttnMetadata:
     """Verify-mode metadata built on the device: every sequence's q_len new tokens sit at the last q_len of
-    its seq_lens cache positions. tables [B, W] int32, seq_lens [B]; no host round trip."""
+    its seq_lens cache positions. tables [B, W] int32, seq_lens [B]; no host round trip.
+
+    A token at a negative cache position (seq_lens < q_len), or where `write` [B, q_len] bool is False,
+    writes its K/V to the trash slot."""
     b, dev = tables.shape[0], tables.device
     pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len, device=dev)  # [B, q_len]
-    slots = tables.long().gather(1, pos // block_size) * block_size + pos % block_size
+    slots = tables.long().gather(1, pos.clamp(min=0) // block_size) * block_size + pos % block_size
+    keep = pos >= 0 if write is None else (pos >= 0) & write
+    slots = torch.where(keep, slots, -1)
     cu = torch.arange(0, b * q_len + 1, q_len, dtype=torch.int32, device=dev)
     return AttnMetadata("verify", cu, seq_lens.int(), tables, slots.flatten(), q_len, tree_mask)
 
@@ -110,37 +120,39 @@ class Sampler:
 class PagedForward:
     """A paged forward that replays a captured CUDA graph for decode/verify shapes and runs eagerly otherwise.
 
-    fn(ids, positions, cache, meta, extra, logits_rows) -> ModelOutput. Graphs are captured lazily on first
-    use of a shape (or all at once through `capture`), into one pool per forward.
+    fn(ids, positions, cache, meta, logits_rows) -> ModelOutput. Graphs are captured lazily on first use of a
+    shape (or all at once through `Engine.capture`) into its `GraphPool`, which the engine shares with the
+    draft-step graphs.
     """
 
-    def __init__(self, fn, cache: KVCache, device, buckets: list[int] | None, max_blocks: int, extra_dim: int = 0):
+    def __init__(self, fn, cache: KVCache, device, buckets: list[int] | None, max_blocks: int):
         self.fn = fn
         self.cache = cache
         self.buckets = buckets or []
+        self.width = max_blocks
         self.pool = None
         if self.buckets and torch.device(device).type == "cuda":
-            from tlt_rt.codegen.graphs import GraphPool
+            from tlt_rt.codegen.graphs import GraphPool, PagedProgram
 
-            self.pool = GraphPool(
-                lambda i, p, c, m, e: fn(i, p, c, m, e, None), cache, max_blocks, torch.device(device), extra_dim
-            )
+            program = PagedProgram(lambda i, p, c, m: fn(i, p, c, m, None), cache, max_blocks, torch.device(device))
+            self.pool = GraphPool(torch.device(device))
+            self.pool.register(("decode", "verify"), program)
 
     def key(self, meta: AttnMetadata):
         b = meta.num_seqs
         if self.pool is None or meta.mode == "prefill" or b > self.buckets[-1]:
             return None
-        if meta.block_tables.shape[1] > self.pool.width:
+        if meta.block_tables.shape[1] > self.width:
             return None
         return (meta.mode, bucket_for(b, self.buckets), meta.max_q_len, meta.window)
 
-    def __call__(self, ids, positions, meta: AttnMetadata, extra=None, logits_rows=None) -> ModelOutput:
+    def __call__(self, ids, positions, meta: AttnMetadata, logits_rows=None) -> ModelOutput:
         key = None if logits_rows is not None else self.key(meta)
         if key is None:
-            return self.fn(ids, positions, self.cache, meta, extra, logits_rows)
+            return self.fn(ids, positions, self.cache, meta, logits_rows)
         if not self.pool.has(key):
             self.pool.capture([key])
-        logits, hidden = self.pool.replay(key, ids, positions, meta, extra)
+        logits, hidden = self.pool.replay(key, ids, positions, meta)
         return ModelOutput(logits, hidden)
 
 
@@ -153,7 +165,7 @@ class TargetRunner:
         self.block_size = block_size
         self.cache: KVCache = model.make_cache(num_blocks + 1, block_size)  # + the trash block
         self.run = PagedForward(
-            lambda i, p, c, m, e, rows: model.forward_paged(i, p, c, m, logits_indices=rows),
+            lambda i, p, c, m, rows: model.forward_paged(i, p, c, m, logits_indices=rows),
             self.cache, self.device, buckets, max_blocks,
         )  # fmt: skip
 

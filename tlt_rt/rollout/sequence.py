@@ -27,7 +27,12 @@ class Sequence:
     num_cached: int = 0
     draft_cached: int = 0
     hidden_chunks: list[torch.Tensor] = field(default_factory=list)  # target hidden of positions [0, num_cached)
+    # the drafter's catch-up window: target hidden [R, H] of positions [window_end - R, window_end), zeros
+    # before position 0; kept on the device by the speculative step so the next one needs no host work
+    window: torch.Tensor | None = None
+    window_end: int = -1
     counter: int = 0  # RNG step counter
+    _fresh: int = 0  # chunks appended since the last merge
     finish_reason: str | None = None
     preemptions: int = 0
 
@@ -47,17 +52,38 @@ class Sequence:
         """[num_cached, H] target hidden states, concatenated once and kept as one chunk."""
         if len(self.hidden_chunks) > 1:
             self.hidden_chunks = [torch.cat(self.hidden_chunks)]
+            self._fresh = 0
         return self.hidden_chunks[0]
 
     def hidden_rows(self, start: int, end: int) -> torch.Tensor:
         return self.hidden()[start:end]
+
+    def add_hidden(self, chunk: torch.Tensor) -> None:
+        """Append target hidden rows. A chunk is usually a view of a whole batch's output, which it keeps
+        alive; every MERGE_EVERY chunks the recent ones are copied into one tensor of their own."""
+        self.hidden_chunks.append(chunk)
+        self._fresh = min(self._fresh + 1, len(self.hidden_chunks))
+        if self._fresh >= MERGE_EVERY:
+            self.hidden_chunks[-self._fresh :] = [torch.cat(self.hidden_chunks[-self._fresh :])]
+            self._fresh = 0
+
+    def last_tokens(self, n: int, pad: int = 0) -> list[int]:
+        """The last n tokens, front-padded with `pad` when there are fewer (no copy of the whole sequence)."""
+        out = self.output[-n:] if n else []
+        if len(out) < n:
+            out = self.prompt[max(0, len(self.prompt) - (n - len(out))) :] + out
+        return [pad] * (n - len(out)) + out
 
     def reset_for_recompute(self) -> None:
         """Forget every cached row (blocks were taken away); the tokens are kept."""
         self.num_cached = 0
         self.draft_cached = 0
         self.hidden_chunks = []
+        self.window, self.window_end = None, -1
         self.preemptions += 1
+
+
+MERGE_EVERY = 32
 
 
 @dataclass

@@ -1,14 +1,16 @@
 """Paged tree attention for verification: T tree tokens per sequence over the paged prefix, split-K.
 
 Sequence b has L = seq_lens[b] cached positions; its T tree tokens (rows b*T .. b*T+T-1 of q) sit at
-the last T of them, so prefix P = L - T. Tree token i, query head h (KV head kv = h // group) attends to
+the last T of them. The tree mask [B, T, W], W >= T, covers the last W positions (a drafter level sees its
+ancestors among earlier levels through W > T), so prefix P = L - W. Tree token i, query head h (KV head
+kv = h // group) attends to
 
     allowed(i, p) = p < P  or  (P <= p < L and tree_mask[b, i, p - P])
     out[b*T + i, h] = sum_{p allowed} softmax_p(scale * q . K[b, p, kv]) V[b, p, kv]
 
 One program holds a tile of BLOCK_M rows of the flattened (token, head-in-group) axis of one KV head, so
 all T tokens x group heads share every prefix K/V tile it reads (one M block whenever T * group <= 128).
-Split-K cuts the prefix into chunks handled by separate programs; the last split also walks the T tree
+Split-K cuts the prefix into chunks handled by separate programs; the last split also walks the W window
 positions under the mask. Partials are merged by the same combine kernel as decode attention
 (`decode_attention.combine_splits`). The reference is
 `tlt_rt.models.attention.paged_attention_reference` (mode "verify").
@@ -48,12 +50,13 @@ def _tree_attention_kernel(
     V_CACHE,  # [num_blocks, page, Hkv, D]
     BLOCK_TABLES,  # [B, max_blocks] int32
     SEQ_LENS,  # [B] int32, includes the T tree tokens
-    TREE_MASK,  # [B, T, T] uint8 (a bool view): tree_mask[b, i, j] = token j is i or an ancestor of i
+    TREE_MASK,  # [B, T, W] uint8 (a bool view): tree_mask[b, i, j] = window position j is i or an ancestor
     OUT,  # [B*T, Hq, D] (used when not SPLIT)
     O_PART,  # [B*T, Hq, S, D] fp32 (used when SPLIT)
     LSE_PART,  # [B*T, Hq, S] fp32 (used when SPLIT)
     # sizes
     n_tree,
+    n_window,
     n_kv_heads,
     num_m_blocks,
     num_splits,
@@ -84,7 +87,7 @@ def _tree_attention_kernel(
     kvh = (pid // num_m_blocks) % n_kv_heads
     b = pid // (num_m_blocks * n_kv_heads)
     seq_len = tl.load(SEQ_LENS + b)
-    prefix = seq_len - n_tree
+    prefix = seq_len - n_window
 
     # rows of the tile: r = token * GROUP + head-in-group
     rows = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -116,11 +119,11 @@ def _tree_attention_kernel(
                     + offs_d[None, :] * stride_vd, mask=ok[:, None], other=0.0)  # fmt: skip
         m_i, l_i, acc = _attend_tile(q, k, v, ok[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION, DOT_FP32)
 
-    # the T tree positions, under the mask (last split only)
+    # the W window positions, under the mask (last split only)
     if split == num_splits - 1:
         for n0 in range(prefix, seq_len, BLOCK_N):
             pos = n0 + offs_n
-            ok = (pos >= 0) & (pos < seq_len)  # a padding row (seq_len 0) would start at -T
+            ok = (pos >= 0) & (pos < seq_len)  # a padding row (seq_len 0) would start at -W
             rel = pos - prefix
             blk = tl.load(bt_row + pos // PAGE_SIZE, mask=ok, other=0).to(tl.int64)
             slot_row = pos % PAGE_SIZE
@@ -157,18 +160,19 @@ def paged_tree_attention(
     """Tree-verify attention over a paged KV cache: q [B*T, Hq, D] -> [B*T, Hq, D], fp32 accumulation.
 
     The T tree tokens' K/V are already at cache positions seq_lens[b]-T .. seq_lens[b]-1; `tree_mask`
-    [B, T, T] bool says which tree tokens each one sees (itself and its ancestors). `num_splits` (None:
-    chosen from B, heads, T and block_tables' capacity) splits the prefix; no host sync.
+    [B, T, W] bool (W >= T, usually T) says which of the last W positions each one sees (itself and its
+    ancestors). `num_splits` (None: chosen from B, heads, T and block_tables' capacity) splits the prefix;
+    no host sync.
     """
     check_paged_inputs(_tree_attention_kernel, q, k_cache, v_cache, block_tables, seq_lens)
     b = block_tables.shape[0]
     n_heads, head_dim = q.shape[1:]
     page, n_kv = k_cache.shape[1], k_cache.shape[2]
     assert tree_mask.dtype == torch.bool and tree_mask.dim() == 3, (
-        f"tree_mask must be [B, T, T] bool, got {tuple(tree_mask.shape)} {tree_mask.dtype}"
+        f"tree_mask must be [B, T, W] bool, got {tuple(tree_mask.shape)} {tree_mask.dtype}"
     )
-    t = tree_mask.shape[1]
-    assert tree_mask.shape == (b, t, t), f"tree_mask must be [B={b}, T, T], got {tuple(tree_mask.shape)}"
+    t, w = tree_mask.shape[1:]
+    assert tree_mask.shape[0] == b and w >= t, f"tree_mask must be [B={b}, T, W>=T], got {tuple(tree_mask.shape)}"
     assert tree_mask.device == q.device, f"tree_mask is on {tree_mask.device}, q on {q.device}"
     assert q.shape[0] == b * t, f"q must hold B*T={b * t} rows, got {q.shape[0]}"
 
@@ -179,7 +183,7 @@ def paged_tree_attention(
     block_m = min(meta["block_m"] // (2 if wide else 1), max(16, triton.next_power_of_2(rows)))
     num_m_blocks = triton.cdiv(rows, block_m)
     block_n = meta["block_n"] // (2 if wide else 1)
-    max_prefix = max(block_tables.shape[1] * page - t, 0)  # host bound: no sync on seq_lens
+    max_prefix = max(block_tables.shape[1] * page - w, 0)  # host bound: no sync on seq_lens
     if num_splits is None:
         waves = meta["split_waves"]
         num_splits = choose_num_splits(b * n_kv * num_m_blocks, max_prefix, num_sms(q.device), waves)
@@ -196,7 +200,7 @@ def paged_tree_attention(
     mask_u8 = tree_mask.view(torch.uint8)
     _tree_attention_kernel[(b * n_kv * num_m_blocks, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mask_u8, out, o_part, lse_part,
-        t, n_kv, num_m_blocks, num_splits, chunk_len, scale * LOG2E,
+        t, w, n_kv, num_m_blocks, num_splits, chunk_len, scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),

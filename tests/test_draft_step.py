@@ -1,0 +1,202 @@
+"""The fixed-shape draft step: catch-up block, candidates, the graph program's padding, the engine's windows."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tests.test_engine import PROMPTS, TINY, make_engine, tiny_pair
+from tlt_rt.codegen.backend import TritonAttention, triton_usable
+from tlt_rt.ir.strategy import Strategy
+from tlt_rt.models.attention import TorchAttention
+from tlt_rt.models.drafter import Drafter
+from tlt_rt.models.llama import CausalLM
+from tlt_rt.rollout import SamplingParams
+from tlt_rt.rollout.drafting import (
+    TREE_FIELDS,
+    DrafterRunner,
+    DraftInputs,
+    DraftProgram,
+    catch_up_block,
+    draft_tree,
+    grow_candidates,
+)
+from tlt_rt.rollout.runner import table_tensor
+from tlt_rt.rollout.sequence import Sequence
+
+STRATEGY = Strategy(3, 2, 5)  # R = 4 catch-up rows
+BLOCKS, BLOCK_SIZE, PER_SEQ = 80, 4, 8  # sequence i owns blocks [8i, 8i+8)
+
+
+def _drafter():
+    target, drafter = tiny_pair(0, 4.0)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.normal_(0, 0.1)
+    return target, drafter
+
+
+def _batch(target, cases):
+    """cases: (L, rows the drafter has cached) per sequence; tokens random, hidden from the dense target."""
+    gen = torch.Generator().manual_seed(3)
+    seqs, tables = [], []
+    for i, (L, cached) in enumerate(cases):
+        toks = torch.randint(0, 12, (L + 1,), generator=gen).tolist()
+        with torch.no_grad():
+            h = target(torch.tensor([toks[:L]])).hidden[0]
+        seqs.append(Sequence(i, i, 0, toks[:1], 0, 64, output=toks[1:], num_cached=L, hidden_chunks=[h]))
+        seqs[-1].draft_cached = cached
+        tables.append(list(range(i * PER_SEQ, (i + 1) * PER_SEQ)))
+    return seqs, tables
+
+
+def _runner(drafter, seqs, tables):
+    """A drafter cache holding rows [0, draft_cached) of every sequence, as earlier steps left it."""
+    runner = DrafterRunner(drafter, BLOCKS, BLOCK_SIZE)
+    behind = [i for i, s in enumerate(seqs) if s.draft_cached > 0]
+    if behind:
+        ends = [seqs[i].draft_cached for i in behind]
+        for i in behind:
+            seqs[i].draft_cached = 0
+        runner.catch_up([seqs[i] for i in behind], [tables[i] for i in behind], ends=ends)
+    return runner
+
+
+def _old_draft(drafter, seqs, tables, strategy, levels=True):
+    """The eager path the block replaces: rows [draft_cached, L) as one prefill, levels from its last rows."""
+    runner = _runner(drafter, seqs, tables)
+    logits, hidden = runner.catch_up(seqs, tables)
+    if not levels:
+        return runner, logits, hidden, None
+    b, r = len(seqs), strategy.depth + 1
+    lens = torch.tensor([s.num_cached for s in seqs])
+    ins = DraftInputs(torch.zeros(b, r, dtype=torch.long), None, lens.clamp(max=r), lens, table_tensor(tables, "cpu"))
+    with torch.no_grad():
+        cands = grow_candidates(drafter, runner.cache, strategy, BLOCK_SIZE, ins, logits, hidden)
+    return runner, logits, hidden, cands
+
+
+# after steps that accepted 0, 1 and 3 tokens; two prompts shorter than R; one long sequence caught up exactly
+MIXED = [(13, 12), (9, 7), (17, 13), (1, 0), (2, 0), (6, 2)]
+
+
+def _copies(target, cases):
+    return _batch(target, cases), _batch(target, cases)
+
+
+def test_block_equals_eager_catch_up_with_mixed_accepted_lengths():
+    target, drafter = _drafter()
+    (old_seqs, tables), (new_seqs, _) = _copies(target, MIXED)
+    old_runner, old_logits, old_hidden, _ = _old_draft(drafter, old_seqs, tables, STRATEGY, levels=False)
+    new_runner = _runner(drafter, new_seqs, tables)
+    ins = new_runner.inputs(new_seqs, tables, table_tensor(tables, "cpu"), STRATEGY)
+    assert ins.valid.tolist() == [4, 4, 4, 1, 2, 4]
+    with torch.no_grad():
+        logits, hidden = catch_up_block(drafter, new_runner.cache, ins, BLOCK_SIZE)
+    torch.testing.assert_close(logits, old_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hidden, old_hidden, atol=1e-5, rtol=1e-5)
+    # the same drafter rows are cached, and nothing else was written (the trash block aside)
+    for new, old in ((new_runner.cache.k, old_runner.cache.k), (new_runner.cache.v, old_runner.cache.v)):
+        torch.testing.assert_close(new[:, :-1], old[:, :-1], atol=1e-5, rtol=1e-5)
+    assert [s.draft_cached for s in new_seqs] == [L for L, _ in MIXED]
+
+
+def test_draft_gives_the_candidates_of_the_eager_path():
+    # MIXED plus sequences further behind than R: speculation switched on after plain decoding
+    cases = [*MIXED, (15, 0), (11, 5)]
+    target, drafter = _drafter()
+    (old_seqs, tables), (new_seqs, _) = _copies(target, cases)
+    *_, old = _old_draft(drafter, old_seqs, tables, STRATEGY)
+    new_runner = _runner(drafter, new_seqs, tables)
+    new = new_runner.draft(new_seqs, tables, table_tensor(tables, "cpu"), STRATEGY)
+    assert torch.equal(new.tokens, old.tokens) and torch.equal(new.parents, old.parents)
+    torch.testing.assert_close(new.scores, old.scores, atol=1e-4, rtol=1e-5)
+
+
+def test_graph_program_pads_the_batch_and_writes_nothing_for_padding():
+    """DraftProgram's fill / run / result, run eagerly: a batch of 3 in a bucket of 4 gives the tree of the
+    unpadded eager draft, and the padding sequence writes no cache row."""
+    target, drafter = _drafter()
+    cases = [(13, 12), (2, 0), (6, 2)]
+    (a_seqs, tables), (b_seqs, _) = _copies(target, cases)
+    eager_runner, graph_runner = _runner(drafter, a_seqs, tables), _runner(drafter, b_seqs, tables)
+    ins = eager_runner.inputs(a_seqs, tables, table_tensor(tables, "cpu"), STRATEGY)
+    with torch.no_grad():
+        want = draft_tree(drafter, eager_runner.cache, STRATEGY, BLOCK_SIZE, ins)
+    program = DraftProgram(graph_runner, width=PER_SEQ + 2)
+    key = DraftProgram.key(4, STRATEGY)
+    static = program.static_inputs(key)
+    # stale values in the padding row must not matter
+    static["tokens"].fill_(5)
+    static["hidden"].normal_()
+    program.fill(key, static, graph_runner.inputs(b_seqs, tables, table_tensor(tables, "cpu"), STRATEGY))
+    with torch.no_grad():
+        full = program.run(key, static)
+    got = program.result(key, full, ins)
+    assert full.tree_tokens.shape == (4, STRATEGY.verify_tokens)
+    for name in TREE_FIELDS:
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    for new, old in ((graph_runner.cache.k, eager_runner.cache.k), (graph_runner.cache.v, eager_runner.cache.v)):
+        torch.testing.assert_close(new[:, :-1], old[:, :-1], atol=1e-6, rtol=1e-6)
+
+
+def test_engine_windows_are_the_last_target_hidden_rows():
+    """The windows the SD step moves on, on the device, equal the target hidden rows the sequence keeps."""
+    eng = make_engine("on", ("3_3_8", "4_2_6"))
+    runner = eng.drafter_runner
+    assert runner.window_rows == 5
+    prepare, reused = runner.prepare, []
+
+    def checked(seqs, tables, rows):
+        recent = runner._recent
+        window = prepare(seqs, tables, rows)
+        reused.append(recent is not None and window is recent[1])
+        for s, w in zip(seqs, window, strict=True):
+            L = s.num_cached
+            rows_ = s.hidden()[max(0, L - w.shape[0]) : L]
+            assert torch.equal(w[w.shape[0] - rows_.shape[0] :], rows_)
+            assert not w[: w.shape[0] - rows_.shape[0]].any()
+        return window
+
+    runner.prepare = checked
+    eng.generate(PROMPTS, SamplingParams(n=2, temperature=0.0, max_new_tokens=24, stop_token_ids=[]))
+    assert eng.stats()["sd_steps"] == len(reused) > 0
+    assert any(reused)
+
+
+def test_sequence_hidden_chunks_merge_and_tail_tokens():
+    s = Sequence(1, 0, 0, [1, 2, 3], 0, 64)
+    rows = torch.randn(100, 4)
+    s.add_hidden(rows[:3])
+    for i in range(3, 100):
+        s.add_hidden(rows[i : i + 1])
+    assert len(s.hidden_chunks) < 40
+    assert torch.equal(s.hidden(), rows)
+    s.output = [4, 5]
+    assert s.last_tokens(3) == [3, 4, 5] and s.last_tokens(7) == [0, 0, 1, 2, 3, 4, 5] and s.last_tokens(1) == [5]
+
+
+def test_triton_draft_equals_torch_draft():
+    """The whole draft step with the Triton tree kernel (wide drafter windows included; interpreted without
+    CUDA) gives the tree of the torch reference."""
+    if not triton_usable("cpu"):
+        pytest.skip("the Triton kernels run on CPU tensors only under TRITON_INTERPRET=1")
+    arch = replace(TINY, hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    torch.manual_seed(0)
+    target = CausalLM(arch).eval()
+    drafter = Drafter(arch, target).eval()
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.normal_(0, 0.1)
+    (a_seqs, tables), (b_seqs, _) = _copies(target, [(13, 12), (2, 0), (21, 18)])
+    trees = []
+    for backend, seqs in ((TorchAttention(), a_seqs), (TritonAttention(num_splits=2), b_seqs)):
+        drafter.attn_backend = backend
+        runner = _runner(drafter, seqs, tables)
+        ins = runner.inputs(seqs, tables, table_tensor(tables, "cpu"), Strategy(4, 3, 9))
+        with torch.no_grad():
+            trees.append(draft_tree(drafter, runner.cache, Strategy(4, 3, 9), BLOCK_SIZE, ins))
+    for name in TREE_FIELDS:
+        assert torch.equal(getattr(trees[0], name), getattr(trees[1], name)), name

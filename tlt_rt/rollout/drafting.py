@@ -1,0 +1,291 @@
+"""The drafter's side of a speculative step: catch up on the target's hidden states, then grow the tree.
+
+Positions (L = a sequence's cached target tokens; its pending root x_L sits at position L):
+- drafter row p pairs the target hidden h_p with token x_{p+1} and predicts h_{p+1}; row L-1 is the
+  root's, whose output drafts depth 1.
+- catch-up: every step runs the fixed block of R = depth+1 rows [L-R, L) under a causal mask over the
+  cached prefix (the tree-attention metadata the levels use, with a lower-triangular mask). After a step
+  that accepted a tokens the rows the drafter has not seen are [L-a-1, L), never more than R; rows it has
+  seen are recomputed from the same target hidden states, which rewrites their K/V with the same values.
+  Rows before position 0 (L < R) are padding: they write to the trash slot and see nothing. A sequence
+  further behind (speculation switched on after plain decoding, or a recomputed one) first runs rows
+  [draft_cached, L-R) through an eager prefill-style forward (`DrafterRunner.catch_up`).
+- a node at tree depth d is drafter row L+d-1; level d writes its topk rows to drafter cache positions
+  [L+(d-1)K, L+dK) and sees, inside that window, only its own ancestors (a tree mask of width dK).
+Drafter rows for accepted tokens are recomputed from the target's own hidden states at the next step
+rather than committed from the draft, so the drafter always conditions on true features.
+
+`draft_tree` (block, depth-1 levels, reranking) reads only device tensors, never syncs with the host and
+has shapes fixed by (B, strategy), so the engine captures it as one CUDA graph per (batch bucket, strategy)
+(`DraftProgram`, in the target's graph pool); on CPU or with enforce_eager it runs as is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tlt_rt.codegen.graphs import GraphPool, Key, fill_tables
+from tlt_rt.ir.strategy import Strategy, bucket_for
+from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
+from tlt_rt.models.llama import KVCache
+from tlt_rt.rollout.runner import Layout, build_meta, tree_meta
+from tlt_rt.rollout.sequence import Sequence
+
+
+@dataclass
+class DraftInputs:
+    """One draft's device inputs, B sequences, R = depth + 1 catch-up rows."""
+
+    tokens: Tensor  # [B, R] int64: token x_{p+1} of block row p = L-R+j; tokens[:, -1] is the root x_L
+    hidden: Tensor  # [B, R, H] target hidden h_p of block row p (before the final norm), zeros for padding
+    valid: Tensor  # [B] int64 real rows of the block, min(L, R); 0 marks a padding sequence
+    prefix_lens: Tensor  # [B] int64 L
+    tables: Tensor  # [B, W] int32 block tables (the target's)
+
+
+def catch_up_block(drafter, cache: KVCache, ins: DraftInputs, block_size: int) -> tuple[Tensor, Tensor]:
+    """Drafter rows [L-R, L) of every sequence in one fixed-shape forward; the root row's logits [B, V] and
+    output hidden [B, H]."""
+    b, r = ins.tokens.shape
+    dev = ins.tokens.device
+    j = torch.arange(r, device=dev)
+    real = j >= (r - ins.valid)[:, None]  # [B, R]
+    mask = torch.ones(r, r, dtype=torch.bool, device=dev).tril() & real[:, None, :] & real[:, :, None]
+    meta = tree_meta(ins.tables, ins.prefix_lens, r, mask, block_size, write=real)
+    positions = (ins.prefix_lens.long()[:, None] - r + j).clamp(min=0)
+    feats = drafter.features(ins.hidden.reshape(b * r, -1))
+    roots = torch.arange(b, device=dev) * r + (r - 1)
+    out = drafter.forward_paged(ins.tokens.reshape(-1), feats, positions.reshape(-1), cache, meta, roots)
+    return out.logits, out.hidden[roots]
+
+
+def draft_candidates(drafter, cache: KVCache, strategy: Strategy, block_size: int, ins: DraftInputs) -> Candidates:
+    """Catch up, then grow the candidate tree level by level (EAGLE-2 expansion); every candidate."""
+    root_logits, root_hidden = catch_up_block(drafter, cache, ins, block_size)
+    return grow_candidates(drafter, cache, strategy, block_size, ins, root_logits, root_hidden)
+
+
+def grow_candidates(
+    drafter, cache: KVCache, strategy: Strategy, block_size: int, ins: DraftInputs, root_logits, root_hidden
+) -> Candidates:
+    """The depth-1 drafter levels from the root rows' logits [B, V] and output hidden [B, H]."""
+    k, depth = strategy.topk, strategy.depth
+    b, dev = ins.tokens.shape[0], ins.tokens.device
+    cached = ins.prefix_lens.long()
+    live = (ins.valid > 0)[:, None].expand(b, k)  # padding sequences write nowhere
+    cands = Candidates.start(torch.log_softmax(root_logits.float(), -1), k)
+    # flat candidate -> its row in the scratch window, sized for every candidate the step will have
+    slot_of = torch.full((b, strategy.num_candidates), -1, dtype=torch.long, device=dev)
+    prev_front, prev_hidden = None, root_hidden[:, None].expand(b, k, -1)
+    for d in range(1, depth):
+        front = cands.frontier()  # [B, K]
+        if prev_front is None:
+            parent_hidden = prev_hidden
+        else:
+            parent = cands.parents.gather(1, front)
+            which = (prev_front[:, None, :] == parent[:, :, None]).float().argmax(-1)  # [B, K]
+            parent_hidden = prev_hidden.gather(1, which[..., None].expand(-1, -1, prev_hidden.shape[-1]))
+        slot_of.scatter_(1, front, (d - 1) * k + torch.arange(k, device=dev).expand(b, k))
+        anc = cands.ancestry(front)  # [B, K, levels]
+        anc_slot = torch.where(anc >= 0, slot_of.gather(1, anc.clamp(min=0).flatten(1)).view_as(anc), -1)
+        w = d * k
+        mask = torch.zeros(b, k, w + 1, dtype=torch.bool, device=dev)
+        mask.scatter_(2, torch.where(anc_slot >= 0, anc_slot, w), True)
+        mask = mask[..., :w]
+        # level d's k rows: rotary position L+d-1, cache positions [L+(d-1)k, L+dk)
+        meta = tree_meta(ins.tables, cached + w, k, mask, block_size, write=live)
+        positions = (cached + d - 1)[:, None].expand(b, k).reshape(-1)
+        tokens = cands.tokens.gather(1, front)
+        out = drafter.forward_paged(tokens.reshape(-1), parent_hidden.reshape(b * k, -1), positions, cache, meta)
+        logp = torch.log_softmax(out.logits.float(), -1).view(b, k, -1)
+        cands = cands.grow(front, logp)
+        prev_front, prev_hidden = front, out.hidden.view(b, k, -1)
+    return cands
+
+
+def draft_tree(drafter, cache: KVCache, strategy: Strategy, block_size: int, ins: DraftInputs) -> DraftTree:
+    """The whole drafter step: catch-up block, depth-1 levels, rerank into the verify tree."""
+    cands = draft_candidates(drafter, cache, strategy, block_size, ins)
+    return build_tree(cands, ins.tokens[:, -1], ins.prefix_lens, strategy.verify_tokens)
+
+
+TREE_FIELDS = [f.name for f in dataclasses.fields(DraftTree)]
+
+
+class DraftProgram:
+    """`draft_tree` as a `codegen.graphs.Program` for keys ("draft", B, verify_tokens, depth, topk).
+
+    Its outputs are read after the verify graph of the same pool replays, so they are copied into buffers
+    allocated outside the pool; padding sequences (valid 0) write only to the trash slot."""
+
+    def __init__(self, runner: DrafterRunner, width: int):
+        self.runner = runner
+        self.width = width
+
+    @staticmethod
+    def key(batch: int, strategy: Strategy) -> Key:
+        return ("draft", batch, strategy.verify_tokens, strategy.depth, strategy.topk)
+
+    def static_inputs(self, key: Key) -> dict[str, Tensor]:
+        _, b, t, depth, k = key
+        w = self.runner.drafter.fc.weight
+        dev, r, long = w.device, depth + 1, torch.long
+        ins = {
+            "tokens": torch.zeros(b, r, dtype=long, device=dev),
+            "hidden": torch.zeros(b, r, w.shape[0], dtype=w.dtype, device=dev),
+            "valid": torch.zeros(b, dtype=long, device=dev),
+            "prefix_lens": torch.zeros(b, dtype=long, device=dev),
+            "tables": torch.zeros(b, self.width, dtype=torch.int32, device=dev),
+        }
+        out_shapes = {"tree_mask": (b, t, t), "paths": (b, t, depth + 1), "children": (b, t, k)}
+        for name in TREE_FIELDS:
+            dtype = torch.bool if name == "tree_mask" else long
+            ins["out." + name] = torch.zeros(out_shapes.get(name, (b, t)), dtype=dtype, device=dev)
+        return ins
+
+    def run(self, key: Key, ins: dict[str, Tensor]) -> DraftTree:
+        _, _, t, depth, k = key
+        r = self.runner
+        args = DraftInputs(ins["tokens"], ins["hidden"], ins["valid"], ins["prefix_lens"], ins["tables"])
+        tree = draft_tree(r.drafter, r.cache, Strategy(depth, k, t), r.block_size, args)
+        for name in TREE_FIELDS:
+            ins["out." + name].copy_(getattr(tree, name))
+        return DraftTree(**{name: ins["out." + name] for name in TREE_FIELDS})
+
+    def fill(self, key: Key, ins: dict[str, Tensor], d: DraftInputs) -> None:
+        b = d.tokens.shape[0]
+        ins["tokens"][:b].copy_(d.tokens)
+        ins["hidden"][:b].copy_(d.hidden)
+        ins["valid"][:b].copy_(d.valid)
+        ins["valid"][b:].zero_()
+        ins["prefix_lens"][:b].copy_(d.prefix_lens)
+        ins["prefix_lens"][b:].zero_()
+        fill_tables(ins["tables"], d.tables)
+
+    def result(self, key: Key, tree: DraftTree, d: DraftInputs) -> DraftTree:
+        b = d.tokens.shape[0]
+        return DraftTree(**{name: getattr(tree, name)[:b] for name in TREE_FIELDS})
+
+
+class DrafterRunner:
+    """The drafter's one-layer paged cache (sharing the target's block tables) and its step.
+
+    window_rows: target hidden rows each sequence keeps on the device for the catch-up block (the deepest
+    strategy's depth + 1); 0 keeps exactly what each step needs.
+    """
+
+    def __init__(self, drafter, num_blocks: int, block_size: int, window_rows: int = 0):
+        self.drafter = drafter
+        self.block_size = block_size
+        self.cache: KVCache = drafter.make_cache(num_blocks + 1, block_size)  # + the trash block
+        self.device = drafter.fc.weight.device
+        self.window_rows = window_rows
+        self.pool: GraphPool | None = None
+        self.buckets: list[int] = []
+        self.width = 0
+        self._recent: tuple[tuple[int, ...], Tensor] | None = None  # (sequence ids, their windows) of the last step
+
+    def use_graphs(self, pool: GraphPool, buckets: list[int], width: int) -> None:
+        """Capture and replay draft steps in `pool` for batches up to buckets[-1] and tables up to `width`."""
+        self.pool, self.buckets, self.width = pool, buckets, width
+        pool.register(("draft",), DraftProgram(self, width))
+
+    def graph_key(self, batch: int, strategy: Strategy, table_width: int) -> Key | None:
+        if self.pool is None or batch > self.buckets[-1] or table_width > self.width:
+            return None
+        return DraftProgram.key(bucket_for(batch, self.buckets), strategy)
+
+    @torch.no_grad()
+    def catch_up(self, seqs: list[Sequence], tables: list[list[int]], ends: list[int] | None = None):
+        """Eagerly run drafter rows [draft_cached, end) of every sequence (end: num_cached unless given);
+        returns the last row's logits and hidden."""
+        ends = [s.num_cached for s in seqs] if ends is None else ends
+        ids, hidden, layout = [], [], Layout(tables, [], [], [], [])
+        for s, end in zip(seqs, ends, strict=True):
+            c = s.draft_cached
+            ids += s.tokens[c + 1 : end + 1]
+            hidden.append(s.hidden_rows(c, end))
+            layout.q_lens.append(end - c)
+            layout.seq_lens.append(end)
+            layout.positions.append(list(range(c, end)))
+            layout.cache_pos.append(list(range(c, end)))
+            s.draft_cached = end
+        meta, positions = build_meta(layout, "prefill", self.block_size, self.device)
+        last = (torch.tensor(layout.q_lens).cumsum(0) - 1).to(self.device)
+        feats = self.drafter.features(torch.cat(hidden).to(self.device))
+        out = self.drafter.forward_paged(
+            torch.tensor(ids, device=self.device), feats, positions, self.cache, meta, logits_indices=last
+        )
+        return out.logits, out.hidden[last]
+
+    def prepare(self, seqs: list[Sequence], tables: list[list[int]], rows: int) -> Tensor:
+        """Bring every sequence within `rows` of its cache (eager catch-up for those further behind) and
+        return the target hidden windows [B, max(rows, window_rows), H] ending at each num_cached. Marks the
+        drafter rows as cached: the caller runs the block."""
+        behind = [i for i, s in enumerate(seqs) if s.num_cached - s.draft_cached > rows]
+        if behind:
+            ends = [seqs[i].num_cached - rows for i in behind]
+            self.catch_up([seqs[i] for i in behind], [tables[i] for i in behind], ends)
+        width = max(rows, self.window_rows)
+        for s in seqs:
+            s.draft_cached = s.num_cached
+        recent = self._recent
+        fresh = all(s.window is not None and s.window_end == s.num_cached for s in seqs)
+        if fresh and recent is not None and recent[0] == tuple(s.seq_id for s in seqs) and recent[1].shape[1] >= width:
+            return recent[1]  # the same batch as the last step: its windows as they are
+        return torch.stack([self._window(s, width) for s in seqs])
+
+    def _window(self, s: Sequence, width: int) -> Tensor:
+        if s.window is not None and s.window_end == s.num_cached and s.window.shape[0] >= width:
+            return s.window[-width:]
+        L = s.num_cached
+        h = s.hidden_rows(max(0, L - width), L).to(self.device)
+        if h.shape[0] < width:
+            h = torch.cat([h.new_zeros(width - h.shape[0], h.shape[1]), h])
+        return h
+
+    def keep_windows(self, seqs: list[Sequence], windows: Tensor, ends: list[int]) -> None:
+        """After a step: sequence i's window [W, H] now ends at position ends[i]."""
+        for i, (s, end) in enumerate(zip(seqs, ends, strict=True)):
+            s.window, s.window_end = windows[i], end
+        self._recent = (tuple(s.seq_id for s in seqs), windows)
+
+    @torch.no_grad()
+    def draft_tree(self, strategy: Strategy, ins: DraftInputs) -> DraftTree:
+        """Replay the (bucket, strategy) graph when there is one, else run eagerly."""
+        key = self.graph_key(ins.tokens.shape[0], strategy, ins.tables.shape[1])
+        if key is None:
+            return draft_tree(self.drafter, self.cache, strategy, self.block_size, ins)
+        if not self.pool.has(key):
+            self.pool.capture([key])
+        return self.pool.replay(key, ins)
+
+    @torch.no_grad()
+    def draft(
+        self, seqs: list[Sequence], tables: list[list[int]], table_t: Tensor, strategy: Strategy, device=None
+    ) -> Candidates:
+        """Every candidate of one eager draft for `seqs` (catching up as needed); table_t: `tables` on the device
+        (`device` is the runner's own and only accepted for the caller's convenience)."""
+        ins = self.inputs(seqs, tables, table_t, strategy)
+        return draft_candidates(self.drafter, self.cache, strategy, self.block_size, ins)
+
+    def inputs(self, seqs: list[Sequence], tables: list[list[int]], table_t: Tensor, strategy: Strategy):
+        """DraftInputs for `seqs` (see `prepare`), built with one host-to-device copy."""
+        r = strategy.depth + 1
+        window = self.prepare(seqs, tables, r)
+        rows = [[s.num_cached, min(s.num_cached, r), *s.last_tokens(r)] for s in seqs]
+        (lens, valid), tokens = upload(rows, 2, self.device)
+        return DraftInputs(tokens, window[:, -r:], valid, lens, table_t)
+
+
+def upload(rows: list[list[int]], scalars: int, device) -> tuple[list[Tensor], Tensor]:
+    """Host int rows [B, scalars + C] -> the first `scalars` columns as contiguous [B] int64 device tensors
+    and the rest as a contiguous [B, C], with one host-to-device copy."""
+    host = torch.tensor(rows, dtype=torch.long)
+    b = host.shape[0]
+    dev = torch.cat([host[:, :scalars].t().reshape(-1), host[:, scalars:].reshape(-1)]).to(device)
+    return [dev[i * b : (i + 1) * b] for i in range(scalars)], dev[scalars * b :].view(b, -1)
