@@ -71,7 +71,7 @@ class GraphPool:
 
     def capture(self, keys: list[Key]) -> None:
         """Capture every key, largest batch x tokens first, into the shared pool."""
-        before = torch.cuda.memory_reserved(self.device)
+        before = self._reserved()
         for key in sorted(keys, key=lambda k: (-k[1] * k[2], k)):
             if key in self.graphs:
                 continue
@@ -87,8 +87,15 @@ class GraphPool:
             with torch.no_grad(), torch.cuda.graph(graph, pool=self.pool):
                 outs = program.run(key, ins)
             self.graphs[key] = _Captured(graph, ins, outs)
+        self.pool_bytes += self._reserved() - before
+
+    def _reserved(self) -> int:
+        """Memory the allocator holds once its free cache is returned. Entering a capture empties that cache,
+        so only readings taken after emptying it compare: their difference is what the graphs keep (the pool
+        and the static inputs), not the warm-up runs' transient blocks."""
         torch.cuda.synchronize(self.device)
-        self.pool_bytes += torch.cuda.memory_reserved(self.device) - before
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_reserved(self.device)
 
     def has(self, key: Key) -> bool:
         return key in self.graphs
