@@ -29,11 +29,12 @@ def prompts_for(n: int, tok) -> list[list[int]]:
 
 
 def run_engine(engine: Engine, prompts, max_new: int, profile: int = 0) -> tuple[float, int]:
-    """Tokens/s of one timed generate after a warm-up call; with `profile` > 0 the timed call also runs under
+    """Tokens/s of one timed generate after capturing every graph and a warm-up call; with `profile` > 0 the timed call also runs under
     cProfile and the `profile` functions with the most own host time are printed (GPU waits show up in the
     call that synchronises, e.g. `.cpu()`)."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
-    engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=8))  # warm-up / captures
+    engine.capture()  # every graph up front: lazy captures would land inside the timed call
+    engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=8))  # warm-up, first costs
     torch.cuda.synchronize()
     prof = cProfile.Profile() if profile else None
     t0 = time.perf_counter()

@@ -165,7 +165,7 @@ def test_modes_off_and_on():
 
 def test_exploration_rate_matches_epsilon_and_is_deterministic():
     def make(seed):
-        p = SDPolicy(S, BUCKETS, epsilon=0.1, seed=seed)
+        p = SDPolicy(S, BUCKETS, epsilon=0.1, seed=seed, explore_budget=None)
         for b in BUCKETS:
             for s in [None, *S]:
                 p.costs.set(b, s, synthetic_cost(b, s))
@@ -183,6 +183,30 @@ def test_exploration_rate_matches_epsilon_and_is_deterministic():
     assert [again.decide(b) for _ in range(500) for b in (1, 8, 64)] == picks
     other = make(1)
     assert [other.decide(b) for _ in range(500) for b in (1, 8, 64)] != picks
+
+
+def test_exploration_of_a_useless_drafter_costs_at_most_the_budget():
+    # an untrained drafter at batch 1: every SD step emits one token and costs ~2.7 plain steps
+    def cost(b, o):
+        return 0.0034 if o is None else 0.009
+
+    def overhead(budget):
+        p = SDPolicy(S[:2], [1], epsilon=0.05, seed=2, explore_budget=budget)
+        spent = [0.0]
+
+        def timed(b, o):
+            spent[0] += cost(b, o)
+            return cost(b, o)
+
+        run(p, [1], 4000, cost=timed, accept=lambda _: 1.0)
+        return spent[0] / (4000 * cost(1, None)) - 1, p.stats()
+
+    capped, st = overhead(0.02)
+    uncapped, _ = overhead(None)
+    assert st["current"][1] == OFF and st["explore_steps"] > 10  # still explores, so a better drafter is noticed
+    assert capped < 0.03 < uncapped  # the budget plus the first measurements, vs epsilon * 1.65
+    with pytest.raises(ValueError, match="explore_budget"):
+        SDPolicy(S, BUCKETS, explore_budget=0.0)
 
 
 def test_hysteresis_prevents_flapping():

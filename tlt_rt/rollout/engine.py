@@ -52,6 +52,7 @@ class Engine:
         max_context: int | None = None,
         epsilon: float = 0.05,
         hysteresis: float = 0.05,
+        explore_budget: float | None = 0.02,
         attn_backend: str = "auto",
         enforce_eager: bool = False,
     ):
@@ -96,7 +97,13 @@ class Engine:
             if self.runner.run.pool is not None:  # whole draft steps share the target's graph pool
                 self.drafter_runner.use_graphs(self.runner.run.pool, self.buckets, self.max_blocks_per_seq)
         self.policy = SDPolicy(
-            self.strategies, self.buckets, self._load_costs(), mode=speculative, epsilon=epsilon, hysteresis=hysteresis
+            self.strategies,
+            self.buckets,
+            self._load_costs(),
+            mode=speculative,
+            epsilon=epsilon,
+            hysteresis=hysteresis,
+            explore_budget=explore_budget,
         )
         self._stats: Counter = Counter()
         self._accept_hist: Counter = Counter()

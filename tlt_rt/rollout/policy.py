@@ -106,7 +106,10 @@ class SDPolicy:
     Per bucket: an option without a usable cost (none, not even interpolated, or only a provisional first
     reading here) is measured first; otherwise with probability `epsilon` a uniformly drawn other option is
     explored; otherwise the current choice is kept unless the best option's expected tokens/s beats it by
-    more than `hysteresis` (relative). Estimates lean optimistic (interpolated costs err low, the accept
+    more than `hysteresis` (relative). `explore_budget` caps what exploring costs: an exploration step of an
+    option dearer than the incumbent goes ahead only with a probability that keeps the expected extra time
+    below that share of the incumbent's step time (an untrained drafter at batch 1, whose SD step costs
+    ~2.7 plain steps and emits ~1 token, would otherwise cost epsilon * 1.7 = 8.5% of throughput). Estimates lean optimistic (interpolated costs err low, the accept
     prior is generous), so an untried option gets tried rather than shut out. A batch above the largest
     bucket is decided as the largest bucket.
     """
@@ -121,6 +124,7 @@ class SDPolicy:
         hysteresis: float = 0.05,
         seed: int = 0,
         accept: AcceptStats | None = None,
+        explore_budget: float | None = 0.02,
     ):
         if mode not in ("off", "on", "auto"):
             raise ValueError(f"SDPolicy.mode must be 'off', 'on' or 'auto', got {mode!r}")
@@ -130,6 +134,9 @@ class SDPolicy:
             raise ValueError("SDPolicy.buckets must not be empty")
         if not 0 <= epsilon <= 1 or hysteresis < 0:
             raise ValueError(f"SDPolicy needs 0 <= epsilon <= 1 and hysteresis >= 0, got {epsilon}, {hysteresis}")
+        if explore_budget is not None and not explore_budget > 0:
+            raise ValueError(f"SDPolicy.explore_budget must be > 0 or None, got {explore_budget}")
+        self.explore_budget = explore_budget
         self.strategies = list(strategies)
         self.buckets = sorted(buckets)
         self.costs = costs if costs is not None else CostTable()
@@ -173,11 +180,24 @@ class SDPolicy:
                 self._counts["switches"] += 1
             cur = self._current[b] = best
         choice = self._by_name[cur]
-        if len(self.options) > 1 and _uniform(self.seed, b, 2 * n) < self.epsilon:
+        if len(self.options) > 1 and _uniform(self.seed, b, 3 * n) < self.epsilon:
             others = [o for o in self.options if option_name(o) != cur]
-            choice = others[int(_uniform(self.seed, b, 2 * n + 1) * len(others))]
-            self._counts["explore"] += 1
+            other = others[int(_uniform(self.seed, b, 3 * n + 1) * len(others))]
+            if _uniform(self.seed, b, 3 * n + 2) < self._explore_chance(b, choice, other):
+                choice = other
+                self._counts["explore"] += 1
         return self._use_option(choice)
+
+    def _explore_chance(self, bucket: int, cur: Strategy | None, other: Strategy | None) -> float:
+        """Probability that a drawn exploration of `other` goes ahead: 1 unless it costs more than the budget.
+        Per step, P(explore other) * (extra seconds) <= explore_budget * incumbent seconds / len(others)."""
+        if self.explore_budget is None:
+            return 1.0
+        c_cur, c_other = self.costs.interpolate(bucket, cur), self.costs.interpolate(bucket, other)
+        extra = c_other - c_cur
+        if extra <= 0:
+            return 1.0
+        return min(1.0, self.explore_budget * c_cur / (self.epsilon * extra))
 
     def _use_option(self, option: Strategy | None) -> Strategy | None:
         self._use[option_name(option)] += 1
