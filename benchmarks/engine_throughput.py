@@ -34,7 +34,8 @@ def run_engine(engine: Engine, prompts, max_new: int, profile: int = 0) -> tuple
     call that synchronises, e.g. `.cpu()`)."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
     engine.capture()  # every graph up front: lazy captures would land inside the timed call
-    engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=8))  # warm-up, first costs
+    # warm-up on the same prompts: prefill shapes compile here, and the policy takes its first step costs
+    engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
     torch.cuda.synchronize()
     prof = cProfile.Profile() if profile else None
     t0 = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 
@@ -26,6 +27,9 @@ def _seed_everything():
     np.random.seed(0)
     torch.manual_seed(0)
     yield
+    if torch.cuda.is_available():  # one test's cached blocks must not crowd out the next (7B-shaped) test
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -28,13 +28,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def make_layers(layout: str, n_layers: int, shape: tuple[int, ...], dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if layout == "interleaved":  # one [L, 2, num_blocks, page, Hkv, D] allocation
-        store = torch.randn(n_layers, 2, *shape, device=DEVICE).to(dtype)
+        store = torch.randn(n_layers, 2, *shape, device=DEVICE, dtype=dtype)
         return [(store[i, 0], store[i, 1]) for i in range(n_layers)]
     if layout == "stacks":  # separate [L, ...] K and V allocations
-        ks = torch.randn(n_layers, *shape, device=DEVICE).to(dtype)
-        vs = torch.randn(n_layers, *shape, device=DEVICE).to(dtype)
+        ks = torch.randn(n_layers, *shape, device=DEVICE, dtype=dtype)
+        vs = torch.randn(n_layers, *shape, device=DEVICE, dtype=dtype)
         return [(ks[i], vs[i]) for i in range(n_layers)]
-    return [(torch.randn(shape, device=DEVICE).to(dtype), torch.randn(shape, device=DEVICE).to(dtype))
+    return [(torch.randn(shape, device=DEVICE, dtype=dtype), torch.randn(shape, device=DEVICE, dtype=dtype))
             for _ in range(n_layers)]  # fmt: skip
 
 
