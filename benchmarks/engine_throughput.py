@@ -29,9 +29,9 @@ def prompts_for(n: int, tok) -> list[list[int]]:
 
 
 def run_engine(engine: Engine, prompts, max_new: int, profile: int = 0) -> tuple[float, int]:
-    """Tokens/s of one timed generate after capturing every graph and a warm-up call; with `profile` > 0 the timed call also runs under
-    cProfile and the `profile` functions with the most own host time are printed (GPU waits show up in the
-    call that synchronises, e.g. `.cpu()`)."""
+    """Tokens/s of one timed generate after capturing every graph and a warm-up call; with `profile` > 0 the
+    timed call also runs under cProfile and the `profile` functions with the most own host time are printed
+    (GPU waits show up in the call that synchronises, e.g. `.cpu()`)."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
     engine.capture()  # every graph up front: lazy captures would land inside the timed call
     # warm-up on the same prompts: prefill shapes compile here, and the policy takes its first step costs

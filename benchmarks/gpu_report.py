@@ -9,7 +9,7 @@ Sections:
               the HBM floor, via benchmarks/step_costs.py (one CUDA graph per shape, median of --iters).
   strategies  tokens/s of the engine with one SD strategy over tokens/s with SD off, on SmolLM2 with the given
               drafter, greedy, arithmetic prompts; plus a projection to the 7B shape:
-              measured accept length x (7B decode step / 7B verify step of that budget).
+              measured accept length x (7B engine decode step / 7B engine SD step, fresh 7B-shaped drafter).
   adaptivity  --requests rollouts with long-tail lengths. A short plain run gives the task's real response
               lengths; a lognormal fitted to them (sigma at least --min-sigma) gives each request a length,
               rounded up to one of --segments levels. SamplingParams is per call, so the rollout runs as
@@ -318,6 +318,36 @@ class EngineMaker:
         )
 
 
+def fresh_drafter(target: CausalLM) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return Drafter(target.arch, target).to(target.lm_head.weight.device, target.lm_head.weight.dtype).eval()
+
+
+def engine_step_seconds(rep: Report, make: EngineMaker, batch: int, strategy: str | None) -> float:
+    """Median seconds of one engine step on `make`'s target: plain decode (strategy None) or an SD step of
+    `strategy`, at `batch` random prompts of --proj-ctx tokens, graphs captured first, stop tokens off so the
+    batch stays full. Cached per (model, batch, strategy)."""
+    key = ("engine", id(make.target), batch, strategy)
+    if key in rep.costs:
+        return rep.costs[key]
+    ctx, new = rep.args.proj_ctx, 12
+    strategies = [strategy] if strategy else rep.args.strategies
+    eng = make("on" if strategy else "off", strategies, batch, ctx + new + 1)
+    gen = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(3, make.target.arch.vocab_size, (batch, ctx), generator=gen).tolist()
+    params = SamplingParams(temperature=0.0, max_new_tokens=new, stop_token_ids=[])
+    eng.capture([batch])
+    eng.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=2, stop_token_ids=[]))
+    n0 = len(eng.timeline)
+    eng.generate(prompts, params)
+    kind = "sd" if strategy else "decode"
+    secs = [e["seconds"] for e in eng.timeline[n0:] if e["kind"] == kind and e["batch"] == batch]
+    rep.costs[key] = statistics.median(secs) if secs else math.nan
+    del eng
+    gc.collect()
+    return rep.costs[key]
+
+
 def _parse(s: str):
     from tlt_rt.ir.strategy import Strategy
 
@@ -332,8 +362,7 @@ def engine_maker(rep: Report) -> EngineMaker:
 
         drafter = load_eagle(rep.args.drafter, target)
     else:
-        torch.manual_seed(0)
-        drafter = Drafter(target.arch, target).to(rep.device, target.lm_head.weight.dtype).eval()
+        drafter = fresh_drafter(target)
     return EngineMaker(target, drafter)
 
 
@@ -386,14 +415,17 @@ def section_strategies(rep: Report, make: EngineMaker) -> None:
         del eng
         gc.collect()
     rows = []
+    big_make = EngineMaker(rep.model(big), fresh_drafter(rep.model(big)))
     for b in a.strategy_batches:
-        dec = step_seconds(rep, big, b, a.proj_ctx, 1)
+        dec = engine_step_seconds(rep, big_make, b, None)
         for s in a.strategies:
             v = _parse(s).verify_tokens
-            ver = step_seconds(rep, big, b, a.proj_ctx, v)
+            sd = engine_step_seconds(rep, big_make, b, s)
             rows.append(dict(batch=b, strategy=s, verify=v, off_tps=tps["off", b], on_tps=tps[s, b],
-                             speedup=tps[s, b] / tps["off", b], accept=accept[s, b],
-                             projected=accept[s, b] * dec / ver))  # fmt: skip
+                             speedup=tps[s, b] / tps["off", b], accept=accept[s, b], big_decode_s=dec, big_sd_s=sd,
+                             projected=accept[s, b] * dec / sd))  # fmt: skip
+    del big_make
+    gc.collect()
     rep.results["strategies"] = rows
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -418,14 +450,19 @@ def section_strategies(rep: Report, make: EngineMaker) -> None:
         "",
         f"Target {a.models[0]}, drafter {drafter}; arithmetic prompts in the chat template, greedy, "
         f"{a.max_new_tokens} new tokens (stops at EOS). Measured speedup = tokens/s with the one strategy / "
-        f"tokens/s with SD off, same prompts. **Projected** = measured accept length x ({big} decode step / {big} "
-        f"verify step of that budget) at context {a.proj_ctx}, from step_costs; a projection, not a measurement.",
+        f"tokens/s with SD off, same prompts. **Projected** = measured accept length x ({big} engine decode step / "
+        f"{big} engine SD step of that strategy): both steps timed in the engine on the {big} shape (random "
+        f"weights, fresh drafter of that shape, prompts of {a.proj_ctx} tokens, median step), so the SD step "
+        "includes drafting, verify, acceptance, KV commit and host work; a projection, not a measurement of "
+        f"{big} with a trained drafter.",
         "",
-        "| batch | strategy | off tok/s | SD tok/s | measured speedup | accept length | projected speedup |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        f"| batch | strategy | off tok/s | SD tok/s | measured speedup | accept length | {big} decode ms | "
+        f"{big} SD step ms | projected speedup |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         *(
             f"| {r['batch']} | {r['strategy']} | {r['off_tps']:.1f} | {r['on_tps']:.1f} | {r['speedup']:.2f} | "
-            f"{fmt(r['accept'])} | {fmt(r['projected'])} (projection, {big}) |"
+            f"{fmt(r['accept'])} | {1e3 * r['big_decode_s']:.2f} | {1e3 * r['big_sd_s']:.2f} | "
+            f"{fmt(r['projected'])} (projection, {big}) |"
             for r in rows
         ),
         "",

@@ -109,9 +109,9 @@ class SDPolicy:
     more than `hysteresis` (relative). `explore_budget` caps what exploring costs: an exploration step of an
     option dearer than the incumbent goes ahead only with a probability that keeps the expected extra time
     below that share of the incumbent's step time (an untrained drafter at batch 1, whose SD step costs
-    ~2.7 plain steps and emits ~1 token, would otherwise cost epsilon * 1.7 = 8.5% of throughput). Estimates lean optimistic (interpolated costs err low, the accept
-    prior is generous), so an untried option gets tried rather than shut out. A batch above the largest
-    bucket is decided as the largest bucket.
+    ~2.7 plain steps and emits ~1 token, would otherwise cost epsilon * 1.7 = 8.5% of throughput).
+    Estimates lean optimistic (interpolated costs err low, the accept prior is generous), so an untried
+    option gets tried rather than shut out. A batch above the largest bucket is decided as the largest bucket.
     """
 
     def __init__(
