@@ -283,6 +283,8 @@ def test_build_minibatches_global_counts_and_balance():
 
 def test_tail_trainer_starts_in_the_tail_and_stops():
     class FakeTrainer:
+        device = torch.device("cpu")
+
         def __init__(self):
             self.started = threading.Event()
 

@@ -84,7 +84,9 @@ class GraphPool:
                     program.run(key, ins)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.no_grad(), torch.cuda.graph(graph, pool=self.pool):
+            # thread_local: a drafter trainer running in another thread (spot training during the tail) may
+            # allocate and launch on its own stream while this thread captures
+            with torch.no_grad(), torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 outs = program.run(key, ins)
             self.graphs[key] = _Captured(graph, ins, outs)
         self.pool_bytes += self._reserved() - before

@@ -24,6 +24,8 @@ import time
 import warnings
 from typing import Any
 
+import torch
+
 from tlt_rt.config import TLTConfig
 
 
@@ -57,7 +59,17 @@ class TailTrainer:
         if self.stop.is_set():
             return
         start = time.time()
-        out = self.trainer.train(self.stop, max_steps=self.max_steps)
+        device = self.trainer.device
+        if device.type == "cuda":
+            # its own stream: training kernels interleave with the engine's replays instead of queueing
+            # behind them on the default stream; the buffer's tensors were written on the default stream
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.default_stream(device))
+            with torch.cuda.stream(stream):
+                out = self.trainer.train(self.stop, max_steps=self.max_steps)
+            stream.synchronize()
+        else:
+            out = self.trainer.train(self.stop, max_steps=self.max_steps)
         end = time.time()
         self.result = {"steps": int(out["steps"]), "loss": out["loss"], "top1": out["top1"], "start": start,
                        "end": end, "seconds": end - start, "where": "tail"}  # fmt: skip

@@ -66,6 +66,8 @@ class Worker:
             strategies=r.strategies, num_blocks=r.num_blocks, block_size=r.block_size, max_batch=r.max_batch,
             max_context=c.model.max_context,
         )  # fmt: skip
+        if self.device.type == "cuda":  # every graph now: no capture later beside a spot-training thread
+            self.engine.capture()
         self.serving_drafter = serving.eval()
         # the trained replica is fp32: AdamW steps of 1e-4-sized updates vanish in bf16
         self.drafter = Drafter(serving.arch, self.model).to(self.device, torch.float32)
