@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from scipy.stats import chisquare
 
-from tlt_rt.rollout.rng import counter_uniforms, sequence_seed
+from tlt_rt.rollout.rng import counter_uniforms, host_uniforms, sequence_seed
 
 
 def test_deterministic_and_in_range():
@@ -39,3 +40,13 @@ def test_sequence_seeds_are_distinct():
     seeds = {sequence_seed(s, i, j, o) for s in (0, 1) for i in range(20) for j in range(8) for o in range(2)}
     assert len(seeds) == 2 * 20 * 8 * 2
     assert all(0 <= s < 1 << 63 for s in seeds)
+
+
+def test_host_uniforms_equal_device_uniforms_bit_for_bit():
+    g = torch.Generator().manual_seed(3)
+    seeds = torch.randint(0, 2**63 - 1, (37,), generator=g)
+    counters = torch.cat([torch.randint(0, 2**40, (36,), generator=g), torch.tensor([2**62])])
+    dev = counter_uniforms(seeds, counters, 11)
+    host = host_uniforms(seeds.tolist(), counters.tolist(), 11)
+    assert host.dtype == np.float32 and host.shape == (37, 11)
+    assert np.array_equal(dev.numpy(), host)

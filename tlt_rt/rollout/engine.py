@@ -293,10 +293,7 @@ class Engine:
         caches = [self.runner.cache] + ([self.drafter_runner.cache] if self.drafter_runner else [])
         self.runner.copy_blocks(copies, caches)
         b = len(group)
-        seeds = torch.tensor([s.seed for s in group], device=self.device)
-        tok, lp = sampler.sample(
-            logits[None].expand(b, -1), seeds, torch.zeros(b, dtype=torch.long, device=self.device)
-        )
+        tok, lp = sampler.sample(logits[None].expand(b, -1), [s.seed for s in group], [0] * b)
         for seq, t, l in zip(group, tok.tolist(), lp.tolist(), strict=True):
             seq.num_cached, seq.draft_cached = p, draft_cached
             seq.hidden_chunks = [hidden] if keep_hidden else []
@@ -342,9 +339,7 @@ class Engine:
                 [[s.num_cached] for s in seqs],
             )
             out = self.runner.forward([s.tokens[-1] for s in seqs], layout, "decode")
-            seeds = torch.tensor([s.seed for s in seqs], device=self.device)
-            counters = torch.tensor([s.counter for s in seqs], device=self.device)
-            tok, lp = sampler.sample(out.logits, seeds, counters)
+            tok, lp = sampler.sample(out.logits, [s.seed for s in seqs], [s.counter for s in seqs])
             tok, lp = tok.tolist(), lp.tolist()
             # a replayed graph's output is overwritten by the next replay: keep a copy of this step's rows
             hidden = out.hidden.clone() if keep_hidden else None

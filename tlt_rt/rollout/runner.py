@@ -17,7 +17,7 @@ from tlt_rt.ir.strategy import bucket_for
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import CausalLM, KVCache, ModelOutput
 from tlt_rt.rollout.params import SamplingParams
-from tlt_rt.rollout.rng import counter_uniforms
+from tlt_rt.rollout.rng import host_uniforms
 
 
 @dataclass
@@ -102,15 +102,16 @@ class Sampler:
         t, k, p = self.row_params(logits.shape[0])
         return filtered_probs(logits[:, None], t, k, p)[:, 0].log()
 
-    def sample(self, logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor):
-        """logits [B, V] -> (tokens [B], logprobs [B]). Inverse CDF over token ids with one uniform."""
+    def sample(self, logits: torch.Tensor, seeds: list[int], counters: list[int]):
+        """logits [B, V] -> (tokens [B], logprobs [B]). Inverse CDF over token ids with one uniform, drawn
+        from each sequence's (seed, counter) stream on the host."""
         logp = self.log_dist(logits)
         if self.params.greedy:
             tok = logits.argmax(-1)
         else:
             probs = logp.exp()
             cdf = probs.cumsum(-1)
-            u = counter_uniforms(seeds, counters, 2)[:, 1:2] * cdf[:, -1:]
+            u = torch.from_numpy(host_uniforms(seeds, counters, 2)[:, 1:2]).to(cdf.device) * cdf[:, -1:]
             tok = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(logits.shape[-1] - 1)
             # a boundary landing on a zero-probability token moves to the previous kept one
             tok = torch.where(probs.gather(1, tok[:, None]).squeeze(1) > 0, tok, logp.argmax(-1))

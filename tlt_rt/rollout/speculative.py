@@ -19,7 +19,7 @@ from tlt_rt.ir.program import StepProgram
 from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import DraftTree
 from tlt_rt.rollout.drafting import DrafterRunner, DraftInputs, upload
-from tlt_rt.rollout.rng import counter_uniforms
+from tlt_rt.rollout.rng import host_uniforms
 from tlt_rt.rollout.runner import Sampler, TargetRunner, table_tensor, tree_meta
 from tlt_rt.rollout.sequence import Sequence
 
@@ -80,8 +80,9 @@ def speculative_step(
     b, D = len(seqs), strategy.depth
     r = D + 1
     window = drafter.prepare(seqs, tables, r)  # [B, W >= R, H]
-    rows = [[s.num_cached, min(s.num_cached, r), s.seed, s.counter, *s.last_tokens(r)] for s in seqs]
-    (lens, valid, seeds, counters), ctx_tokens = upload(rows, 4, device)
+    rows = [[s.num_cached, min(s.num_cached, r), *s.last_tokens(r)] for s in seqs]
+    (lens, valid), ctx_tokens = upload(rows, 2, device)
+    uniforms = host_uniforms([s.seed for s in seqs], [s.counter for s in seqs], 2 * (D + 1))
     table_t = table_tensor(tables, device)
     inputs = {
         "last_tokens": ctx_tokens[:, -1],
@@ -90,7 +91,7 @@ def speculative_step(
         "ctx_tokens": ctx_tokens,
         "ctx_hidden": window[:, -r:],
         "ctx_len": valid,
-        "uniforms": counter_uniforms(seeds, counters, 2 * (D + 1)).view(b, D + 1, 2),
+        "uniforms": torch.from_numpy(uniforms).to(device).view(b, D + 1, 2),
     }
     v = lowered(EngineStepModels(seqs, lens, table_t, target, drafter), inputs)
     # target hidden at the root and along the accepted path: positions L .. L+a
