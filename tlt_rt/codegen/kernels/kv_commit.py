@@ -77,10 +77,17 @@ def _kv_commit_kernel(
     tl.store(base + dst_off[:, None] + col_off[None, :], rows, mask=io_mask)
 
 
-def _check(kv_caches, block_tables, prefix_len, accepted_nodes, accept_len) -> list[torch.Tensor]:
-    assert len(kv_caches) > 0, "kv_caches is empty"
-    caches = [c for pair in kv_caches for c in pair]
+# validated cache sets -> their launch plan as (index of the run's first cache, count, distance): the engine
+# passes the same layers every step, and checking 2L caches and planning runs over their pointers cost more
+# host time than the commit itself at small batch. Indices, not tensors, so no cache is kept alive here.
+_PLANS: dict[tuple, list[tuple[int, int, int]]] = {}
+
+
+def _check_caches(caches: list[torch.Tensor]) -> list[tuple[torch.Tensor, int, int]]:
     first = caches[0]
+    key = (tuple((c.data_ptr(), c.shape, c.stride()) for c in caches), first.dtype, first.device)
+    if key in _PLANS:
+        return [(caches[i], count, step) for i, count, step in _PLANS[key]]
     assert first.dim() == 4, f"caches must be [num_blocks, page, Hkv, D], got {tuple(first.shape)}"
     for c in caches:
         assert c.shape == first.shape and c.stride() == first.stride(), (
@@ -88,6 +95,20 @@ def _check(kv_caches, block_tables, prefix_len, accepted_nodes, accept_len) -> l
         )
         assert c.dtype == first.dtype and c.device == first.device, "all caches need one dtype and device"
     assert len({c.data_ptr() for c in caches}) == len(caches), "the same cache is given twice"
+    if len(_PLANS) > 64:
+        _PLANS.clear()
+    plan = launch_plan(caches)
+    index = {c.data_ptr(): i for i, c in enumerate(caches)}
+    _PLANS[key] = [(index[start.data_ptr()], count, step) for start, count, step in plan]
+    return plan
+
+
+def _check(kv_caches, block_tables, prefix_len, accepted_nodes, accept_len):
+    """Validate the arguments; returns (caches flattened [k0, v0, k1, ...], their launch plan)."""
+    assert len(kv_caches) > 0, "kv_caches is empty"
+    caches = [c for pair in kv_caches for c in pair]
+    first = caches[0]
+    plan = _check_caches(caches)
     b = block_tables.shape[0]
     assert block_tables.dim() == 2 and block_tables.dtype == torch.int32 and block_tables.stride(1) == 1, (
         f"block_tables must be contiguous [B, max_blocks] int32, got {tuple(block_tables.shape)} {block_tables.dtype}"
@@ -100,7 +121,7 @@ def _check(kv_caches, block_tables, prefix_len, accepted_nodes, accept_len) -> l
     for name, t in (("block_tables", block_tables), ("prefix_len", prefix_len), ("accepted_nodes", accepted_nodes),
                     ("accept_len", accept_len)):  # fmt: skip
         assert t.device == first.device, f"{name} is on {t.device}, caches on {first.device}"
-    return caches
+    return caches, plan
 
 
 def kv_commit_reference(
@@ -115,7 +136,7 @@ def kv_commit_reference(
     Rows that do not move write the root's own value back onto the root (position P is never a
     destination), so one gather and one scatter serve every sequence.
     """
-    caches = _check(kv_caches, block_tables, prefix_len, accepted_nodes, accept_len)
+    caches, _ = _check(kv_caches, block_tables, prefix_len, accepted_nodes, accept_len)
     page = caches[0].shape[1]
     n_cols = accepted_nodes.shape[1]
     ks = torch.arange(n_cols, device=accepted_nodes.device)
@@ -177,7 +198,7 @@ def kv_commit(
     [B, max_accept] tree node of each accepted draft token in order (-1 padding); accept_len [B].
     No host sync: graph-capturable. Usually one launch in all (see the module docstring).
     """
-    caches = _check(kv_caches, block_tables, prefix_len, accepted_nodes, accept_len)
+    caches, plan = _check(kv_caches, block_tables, prefix_len, accepted_nodes, accept_len)
     first = caches[0]
     if first.device.type != "cuda" and isinstance(_kv_commit_kernel, triton.runtime.JITFunction):
         raise RuntimeError(f"kv_commit on {first.device} needs TRITON_INTERPRET=1 set before importing {__name__}")
@@ -187,7 +208,7 @@ def kv_commit(
     b, n_cols = accepted_nodes.shape
     row_width = n_kv * head_dim
     block_c = min(triton.next_power_of_2(row_width), max(64, 4096 // triton.next_power_of_2(n_cols)))
-    for start, count, step in launch_plan(caches):
+    for start, count, step in plan:
         _kv_commit_kernel[(b, triton.cdiv(row_width, block_c), count)](
             start, block_tables, prefix_len, accepted_nodes, accept_len,
             n_cols, row_width, step,
