@@ -49,6 +49,8 @@ def run_engine(engine: Engine, prompts, max_new: int, profile: int = 0) -> tuple
         steps = engine.stats()["steps"]
         print(f"--- profile: {len(prompts)} prompts, {steps} steps, {1e3 * dt / max(steps, 1):.2f} ms/step (profiled)")
         pstats.Stats(prof).sort_stats("tottime").print_stats(profile)
+        print("--- the engine's own functions by cumulative time")
+        pstats.Stats(prof).sort_stats("cumulative").print_stats("tlt_rt", profile)
     n = sum(len(o.token_ids) for o in outs)
     return n / dt, n
 
