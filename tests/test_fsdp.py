@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.llama import CausalLM
@@ -23,6 +18,8 @@ from tlt_rt.train.fsdp import (
     tp_split_dim,
 )
 from tlt_rt.train.grpo import policy_loss, token_logprobs
+
+from .dist_harness import spawn_ranks
 
 WORLD = 2
 STEPS = 2
@@ -86,65 +83,46 @@ def _reference(tie: bool) -> tuple[list[dict[str, torch.Tensor]], dict[str, torc
     return grads, {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30)
-    )
-    try:
-        for tie in (False, True):
-            model = shard_learner(_model(tie), mixed_precision=False)
-            opt = _optimizer(model)
-            grads = []
-            for ids, mask, adv in _batches():
-                part = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
-                _loss(model, ids[part], mask[part], adv[part], float(mask.sum())).backward()
-                grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            moments = [s["exp_avg"] for s in opt.state.values()]
-            engine = CausalLM(_arch(tie))
-            ptrs = {n: t.data_ptr() for n, t in engine.state_dict().items()}
-            push_to_engine(model, engine)
-            result = {
-                "grads": grads,
-                "state": full_state_for_engine(model),
-                "state_bf16": full_state_for_engine(model, torch.bfloat16),
-                "pushed": {k: v.clone() for k, v in engine.state_dict().items()},
-                "ptrs_kept": all(t.data_ptr() == ptrs[n] for n, t in engine.state_dict().items()),
-                "moments_sharded": all(type(m).__name__ == "DTensor" for m in moments),
-                "local_numel": sum(m.to_local().numel() for m in moments),
-                "full_numel": sum(m.numel() for m in moments),
-            }
-            torch.save(result, Path(out_dir) / f"tie{int(tie)}_rank{rank}.pt")
-        # bf16 compute, fp32 master shards and fp32 reduction: the first step's gradients
-        model = shard_learner(_model(True), mixed_precision=True)
-        ids, mask, adv = _batches()[0]
-        part = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
-        _loss(model, ids[part], mask[part], adv[part], float(mask.sum())).backward()
-        grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
-        dtypes = {p.dtype for p in model.parameters()} | {g.dtype for g in grads.values()}
-        torch.save({"grads": grads, "dtypes": dtypes}, Path(out_dir) / f"bf16_rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _worker(rank: int, world: int, out_dir: str) -> None:
+    for tie in (False, True):
+        model = shard_learner(_model(tie), mixed_precision=False)
+        opt = _optimizer(model)
+        grads = []
+        for ids, mask, adv in _batches():
+            part = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+            _loss(model, ids[part], mask[part], adv[part], float(mask.sum())).backward()
+            grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        moments = [s["exp_avg"] for s in opt.state.values()]
+        engine = CausalLM(_arch(tie))
+        ptrs = {n: t.data_ptr() for n, t in engine.state_dict().items()}
+        push_to_engine(model, engine)
+        result = {
+            "grads": grads,
+            "state": full_state_for_engine(model),
+            "state_bf16": full_state_for_engine(model, torch.bfloat16),
+            "pushed": {k: v.clone() for k, v in engine.state_dict().items()},
+            "ptrs_kept": all(t.data_ptr() == ptrs[n] for n, t in engine.state_dict().items()),
+            "moments_sharded": all(type(m).__name__ == "DTensor" for m in moments),
+            "local_numel": sum(m.to_local().numel() for m in moments),
+            "full_numel": sum(m.numel() for m in moments),
+        }
+        torch.save(result, Path(out_dir) / f"tie{int(tie)}_rank{rank}.pt")
+    # bf16 compute, fp32 master shards and fp32 reduction: the first step's gradients
+    model = shard_learner(_model(True), mixed_precision=True)
+    ids, mask, adv = _batches()[0]
+    part = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+    _loss(model, ids[part], mask[part], adv[part], float(mask.sum())).backward()
+    grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+    dtypes = {p.dtype for p in model.parameters()} | {g.dtype for g in grads.values()}
+    torch.save({"grads": grads, "dtypes": dtypes}, Path(out_dir) / f"bf16_rank{rank}.pt")
 
 
 @pytest.fixture(scope="module")
 def fsdp_results(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn")
-    deadline = time.monotonic() + 90
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("FSDP workers did not finish within 90 s")
+    spawn_ranks(_worker, WORLD, (str(out),), timeout_s=90)
     return out
 
 

@@ -89,8 +89,15 @@ def test_plan_errors(cluster, node_list, key, words):
     assert e.value.key == f"cluster.{key}" and words in e.value.msg
 
 
-def test_multi_bundle_workers_are_not_launched_yet():
-    layout = plan_layout(ClusterConfig(num_workers=1, gpus_per_worker=2, tensor_parallel=2), nodes(1, 8))
+def test_tp_ranks_take_their_bundles():
+    layout = plan_layout(ClusterConfig(num_workers=2, gpus_per_worker=2, tensor_parallel=2), nodes(1, 8))
+    assert [layout.worker_bundle(1, t) for t in range(2)] == [(1, 0), (1, 1)]
+    with pytest.raises(ValueError, match="tp_rank 2"):
+        layout.worker_bundle(0, 2)
+    cpu = plan_layout(ClusterConfig(num_workers=1, tensor_parallel=2, cpus_per_worker=2), nodes(1, 0, cpus=4))
+    assert cpu.groups[0].bundles == ({"CPU": 2},) * 2
+    # several TP groups in one worker (gpus_per_worker > tensor_parallel) stay unlaunched
+    layout = plan_layout(ClusterConfig(num_workers=1, gpus_per_worker=4, tensor_parallel=2), nodes(1, 8))
     with pytest.raises(NotImplementedError):
         layout.worker_bundle(0)
 

@@ -7,21 +7,17 @@ One pair of spawned ranks runs every check and writes its results; the tests rea
 from __future__ import annotations
 
 import copy
-import json
-import socket
-import traceback
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.models.tensor_parallel import shard_for_tp
+
+from .dist_harness import read_checks, run_checks, spawn_ranks
 
 WORLD = 2
 BASE = dict(
@@ -177,40 +173,52 @@ def check_engine(case: str, rank: int) -> None:
         assert every[0] == every[1], "ranks disagree on the generated tokens"
 
 
-CHECKS = {"dense": check_dense, "dense_grad": check_dense_grad, "paged": check_paged, "engine": check_engine}
+def check_lockstep(case: str, rank: int) -> None:
+    """speculative="auto" over 2 ranks: rank 0's policy decides for both (rank 1's own, made to explore on
+    every step, is never read), and greedy tokens equal plain TP=1 decoding."""
+    from tlt_rt.models.drafter import Drafter
+    from tlt_rt.rollout.engine import Engine
+    from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine
+    from tlt_rt.rollout.params import SamplingParams
+
+    if case != "qwen2-tied":  # one architecture is enough for the control flow
+        return
+    full = _build(case)
+    shard = copy.deepcopy(full)
+    heads = TargetHeads(shard)  # the replicated drafter reads the full embedding and head
+    shard_for_tp(shard)
+    torch.manual_seed(3)
+    drafter = Drafter(full.arch, heads).eval()
+    kw = dict(block_size=4, max_batch=4, max_prefill_tokens=8, strategies=["3_2_4", "2_1_2"])
+    ref = Engine(full, speculative="off", **kw)
+    eng = lockstep_engine(shard, None, drafter=drafter, speculative="auto", **kw)
+    eng.policy.inner.epsilon = 1.0 if rank else 0.0
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12, stop_token_ids=[])
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15], [42]]
+    want, got = ref.generate(prompts, params), eng.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want], "lockstep TP=2 tokens differ from TP=1"
+    st = eng.stats()
+    assert st["sd_steps"] > 0 and st["decode_steps"] > 0, st
+    every = [None] * WORLD
+    dist.all_gather_object(every, [e["strategy"] for e in eng.timeline if e["kind"] != "prefill"])
+    assert every[0] == every[1], "ranks took different speculative decisions"
+    assert eng.policy.inner.stats()["explore_steps"] == 0  # only rank 0's policy decided, with epsilon 0
+
+
+CHECKS = {"dense": check_dense, "dense_grad": check_dense_grad, "paged": check_paged, "engine": check_engine,
+          "lockstep": check_lockstep}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- harness
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
-    )
-    results = {}
-    try:
-        for name, fn in CHECKS.items():
-            for case in CASES:
-                try:
-                    fn(case, rank)
-                    results[f"{name}[{case}]"] = "ok"
-                except Exception:
-                    results[f"{name}[{case}]"] = traceback.format_exc()
-    finally:
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _worker(rank: int, world: int, out_dir: str) -> None:
+    run_checks(rank, CHECKS, CASES, out_dir)
 
 
 @pytest.fixture(scope="module")
 def tp_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp")
-    mp.spawn(_worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=True)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    spawn_ranks(_worker, WORLD, (str(out),))
+    return read_checks(out, WORLD)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

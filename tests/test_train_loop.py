@@ -188,6 +188,29 @@ def test_dead_worker_is_replaced_and_its_share_redone(reference_run, tiny, tmp_p
     assert_same_run(reference_run, tmp_path / "faulty")
 
 
+def test_fsdp_learner_gives_the_unsharded_update(reference_run, tiny, tmp_path):
+    train(tiny_config(tiny, tmp_path, "fsdp", "rl.steps=1", "rl.learner_shard=fsdp"))
+    want = policy_weights(ckpt.list_checkpoints(reference_run)[0] / "policy")  # the reference after step 1
+    got = policy_weights(ckpt.latest_checkpoint(tmp_path / "fsdp") / "policy")
+    start = policy_weights(tiny / "policy")
+    assert got.keys() == want.keys() and any(not torch.equal(got[k], start[k]) for k in got)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=1e-6, rtol=1e-5, msg=k)
+    assert {k: metrics(tmp_path / "fsdp")[0][k] for k in ("samples_trained", "policy_version")} == {
+        k: metrics(reference_run)[0][k] for k in ("samples_trained", "policy_version")
+    }
+
+
+def test_tensor_parallel_engine_steps_and_learns(ray_cluster, tiny, tmp_path):
+    # one DP replica of two TP ranks (two processes), speculative decoding on: the lockstep engine
+    records = train(tiny_config(tiny, tmp_path, "tp2", "rl.steps=1", "cluster.num_workers=1",
+                                "cluster.tensor_parallel=2"))  # fmt: skip
+    assert records[0]["policy_version"] == 1 and records[0]["samples_trained"] > 0
+    assert records[0]["sd_share"] > 0
+    start, got = policy_weights(tiny / "policy"), policy_weights(ckpt.latest_checkpoint(tmp_path / "tp2") / "policy")
+    assert any(not torch.equal(got[k], start[k]) for k in got), "the policy did not change"
+
+
 def test_single_worker_trains_the_drafter_in_its_own_tail(ray_cluster, tiny, tmp_path):
     records = train(tiny_config(
         tiny, tmp_path, "alone", "cluster.num_workers=1", "rl.prompts_per_step=2", "rollout.max_new_tokens=48",

@@ -663,6 +663,12 @@ class RLConfig:
         help="Recompute the old log-probs with the learner's dense forward before the update instead of using "
         "the engine's (equal up to float rounding, since the engine samples exactly from the policy).",
     )
+    learner_shard: Literal["none", "fsdp"] = option(
+        "none",
+        help="How the learner's weights and optimizer state are held: 'none' = a full replica per worker "
+        "process, gradients all-reduced; 'fsdp' = sharded over every worker process with FSDP2 (fp32 master "
+        "shards; bf16 compute on GPU), the engines given the gathered weights after each update.",
+    )
     checkpoint_every: int = option(
         1, help="RL steps between checkpoints; 1 means killing the driver loses at most the current step."
     )
@@ -687,6 +693,9 @@ class RLConfig:
         )
         check_min(self, "kl_coef", 0.0)
         check_min(self, "steps", 1)
+        check(
+            self.learner_shard in ("none", "fsdp"), "learner_shard", f"must be none or fsdp, got {self.learner_shard!r}"
+        )
 
 
 @register
@@ -695,7 +704,9 @@ class ClusterConfig:
     num_workers: int = option(2, help="Rollout workers (Ray actors); idle ones train the drafter.")
     gpus_per_worker: int = option(0, help="GPUs per rollout worker; 0 = CPU workers.")
     tensor_parallel: int = option(
-        1, help="GPUs one engine shards the target over; must divide gpus_per_worker (1 on CPU)."
+        1,
+        help="Ranks one engine shards the target over (one process each, in lockstep): GPUs, equal to "
+        "gpus_per_worker; on CPU workers, processes of cpus_per_worker cores each.",
     )
     ray_address: str | None = option(None, help="Ray cluster to join; null = start a local one.")
     cpus_per_worker: int = option(1, help="CPU cores reserved per worker (its torch thread count on CPU workers).")
@@ -742,11 +753,7 @@ class ClusterConfig:
         check_min(self, "gpus_per_worker", 0)
         check_min(self, "tensor_parallel", 1)
         gpus, tp = self.gpus_per_worker, self.tensor_parallel
-        check(
-            tp == 1 if gpus == 0 else gpus % tp == 0,
-            "tensor_parallel",
-            f"must divide gpus_per_worker ({gpus}), and be 1 on CPU; got {tp}",
-        )
+        check(gpus == 0 or gpus % tp == 0, "tensor_parallel", f"must divide gpus_per_worker ({gpus}); got {tp}")
 
 
 @register

@@ -38,6 +38,18 @@ log = logging.getLogger(__name__)
 DEFAULT_STRATEGIES = ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")
 
 
+def auto_num_blocks(target: CausalLM, block_size: int) -> int:
+    """KV blocks to allocate when none are configured: half the free GPU memory, or up to 512 MiB on CPU."""
+    a = target.arch
+    per_block = 2 * a.num_hidden_layers * block_size * a.num_key_value_heads * a.head_dim
+    per_block *= target.lm_head.weight.element_size()
+    device = target.lm_head.weight.device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(64, int(free * 0.5) // per_block)
+    return max(64, min(1024, (512 << 20) // per_block))
+
+
 class Engine:
     def __init__(
         self,
@@ -149,13 +161,7 @@ class Engine:
         return table
 
     def _auto_blocks(self) -> int:
-        a = self.target.arch
-        per_block = 2 * a.num_hidden_layers * self.block_size * a.num_key_value_heads * a.head_dim
-        per_block *= self.target.lm_head.weight.element_size()
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return max(64, int(free * 0.5) // per_block)
-        return max(64, min(1024, (512 << 20) // per_block))
+        return auto_num_blocks(self.target, self.block_size)
 
     def _new_id(self) -> int:
         self._next_id += 1

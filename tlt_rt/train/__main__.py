@@ -87,18 +87,29 @@ def plan(cfg: TLTConfig) -> str:
     else:  # the engine's CPU rule: at most 1024 blocks or 512 MiB
         per_block = kv_per_token * r.block_size
         kv_tokens, kv_note = max(64, min(1024, (512 << 20) // per_block)) * r.block_size, "engine's CPU default"
-    shard = tp if gpu else 1
-    mem = {
-        "weights": params * nbytes / shard,
-        "gradients": params * nbytes / shard,
-        "fp32 master weights": (params * 4 / shard) if nbytes != 4 else 0.0,
-        "AdamW moments (fp32)": params * 8 / shard,
-        f"KV cache ({kv_tokens} tokens: {kv_note})": kv_tokens * kv_per_token / shard,
-        "drafter + its AdamW": draft_params * (nbytes + 4 + 8 + (4 if nbytes != 4 else 0)),
-        f"learner logits (micro_batch {cfg.rl.micro_batch} x {seq} x vocab, fp32 x2)": (
-            2 * cfg.rl.micro_batch * seq * arch.vocab_size * 4 / shard
-        ),
-    }
+    shard = tp if gpu else 1  # engine memory per GPU; on CPU a worker's TP processes share its RAM
+    procs = c.num_workers * tp
+    fsdp = cfg.rl.learner_shard == "fsdp"
+    separate = tp > 1 or fsdp  # the learner holds its own copy beside the engine's shard
+    learner_share = procs if fsdp else 1
+    mem = {"engine weights" + (f" (TP shard of {tp})" if tp > 1 else ""): params * nbytes / shard}
+    if fsdp:
+        mem[f"learner fp32 weights + gradients (FSDP shard of {procs})"] = params * 8 / learner_share
+    else:
+        if separate:
+            mem["learner weights (full replica)"] = params * nbytes
+        mem["gradients"] = params * nbytes
+        mem["fp32 master weights"] = params * 4 if nbytes != 4 else 0.0
+    mem["AdamW moments (fp32)" + (" (FSDP shard)" if fsdp else "")] = params * 8 / learner_share
+    mem[f"KV cache ({kv_tokens} tokens: {kv_note})"] = kv_tokens * kv_per_token / shard
+    mem["drafter + its AdamW"] = draft_params * (nbytes + 4 + 8 + (4 if nbytes != 4 else 0))
+    if tp > 1:  # the replicated drafter reads the full embedding and head
+        mem["drafter's full embedding + LM head"] = (
+            (1 if arch.tie_word_embeddings else 2) * arch.vocab_size * (arch.hidden_size * nbytes)
+        )
+    mem[f"learner logits (micro_batch {cfg.rl.micro_batch} x {seq} x vocab, fp32 x2)"] = (
+        2 * cfg.rl.micro_batch * seq * arch.vocab_size * 4
+    )
     total = sum(mem.values())
     unit = "GPU" if gpu else "worker (CPU RAM)"
     lines = [
@@ -113,7 +124,7 @@ def plan(cfg: TLTConfig) -> str:
         lines.append(f"           {total_gpus} GPUs in use")
     lines += [
         f"parallel   TP {tp} x DP {engines}: {engines} rollout engine(s); learner data parallel over "
-        f"{c.num_workers} worker(s), gradients all-reduced ({'NCCL' if gpu else 'gloo'})",
+        f"{procs} process(es), {'FSDP2-sharded' if fsdp else 'gradients all-reduced'} ({'NCCL' if gpu else 'gloo'})",
         f"rollout    {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} samples per step, max_new_tokens "
         f"{r.max_new_tokens}, speculative={r.speculative}",
         f"drafter    online training={'on' if cfg.drafter.train_online else 'off'} (idle workers"
@@ -127,10 +138,8 @@ def plan(cfg: TLTConfig) -> str:
         budget = c.gpu_memory_gb
         verdict = "fits" if total / GIB <= budget else f"DOES NOT FIT (over by {total / GIB - budget:.1f} GiB)"
         lines.append(f"  of {budget:.0f} GiB per GPU: {verdict}")
-        if tp > 1 or c.gpus_per_worker > 1:
-            lines.append("  note: tensor-parallel engines are planned here only; the runtime runs one GPU per worker")
-        if total / GIB > budget:
-            lines.append("  note: optimizer state is replicated per worker (no ZeRO/FSDP sharding yet)")
+        if total / GIB > budget and not fsdp:
+            lines.append("  note: the learner is replicated per process; rl.learner_shard=fsdp shards it")
     return "\n".join(lines)
 
 

@@ -135,8 +135,9 @@ class Coordinator:
         tail = [(res.get("tail") or {}).get("steps", 0) for res in outcome["results"]]
         steps = [outcome["trainings"][r]["steps"] + tail[r] for r in range(self.pool.size)]
         total = sum(steps)
-        # a lone worker's tail training was pushed to its engine when its rollout returned
-        if total > 0 and self.pool.size > 1:
+        # a lone worker's tail training was pushed to its engine when its rollout returned (a lone TP group
+        # still merges: its peers' drafters must equal rank 0's to draft the same trees)
+        if total > 0 and len(self.pool.actors) > 1:
             self.pool.collective("merge_drafter", [(s, total) for s in steps])
 
     def learn(self, step: int, minibatches: list[list], version: int) -> list[dict]:
@@ -158,6 +159,11 @@ class WorkerPool:
         ray.get([w.ping.remote() for w in self.workers])  # surfaces construction errors here
         self._dirty = False
         self.form_group()
+
+    @property
+    def actors(self) -> list:
+        """Every worker process (a sharded pool adds the TP peers)."""
+        return list(self.workers)
 
     def _spawn(self, rank: int, policy_path: str | None = None):
         import ray

@@ -4,7 +4,10 @@ Data parallel without a wrapper: every worker runs the same number of mini-batch
 its share of the global sum (global token/response counts come with the mini-batch), gradients are summed
 by `grad_sync` (an all-reduce) and every worker applies the same clipped AdamW step, so all workers hold
 identical weights afterwards. The model is the rollout engine's own target: updating it in place is how
-the engine gets the new policy.
+the engine gets the new policy (a sharded worker copies it into the engine instead, see train/sharded.py).
+
+With `lockstep` (an FSDP-sharded model: every forward and backward is a collective) every rank runs the
+same number of micro-batches: a rank with fewer samples runs zero-weighted dummy ones.
 
 Low-precision weights (bf16 on GPU) are stepped through fp32 master copies: an lr of 1e-6 is below
 bf16's resolution, so a direct bf16 AdamW step would drop most updates.
@@ -17,7 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from tlt_rt.config import RLConfig
 from tlt_rt.train.grpo import policy_loss, token_logprobs
@@ -92,8 +97,9 @@ class Learner:
         grad_sync: Callable[[list[Tensor]], None] | None = None,
         ref_model: nn.Module | None = None,
         pad_id: int = 0,
+        lockstep: bool = False,
     ) -> None:
-        self.model, self.cfg, self.sampling = model, cfg, sampling
+        self.model, self.cfg, self.sampling, self.lockstep = model, cfg, sampling, lockstep
         self.grad_sync, self.ref_model, self.pad_id = grad_sync, ref_model, pad_id
         self.params = unique_parameters(model)
         self.device = self.params[0].device
@@ -126,8 +132,8 @@ class Learner:
     @torch.no_grad()
     def recompute_logprobs(self, samples: list[LearnSample]) -> None:
         """Replace each sample's old log-probs with the dense forward's (the `rl.recompute_logprobs` path)."""
-        for chunk in _chunks(samples, self.cfg.micro_batch):
-            ids, targets, mask, _ = pad_batch(chunk, self.pad_id, self.device)
+        for chunk in self._micro_batches(samples):
+            ids, targets, mask, _ = pad_batch(chunk or [self._dummy()], self.pad_id, self.device)
             lp = self._logprobs(self.model, ids, targets)
             for i, s in enumerate(chunk):
                 p = len(s.prompt)
@@ -154,7 +160,11 @@ class Learner:
         return totals
 
     def _accumulate(self, mb: MiniBatch, totals: dict[str, float]) -> None:
-        for chunk in _chunks(mb.samples, self.cfg.micro_batch):
+        for chunk in self._micro_batches(mb.samples):
+            if not chunk:  # lockstep: join the collectives of the others' forward and backward
+                ids, targets, _, _ = pad_batch([self._dummy()], self.pad_id, self.device)
+                (self._logprobs(self.model, ids, targets).sum() * 0.0).backward()
+                continue
             ids, targets, mask, old = pad_batch(chunk, self.pad_id, self.device)
             adv = torch.tensor([s.advantage for s in chunk], device=self.device)
             ref = None
@@ -172,6 +182,18 @@ class Learner:
             for k in ("tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum"):
                 totals[k] += getattr(st, k)
 
+    def _micro_batches(self, samples: list[LearnSample]) -> list[list[LearnSample]]:
+        """This rank's micro-batches; in lockstep padded with empty ones to the most any rank has."""
+        chunks = _chunks(samples, self.cfg.micro_batch)
+        if self.lockstep and dist.is_initialized():
+            n = torch.tensor([len(chunks)], device=self.device)
+            dist.all_reduce(n, op=dist.ReduceOp.MAX)
+            chunks += [[] for _ in range(int(n.item()) - len(chunks))]
+        return chunks
+
+    def _dummy(self) -> LearnSample:
+        return LearnSample([self.pad_id], [self.pad_id], [0.0], 0.0)
+
     def _step(self) -> float:
         for p in self.params:
             if p.grad is None:  # a worker with no samples still joins the all-reduce
@@ -188,6 +210,8 @@ class Learner:
             norm = torch.nn.utils.clip_grad_norm_(targets, self.cfg.max_grad_norm)
         else:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+        if isinstance(norm, DTensor):  # FSDP parameters: the norm is itself sharded
+            norm = norm.full_tensor()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         for p in self.params:

@@ -1,6 +1,7 @@
 """The RL loop. Each step: sample prompts, roll them out over the workers (idle workers train the drafter),
 score the responses, compute GRPO advantages, run the data-parallel learner update, merge the drafter,
-then write metrics and a checkpoint.
+then write metrics and a checkpoint. Tensor-parallel engines and the FSDP learner run on sharded workers
+(train/sharded.py); the loop talks to each engine's rank 0 alone.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tlt_rt.train.grpo import equal_reward_groups, group_advantages
 from tlt_rt.train.learner import LearnSample, MiniBatch
 from tlt_rt.train.metrics import MetricsWriter, percentile, rollout_metrics, spot_metrics, worker_timeline
 from tlt_rt.train.reward import reward
+from tlt_rt.train.sharded import ShardedWorkerPool, uses_sharded_workers
 
 
 class RunExistsError(ValueError):
@@ -40,7 +42,7 @@ def init_ray(cfg: TLTConfig) -> bool:
         return True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster needs no token
     c = cfg.cluster
-    cpus = max(os.cpu_count() or 1, c.num_workers * c.cpus_per_worker)
+    cpus = max(os.cpu_count() or 1, c.num_workers * c.tensor_parallel * c.cpus_per_worker)
     gpus = torch.cuda.device_count() if c.gpus_per_worker else 0
     ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False)
     return True
@@ -98,10 +100,11 @@ class Trainer:
         from tlt_rt.models.default import load_tokenizer
 
         c = cfg.cluster
-        if c.tensor_parallel > 1 or c.gpus_per_worker > 1:
-            raise NotImplementedError(
-                f"cluster.tensor_parallel={c.tensor_parallel}, gpus_per_worker={c.gpus_per_worker}: engines run on "
-                "one GPU per worker for now; --dry-run plans sharded layouts, training needs gpus_per_worker <= 1"
+        if c.gpus_per_worker > c.tensor_parallel:
+            raise ConfigError(
+                "cluster.gpus_per_worker",
+                f"is {c.gpus_per_worker} with tensor_parallel={c.tensor_parallel}: a worker runs one engine, so "
+                "its GPUs are its TP group; set gpus_per_worker = tensor_parallel (more workers for more engines)",
             )
         want = "cuda" if c.gpus_per_worker else "cpu"
         if cfg.model.device not in ("auto", want):
@@ -134,7 +137,8 @@ class Trainer:
             layout = placement.plan_layout(c, placement.ray_nodes())
             self.placement_groups = placement.create_placement_groups(layout, c.placement_timeout_s, cfg.name)
             policy = str(last / "policy") if last is not None else None
-            self.pool = placement.PlacedWorkerPool(cfg, self.run_dir, policy, layout, self.placement_groups)
+            pool_cls = ShardedWorkerPool if uses_sharded_workers(cfg) else placement.PlacedWorkerPool
+            self.pool = pool_cls(cfg, self.run_dir, policy, layout, self.placement_groups)
             if last is not None:
                 self.pool.load_checkpoint(last)
                 self.pool.version = int(state["version"])
@@ -269,7 +273,7 @@ class Trainer:
 
         if self.metrics is not None:
             self.metrics.close()
-        for w in self.pool.workers if self.pool is not None else []:
+        for w in self.pool.actors if self.pool is not None else []:
             ray.kill(w, no_restart=True)
         placement.remove_placement_groups(self.placement_groups)
         self.placement_groups = []

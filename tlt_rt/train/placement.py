@@ -56,11 +56,14 @@ class Layout:
     def groups_on(self, node: int) -> list[TPGroup]:
         return [g for g in self.groups if g.node == node]
 
-    def worker_bundle(self, worker: int) -> tuple[int, int]:
-        """(placement group, bundle) of a worker whose resources are one bundle (one GPU or CPU only)."""
-        if self.tensor_parallel != 1 or self.groups_per_worker != 1:
-            raise NotImplementedError("a worker spanning several bundles (gpus_per_worker > 1) is not launched yet")
-        return worker, 0
+    def worker_bundle(self, worker: int, tp_rank: int = 0) -> tuple[int, int]:
+        """(placement group, bundle) of TP rank `tp_rank` of a worker (one TP group per worker)."""
+        if self.groups_per_worker != 1:
+            raise NotImplementedError("a worker holding several TP groups (gpus_per_worker > tensor_parallel) "
+                                      "is not launched")  # fmt: skip
+        if not 0 <= tp_rank < self.tensor_parallel:
+            raise ValueError(f"tp_rank {tp_rank} outside a tensor-parallel group of {self.tensor_parallel}")
+        return worker, tp_rank
 
     def describe(self) -> list[str]:
         gpu = any(g.gpus for g in self.groups)
@@ -212,11 +215,11 @@ def create_placement_groups(layout: Layout, timeout_s: float = 120.0, name: str 
     return pgs
 
 
-def scheduling_strategy(pgs: list[Any], layout: Layout, worker: int) -> Any:
-    """What a worker's actor is launched with: its bundle in its TP group's placement group."""
+def scheduling_strategy(pgs: list[Any], layout: Layout, worker: int, tp_rank: int = 0) -> Any:
+    """What a worker's actor (its TP rank's) is launched with: its bundle in its TP group's placement group."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    group, bundle = layout.worker_bundle(worker)
+    group, bundle = layout.worker_bundle(worker, tp_rank)
     return PlacementGroupSchedulingStrategy(placement_group=pgs[group], placement_group_bundle_index=bundle)
 
 

@@ -35,11 +35,19 @@ TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_
                    "generation_config")  # fmt: skip
 
 
+def copy_tokenizer_files(model_path: str | None, folder: Path) -> None:
+    """Tokenizer and chat template files travel as they are (loading a tokenizer costs seconds)."""
+    from tlt_rt.models.loader import resolve_model_path
+
+    for f in resolve_model_path(model_path).iterdir():
+        if f.is_file() and f.name.startswith(TOKENIZER_FILES):
+            shutil.copy2(f, folder / f.name)
+
+
 class Worker:
     def __init__(self, rank: int, world_size: int, cfg: dict, run_dir: str, policy_path: str | None = None) -> None:
         from tlt_rt.models import load_target
         from tlt_rt.models.drafter import Drafter
-        from tlt_rt.rollout import Engine
         from tlt_rt.train.drafter_data import DrafterBuffer
         from tlt_rt.train.drafter_trainer import DrafterTrainer
 
@@ -54,23 +62,19 @@ class Worker:
         torch.manual_seed(c.rl.seed)
         self.model = load_target(policy_path or c.model.path, dtype=c.model.dtype, device=self.device)
         dtype = self.model.lm_head.weight.dtype
+        heads = self._drafter_target()  # what the drafters take embedding, final norm and LM head from
         if c.drafter.path:
             from tlt_rt.models.eagle_export import load_eagle
 
-            serving = load_eagle(c.drafter.path, self.model)
+            serving = load_eagle(c.drafter.path, heads)
         else:
-            serving = Drafter(self.model.arch, self.model).to(self.device, dtype)
-        r = c.rollout
-        self.engine = Engine(
-            self.model, drafter=serving if r.speculative != "off" else None, speculative=r.speculative,
-            strategies=r.strategies, num_blocks=r.num_blocks, block_size=r.block_size, max_batch=r.max_batch,
-            max_context=c.model.max_context,
-        )  # fmt: skip
+            serving = Drafter(heads.arch, heads).to(self.device, dtype)
+        self.serving_drafter = serving.eval()
+        self.engine = self._make_engine()
         if self.device.type == "cuda":  # every graph now: no capture later beside a spot-training thread
             self.engine.capture()
-        self.serving_drafter = serving.eval()
         # the trained replica is fp32: AdamW steps of 1e-4-sized updates vanish in bf16
-        self.drafter = Drafter(serving.arch, self.model).to(self.device, torch.float32)
+        self.drafter = Drafter(serving.arch, heads).to(self.device, torch.float32)
         self.drafter.set_draft_vocab(serving.d2t)
         self.drafter.load_state_dict(serving.state_dict())
         self.buffer = DrafterBuffer(max_steps=c.drafter.buffer_steps, seed=c.rl.seed * 1009 + rank)
@@ -78,11 +82,27 @@ class Worker:
         ref = None
         if c.rl.kl_coef > 0:  # the reference policy is the run's starting model, frozen
             ref = load_target(c.model.path, dtype=c.model.dtype, device=self.device).requires_grad_(False)
-        sampling = SamplingFilter(r.temperature, r.top_k, r.top_p)
+        r = c.rollout
+        self.sampling = sampling = SamplingFilter(r.temperature, r.top_k, r.top_p)
         sync = self._all_reduce if world_size > 1 else None
         self.learner = Learner(self.model, c.rl, sampling, sync, ref)
+        self.collects = True  # keeps (token, hidden) rows for the drafter and may train it in the tail
         self._stops: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
+
+    def _drafter_target(self):
+        return self.model
+
+    def _make_engine(self):
+        from tlt_rt.rollout import Engine
+
+        return Engine(self.model, **self.engine_options())
+
+    def engine_options(self) -> dict:
+        c, r = self.cfg, self.cfg.rollout
+        return dict(drafter=self.serving_drafter if r.speculative != "off" else None, speculative=r.speculative,
+                    strategies=r.strategies, num_blocks=r.num_blocks, block_size=r.block_size,
+                    max_batch=r.max_batch, max_context=c.model.max_context)  # fmt: skip
 
     # ----------------------------------------------------------------------------- process group
     def ping(self) -> int:
@@ -150,7 +170,7 @@ class Worker:
         self._maybe_fail("rollout", step)
         start = time.time()
         n0, before = len(self.engine.timeline), self.engine.stats()
-        online = self.cfg.drafter.train_online
+        online = self.cfg.drafter.train_online and self.collects
         tail = None
         n_seqs = len(prompts) * params["n"]
         capacity = min(n_seqs, self.engine.max_batch)  # the batch the engine runs before its tail
@@ -236,10 +256,13 @@ class Worker:
         if self.cfg.rl.recompute_logprobs:
             self.learner.recompute_logprobs([s for mb in minibatches for s in mb.samples])
         out = self.learner.update(minibatches)
+        self._policy_updated()
+        return {**out, "rank": self.rank, "version": self.learner.version}
+
+    def _policy_updated(self) -> None:
         for d in (self.drafter, self.serving_drafter):
             if d.d2t is not None:  # a reduced head is a copy of the policy's rows
                 d.refresh_head()
-        return {**out, "rank": self.rank, "version": self.learner.version}
 
     def version(self) -> int:
         return self.learner.version
@@ -267,16 +290,11 @@ class Worker:
         """Rank 0 writes the shared state (policy in HF layout, optimizer, drafter); every rank its own RNG and
         SD policy. `folder` must be on a file system every worker sees."""
         from tlt_rt.models import save_target
-        from tlt_rt.models.loader import resolve_model_path
 
         folder = Path(folder)
         if self.rank == 0:
             save_target(self.model, folder / "policy")
-            # tokenizer and chat template files travel as they are (loading a tokenizer costs seconds)
-            source = resolve_model_path(self.cfg.model.path)
-            for f in source.iterdir():
-                if f.is_file() and f.name.startswith(TOKENIZER_FILES):
-                    shutil.copy2(f, folder / "policy" / f.name)
+            copy_tokenizer_files(self.cfg.model.path, folder / "policy")
             torch.save(self.learner.state_dict(), folder / "learner.pt")
             self.trainer.save_checkpoint(folder / "drafter", async_=False)
         policy = getattr(self.engine, "policy", None)

@@ -1,0 +1,160 @@
+"""Tensor-parallel decode throughput: tokens/s of one engine at TP=2 against TP=1, random weights.
+
+    python benchmarks/tp_throughput.py --shape qwen2.5-7b --batch 1 8 32 --max-new-tokens 128
+    python benchmarks/tp_throughput.py --shape llama3-70b --scale 0.25     # 20 of the 80 layers
+    python benchmarks/tp_throughput.py --smoke                             # tiny shape, CPU, gloo, seconds
+
+Two processes (torch.multiprocessing spawn) form one group: NCCL on GPUs (NVLink multicast off), gloo on
+CPU. Rank 0 first runs the unsharded model alone (TP=1); then both ranks cut the same weights with
+`shard_for_tp` and run the lockstep engine (TP=2). Greedy, plain decoding (SD off: this measures the
+target's sharding), no stop tokens, so every run emits batch x max_new_tokens tokens; `equal` says whether
+TP=2 emitted exactly TP=1's tokens (in bf16 a different reduction order may flip a near-tie; fp32 on CPU
+must match). ms/step is the timed generate's wall time over its decode steps (prefill included).
+The markdown table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tlt_rt.models.arch import ArchConfig  # noqa: E402
+from tlt_rt.models.llama import CausalLM  # noqa: E402
+from tlt_rt.models.tensor_parallel import shard_for_tp  # noqa: E402
+from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
+from tlt_rt.rollout.lockstep import lockstep_engine  # noqa: E402
+from tlt_rt.train.__main__ import KNOWN_SHAPES  # noqa: E402
+
+WORLD = 2
+SMOKE = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)  # fmt: skip
+
+
+def arch_for(args) -> ArchConfig:
+    arch = ArchConfig(**(SMOKE if args.smoke else KNOWN_SHAPES[args.shape]))
+    layers = max(1, round(arch.num_hidden_layers * args.scale))
+    return replace(arch, num_hidden_layers=layers)
+
+
+def build(arch: ArchConfig, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    """Random weights, identical on every rank (same seed, same device type)."""
+    torch.manual_seed(0)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with device:
+            model = CausalLM(arch)
+        with torch.no_grad():  # checkpoint-like scale, so logits stay finite in bf16
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.02)
+    finally:
+        torch.set_default_dtype(old)
+    return model.eval()
+
+
+def timed(engine: Engine, prompts, max_new: int, device) -> tuple[list[list[int]], float]:
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new, stop_token_ids=[])
+    engine.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=4, stop_token_ids=[]))  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return [o.token_ids for o in outs], time.perf_counter() - t0
+
+
+def _rank(rank: int, port: int, args, out: dict) -> None:
+    cuda = torch.cuda.is_available() and not args.smoke
+    device = torch.device(f"cuda:{rank}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORLD))
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD, timeout=timedelta(seconds=600))  # fmt: skip
+    try:
+        dtype = getattr(torch, args.dtype) if cuda else torch.float32
+        arch = arch_for(args)
+        g = torch.Generator().manual_seed(1)
+        kw = dict(speculative="off", max_batch=max(args.batch), block_size=16, enforce_eager=args.eager)
+        rows = []
+        model = build(arch, dtype, device)
+        ref: dict[int, list] = {}
+        if rank == 0:  # TP=1: the whole model on one device
+            engine = Engine(model, **kw)
+            for b in args.batch:
+                prompts = torch.randint(0, arch.vocab_size, (b, args.prompt_len), generator=g).tolist()
+                ref[b], secs = timed(engine, prompts, args.max_new_tokens, device)
+                rows.append((1, b, b * args.max_new_tokens / secs, 1e3 * secs / args.max_new_tokens, "-"))
+            del engine, model  # the engine set its backend and glue on the model: shard a fresh build
+            if cuda:
+                torch.cuda.empty_cache()
+            model = build(arch, dtype, device)
+        dist.barrier()
+        shard = shard_for_tp(model)
+        if cuda:
+            torch.cuda.empty_cache()
+        engine = lockstep_engine(shard, None, **kw)
+        g = torch.Generator().manual_seed(1)  # the same prompts as TP=1
+        for b in args.batch:
+            prompts = torch.randint(0, arch.vocab_size, (b, args.prompt_len), generator=g).tolist()
+            toks, secs = timed(engine, prompts, args.max_new_tokens, device)
+            if rank == 0:
+                rows.append((2, b, b * args.max_new_tokens / secs, 1e3 * secs / args.max_new_tokens,
+                             "yes" if toks == ref[b] else "NO"))  # fmt: skip
+        if rank == 0:
+            out["rows"] = rows
+            out["arch"] = f"{args.shape if not args.smoke else 'smoke'} ({arch.num_hidden_layers} layers, {dtype})"
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="qwen2.5-7b", choices=sorted(KNOWN_SHAPES))
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the shape's layers to keep")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--dtype", default="bfloat16", help="GPU dtype (CPU runs fp32)")
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs / compiled glue (enforce_eager)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU over gloo, a few tokens")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.batch, args.max_new_tokens, args.prompt_len = [1, 4], 8, 8
+    elif not 0 < args.scale <= 1:
+        ap.error("--scale must be in (0, 1]")
+    if not args.smoke and torch.cuda.is_available() and torch.cuda.device_count() < WORLD:
+        ap.error(f"TP={WORLD} needs {WORLD} GPUs, found {torch.cuda.device_count()}")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (inherited by the ranks)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_rank, args=(port, args, out), nprocs=WORLD, join=True)
+        rows, arch = out["rows"], out["arch"]
+    print(f"\n{arch}, prompt {args.prompt_len} tokens, {args.max_new_tokens} new tokens, greedy, SD off\n")
+    print("| tp | batch | tok/s | ms/step | equal |")
+    print("|---:|---:|---:|---:|:---:|")
+    for tp, b, tps, ms, eq in sorted(rows, key=lambda r: (r[1], r[0])):
+        print(f"| {tp} | {b} | {tps:.1f} | {ms:.2f} | {eq} |")
+    return 0 if all(r[4] != "NO" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""Tensor-parallel engines in lockstep: every rank of a TP group runs the same `Engine` loop on its shard.
+
+Each collective inside the target's forward must be entered by every rank with the same shapes, so every
+rank must take the same scheduling and speculative decisions. Most of the loop is a pure function of the
+inputs and so agrees by itself: the scheduler and block manager are deterministic, logits are all-gathered
+(identical on every rank), sampling draws counter-based uniforms from per-sequence seeds (rollout/rng.py),
+and the replicated drafter sees identical hidden states. Two things are not:
+
+- the KV block count: sized from the free GPU memory of each rank, so the ranks agree on the smallest;
+- the SD policy: its `CostTable` is refined online from each rank's own wall-clock timings, so the ranks'
+  choices would drift apart. `LockstepPolicy` lets rank 0 of the group decide and broadcasts the choice
+  (one int64 per decode step); the other ranks' tables still learn from their timings but are never read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tlt_rt.models.llama import CausalLM
+from tlt_rt.rollout.costs import option_name
+from tlt_rt.rollout.engine import Engine, auto_num_blocks
+from tlt_rt.rollout.policy import SDPolicy
+
+
+def _group_src(group) -> int:
+    """The global rank of `group`'s rank 0 (broadcast takes global ranks)."""
+    return 0 if group is None else dist.get_global_rank(group, 0)
+
+
+class LockstepPolicy:
+    """An `SDPolicy` whose decisions come from rank 0 of `group`; everything else is the wrapped policy's."""
+
+    def __init__(self, inner: SDPolicy, group, device: torch.device) -> None:
+        self.inner, self.group, self.device = inner, group, device
+        self.src = _group_src(group)
+        self.is_src = dist.get_rank() == self.src
+
+    def decide(self, batch_size: int):
+        inner = self.inner
+        if inner.mode == "off":  # every rank knows this without asking
+            return None
+        code = torch.zeros(1, dtype=torch.long, device=self.device)
+        if self.is_src:
+            choice = inner.decide(batch_size)
+            names = [option_name(o) for o in inner.options]
+            code[0] = names.index(option_name(choice))
+        dist.broadcast(code, src=self.src, group=self.group)
+        return inner.options[int(code.item())]
+
+    def observe(self, batch_size: int, strategy, seconds: float, tokens_per_seq: float) -> None:
+        self.inner.observe(batch_size, strategy, seconds, tokens_per_seq)
+
+    def __getattr__(self, name: str) -> Any:  # stats, state_dict, load_state_dict, costs, ...
+        if name == "inner":  # not set yet (unpickling): do not recurse
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class TargetHeads(nn.Module):
+    """The full (unsharded) embedding, final norm and LM head of a target, for a replicated drafter.
+
+    Take it before `shard_for_tp`: the shard replaces the target's embedding and head with vocab slices, while
+    this keeps the original modules. Its state names are the target's (`model.embed_tokens.weight`,
+    `model.norm.weight`, `lm_head.weight`), so a full policy state updates it entry by entry.
+    """
+
+    def __init__(self, target: CausalLM) -> None:
+        super().__init__()
+        if getattr(target, "tp", None) is not None:
+            raise ValueError("TargetHeads needs the unsharded target (take it before shard_for_tp)")
+        self.arch = target.arch
+        self.model = nn.Module()
+        self.model.embed_tokens = target.model.embed_tokens
+        self.model.norm = target.model.norm
+        self.lm_head = target.lm_head
+
+
+def agreed_num_blocks(target: CausalLM, block_size: int, group) -> int:
+    """The automatic KV block count, the smallest over the ranks of `group` (collective)."""
+    device = target.lm_head.weight.device
+    n = torch.tensor([auto_num_blocks(target, block_size)], dtype=torch.long, device=device)
+    dist.all_reduce(n, op=dist.ReduceOp.MIN, group=group)
+    return int(n.item())
+
+
+def lockstep_engine(target: CausalLM, group, num_blocks: int = 0, block_size: int = 16, **options) -> Engine:
+    """An `Engine` on this rank's TP shard `target` that stays in lockstep with the other ranks of `group`.
+
+    Collective: every rank of `group` calls it with the same options (and a replicated drafter, if any).
+    """
+    if num_blocks <= 0:
+        num_blocks = agreed_num_blocks(target, block_size, group)
+    engine = Engine(target, num_blocks=num_blocks, block_size=block_size, **options)
+    engine.policy = LockstepPolicy(engine.policy, group, engine.device)
+    return engine

@@ -1,0 +1,249 @@
+"""Sharded workers: tensor-parallel engines (`cluster.tensor_parallel`) and the FSDP learner (`rl.learner_shard`).
+
+A DP replica with tensor_parallel=T is T Ray actors, one per bundle of its TP group's placement group. The
+driver talks to rank 0 (the pool's `workers` are the TP ranks 0, so the coordinator is unchanged); rank 0
+forwards every lockstep call (rollout, learn, drafter merge, checkpoints) to its peers and only it returns
+outputs. Every process of every replica is in one torch.distributed world (gloo on CPU, NCCL on GPU with
+NVLink multicast off), with one subgroup per TP group for the engine's collectives:
+
+    global rank = dp_rank * T + tp_rank        TP group of replica d = ranks [d*T, (d+1)*T)
+
+Engine and learner hold separate copies of the policy. The engine holds this rank's TP shard (in lockstep,
+rollout/lockstep.py) and a replicated drafter bound to the full embedding and head (`TargetHeads`). The
+learner is every process: rank 0 splits its replica's mini-batches over its peers, so each process learns
+on a slice and gradients are summed over the whole world, either as an all-reduce of full replicas
+(`learner_shard=none`) or by FSDP2 (`fsdp`: fp32 master shards, bf16 compute on GPU). After each optimizer
+step every process walks the full state one tensor at a time (FSDP all-gathers each), copies the
+embedding/norm/head into `TargetHeads` and its `reshard_for_tp` slice into the engine in place. No weights
+pass through the driver: on GPU the gather runs over NCCL, on CPU the same code runs over gloo.
+
+A sharded worker that dies is not replaced (its TP peers and the FSDP shards would have to be rebuilt):
+the run stops with WorkerLost and resume=true continues from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tlt_rt.train.coordinator import WorkerLost
+from tlt_rt.train.learner import Learner, MiniBatch
+from tlt_rt.train.placement import PlacedWorkerPool, scheduling_strategy
+from tlt_rt.train.worker import Worker, copy_tokenizer_files
+
+SUMMED = ("loss", "tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum")  # learn() totals over ranks
+
+
+def uses_sharded_workers(cfg) -> bool:
+    return cfg.cluster.tensor_parallel > 1 or cfg.rl.learner_shard == "fsdp"
+
+
+class _SavedPolicy:
+    """What `save_target` reads from a model, for a gathered state dict."""
+
+    def __init__(self, arch, state: dict) -> None:
+        self.arch, self._state = arch, state
+        self.lm_head = type("Head", (), {"weight": state["lm_head.weight"]})
+
+    def state_dict(self) -> dict:
+        return self._state
+
+
+class ShardedWorker(Worker):
+    def __init__(self, rank: int, world_size: int, cfg: dict, run_dir: str, policy_path: str | None = None,
+                 tp_rank: int = 0, peers: tuple = ()) -> None:  # fmt: skip
+        from tlt_rt.models.tensor_parallel import check_tp_divisible
+
+        self.tp_rank, self.peers = tp_rank, list(peers)
+        super().__init__(rank, world_size, cfg, run_dir, policy_path)
+        self.tp = self.cfg.cluster.tensor_parallel
+        self.fsdp = self.cfg.rl.learner_shard == "fsdp"
+        self.collects = tp_rank == 0  # peers generate the same tokens; rank 0 keeps and trains on them
+        check_tp_divisible(self.model.arch, self.tp)
+        if self.model.arch.vocab_size % self.tp:
+            raise ValueError(f"arch.vocab_size={self.model.arch.vocab_size} must divide by the tensor-parallel "
+                             f"world {self.tp} for the weight handoff")  # fmt: skip
+        self.global_rank = rank * self.tp + tp_rank
+
+    def _drafter_target(self):
+        from tlt_rt.rollout.lockstep import TargetHeads
+
+        self.engine_model = copy.deepcopy(self.model)
+        self.heads = TargetHeads(self.engine_model)  # kept whole when the engine model is sharded
+        return self.heads
+
+    def _make_engine(self):
+        return None  # built in form_group, once the TP group exists
+
+    # ----------------------------------------------------------------------------- process group
+    def form_group(self, addr: str, port: int, world_size: int) -> None:
+        from tlt_rt.models.tensor_parallel import shard_for_tp
+        from tlt_rt.rollout import Engine
+        from tlt_rt.rollout.lockstep import lockstep_engine
+        from tlt_rt.train.fsdp import shard_learner
+
+        if self.engine is not None:
+            raise RuntimeError("sharded workers form their groups once; resume=true restarts from a checkpoint")
+        tp, total = self.tp, world_size * self.tp
+        self.world_size = total  # the drafter merge and gradient sums run over every process
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (read at NCCL init)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend, init_method=f"tcp://{addr}:{port}", rank=self.global_rank, world_size=total,
+            timeout=timedelta(seconds=self.cfg.cluster.collective_timeout_s),
+        )  # fmt: skip
+        # every process creates every subgroup, in the same order
+        groups = [dist.new_group(list(range(d * tp, (d + 1) * tp))) for d in range(world_size)] if tp > 1 else []
+        if tp > 1:
+            self.tp_group = groups[self.rank]
+            shard_for_tp(self.engine_model, self.tp_group)
+            self.engine = lockstep_engine(self.engine_model, self.tp_group, **self.engine_options())
+        else:
+            self.engine = Engine(self.engine_model, **self.engine_options())
+        if self.fsdp:
+            shard_learner(self.model, mixed_precision=self.device.type == "cuda")
+            self.learner = Learner(self.model, self.cfg.rl, self.sampling, None, self.learner.ref_model, lockstep=True)
+        elif total > 1:
+            self.learner.grad_sync = self._all_reduce
+
+    # ----------------------------------------------------------------------------------- lockstep
+    def rollout(self, step: int, prompts: list[list[int]], params: dict) -> dict:
+        import ray
+
+        refs = [p.rollout.remote(step, prompts, params) for p in self.peers]
+        out = super().rollout(step, prompts, params)
+        ray.get(refs)  # surfaces a peer's failure; its tokens are rank 0's
+        return out
+
+    def learn(self, step: int, minibatches: list[MiniBatch]) -> dict:
+        import ray
+
+        if not self.peers:
+            return super().learn(step, minibatches)
+        n = len(self.peers) + 1
+        parts = [[MiniBatch(mb.samples[t::n], mb.num_tokens, mb.num_seqs) for mb in minibatches] for t in range(n)]
+        refs = [p.learn.remote(step, parts[t + 1]) for t, p in enumerate(self.peers)]
+        out = super().learn(step, parts[0])
+        for other in ray.get(refs):
+            for k in SUMMED:
+                out[k] = out.get(k, 0.0) + other.get(k, 0.0)
+        return out
+
+    def merge_drafter(self, my_steps: int, total_steps: int) -> None:
+        import ray
+
+        refs = [p.merge_drafter.remote(0, total_steps) for p in self.peers]  # peers' replicas weigh nothing
+        super().merge_drafter(my_steps, total_steps)
+        ray.get(refs)
+
+    def _policy_updated(self) -> None:
+        self._sync_engine()
+        super()._policy_updated()
+
+    @torch.no_grad()
+    def _sync_engine(self) -> None:
+        """Copy the learner's new weights into the engine's TP slice and the drafter's full heads, in place."""
+        from tlt_rt.train.fsdp import iter_full_state, reshard_for_tp
+
+        engine = self.engine_model.state_dict(keep_vars=True)
+        heads = self.heads.state_dict(keep_vars=True)
+        source = iter_full_state(self.model) if self.fsdp else self.model.state_dict().items()
+        for name, full in source:  # FSDP: every process gathers every tensor (a collective each)
+            if name in heads:
+                heads[name].copy_(full)
+            if name in engine:
+                engine[name].copy_(reshard_for_tp({name: full}, self.tp_rank, self.tp)[name] if self.tp > 1 else full)
+
+    # ---------------------------------------------------------------------------- state transfer
+    def export_state(self) -> dict:
+        raise NotImplementedError("sharded workers are not replaced; resume=true continues from a checkpoint")
+
+    def import_state(self, state: dict) -> None:
+        raise NotImplementedError("sharded workers are not replaced; resume=true continues from a checkpoint")
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Collective over every process: the policy is gathered (FSDP) and written by global rank 0, the
+        learner state by each process (its own shard), the drafter and SD policy by each replica's rank 0."""
+        import ray
+
+        from tlt_rt.models import save_target
+        from tlt_rt.train.checkpoint import rng_state
+        from tlt_rt.train.fsdp import full_state_for_engine
+
+        refs = [p.save_checkpoint.remote(folder) for p in self.peers]
+        folder = Path(folder)
+        state = full_state_for_engine(self.model) if self.fsdp else None
+        if self.global_rank == 0:
+            save_target(_SavedPolicy(self.model.arch, state) if self.fsdp else self.model, folder / "policy")
+            copy_tokenizer_files(self.cfg.model.path, folder / "policy")
+            self.trainer.save_checkpoint(folder / "drafter", async_=False)
+        torch.save(self.learner.state_dict(), folder / f"learner_{self.global_rank}.pt")
+        if self.tp_rank == 0:
+            torch.save({"rng": rng_state(), "sd_policy": self.engine.policy.state_dict()},
+                       folder / f"worker_{self.rank}.pt")  # fmt: skip
+        ray.get(refs)
+
+    def load_checkpoint(self, folder: str) -> None:
+        import ray
+
+        from tlt_rt.train.checkpoint import set_rng_state
+
+        refs = [p.load_checkpoint.remote(folder) for p in self.peers]
+        folder = Path(folder)
+        self.learner.load_state_dict(torch.load(folder / f"learner_{self.global_rank}.pt", weights_only=False))
+        self.trainer.load_checkpoint(folder / "drafter")
+        self._push_drafter()
+        own = folder / f"worker_{self.rank}.pt"
+        if self.tp_rank == 0 and own.is_file():
+            state = torch.load(own, weights_only=False)
+            set_rng_state(state["rng"])
+            self.engine.policy.load_state_dict(state["sd_policy"])
+        ray.get(refs)
+
+
+class ShardedWorkerPool(PlacedWorkerPool):
+    """The pool of sharded workers: `workers` are the TP ranks 0, `peers[r]` the other ranks of replica r."""
+
+    def __init__(self, cfg, run_dir, policy_path, layout, pgs) -> None:
+        self.peers: dict[int, list] = {}
+        super().__init__(cfg, run_dir, policy_path, layout, pgs)
+
+    @property
+    def actors(self) -> list:
+        return [a for r in range(len(self.workers)) for a in [self.workers[r], *self.peers.get(r, [])]]
+
+    def _spawn(self, rank: int, policy_path: str | None = None):
+        import ray
+
+        from tlt_rt.config import to_dict
+
+        c = self.cfg.cluster
+
+        def launch(tp_rank: int, peers: list):
+            actor = ray.remote(ShardedWorker).options(
+                num_cpus=c.cpus_per_worker, num_gpus=1 if c.gpus_per_worker else 0, max_concurrency=4,
+                max_restarts=0, scheduling_strategy=scheduling_strategy(self.pgs, self.layout, rank, tp_rank),
+            )  # fmt: skip
+            return actor.remote(rank, self.size, to_dict(self.cfg), str(self.run_dir), policy_path, tp_rank, peers)
+
+        followers = [launch(t, []) for t in range(1, c.tensor_parallel)]
+        self.peers[rank] = followers
+        return launch(0, followers)
+
+    def form_group(self) -> None:
+        import ray
+
+        self._dirty = False
+        ray.get([a.ping.remote() for a in self.actors])  # surfaces the peers' construction errors
+        addr, port = ray.get(self.workers[0].group_address.remote())
+        ray.get([a.form_group.remote(addr, port, self.size) for a in self.actors])
+
+    def replace(self, rank: int, src: int | None = None) -> None:
+        self.restarts += 1
+        raise WorkerLost(f"worker {rank} (tensor-parallel or FSDP-sharded) died; sharded workers are not replaced "
+                         "in a run: resume=true continues from the last checkpoint")  # fmt: skip
