@@ -14,6 +14,7 @@ import argparse
 import cProfile
 import json
 import pstats
+import statistics
 import time
 import warnings
 
@@ -28,31 +29,38 @@ def prompts_for(n: int, tok) -> list[list[int]]:
     return [format_prompt(p, tok) for p in ArithmeticTask(digits=2, num_ops=2, seed=1).sample(n)]
 
 
-def run_engine(engine: Engine, prompts, max_new: int, profile: int = 0) -> tuple[float, int]:
-    """Tokens/s of one timed generate after capturing every graph and a warm-up call; with `profile` > 0 the
-    timed call also runs under cProfile and the `profile` functions with the most own host time are printed
-    (GPU waits show up in the call that synchronises, e.g. `.cpu()`)."""
+def run_engine(engine: Engine, prompts, max_new: int, profile: int = 0, repeats: int = 3) -> tuple[float, int]:
+    """Median tokens/s over `repeats` timed generate calls, after capturing every graph and a warm-up call.
+    The engine keeps its policy state across calls, as it does across RL steps. With `profile` > 0 the last
+    call also runs under cProfile and the `profile` functions with the most own host time are printed (GPU
+    waits show up in the call that synchronises, e.g. `.cpu()`)."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
     engine.capture()  # every graph up front: lazy captures would land inside the timed call
     # warm-up on the same prompts: prefill shapes compile here, and the policy takes its first step costs
     engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
     torch.cuda.synchronize()
-    prof = cProfile.Profile() if profile else None
-    t0 = time.perf_counter()
-    if prof:
-        prof.enable()
-    outs = engine.generate(prompts, params)
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    if prof:
-        prof.disable()
-        steps = engine.stats()["steps"]
-        print(f"--- profile: {len(prompts)} prompts, {steps} steps, {1e3 * dt / max(steps, 1):.2f} ms/step (profiled)")
-        pstats.Stats(prof).sort_stats("tottime").print_stats(profile)
-        print("--- the engine's own functions by cumulative time")
-        pstats.Stats(prof).sort_stats("cumulative").print_stats("tlt_rt", profile)
-    n = sum(len(o.token_ids) for o in outs)
-    return n / dt, n
+    rates, n = [], 0
+    for i in range(repeats):
+        prof = cProfile.Profile() if profile and i == repeats - 1 else None
+        steps0 = engine.stats()["steps"]
+        t0 = time.perf_counter()
+        if prof:
+            prof.enable()
+        outs = engine.generate(prompts, params)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        n = sum(len(o.token_ids) for o in outs)
+        rates.append(n / dt)
+        if prof:
+            prof.disable()
+            steps = engine.stats()["steps"] - steps0
+            print(
+                f"--- profile: {len(prompts)} prompts, {steps} steps, {1e3 * dt / max(steps, 1):.2f} ms/step (profiled)"
+            )
+            pstats.Stats(prof).sort_stats("tottime").print_stats(profile)
+            print("--- the engine's own functions by cumulative time")
+            pstats.Stats(prof).sort_stats("cumulative").print_stats("tlt_rt", profile)
+    return statistics.median(rates), n
 
 
 def run_hf(prompts, max_new: int, lookup: bool) -> tuple[float, int]:
@@ -79,6 +87,7 @@ def main(argv=None) -> None:
     ap.add_argument("--drafter", default=None)
     ap.add_argument("--hf-prompts", type=int, default=4, help="prompts for transformers' generate (0: skip it)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per row (the median is reported)")
     ap.add_argument("--profile", type=int, default=0, help="print the N functions with the most host time per run")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -98,7 +107,7 @@ def main(argv=None) -> None:
                 strategies=strategies,
                 max_batch=max(b, 1),
             )
-            tps, n = run_engine(eng, prompts, args.max_new_tokens, args.profile)
+            tps, n = run_engine(eng, prompts, args.max_new_tokens, args.profile, args.repeats)
             st = eng.stats()
             rows.append(
                 dict(
@@ -130,6 +139,7 @@ def main(argv=None) -> None:
             )
         )
     print(f"device: {torch.cuda.get_device_name()}")
+    print("tok/s: median of the timed calls; accept and sd/steps: over every call of the engine (warm-up included)")
     print(f"{'provider':8} {'config':14} {'batch':>5} {'tok/s':>9} {'accept':>6} {'sd/steps':>9}")
     for r in rows:
         acc = f"{r['accept']:.2f}" if r["accept"] else "-"
