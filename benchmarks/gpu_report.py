@@ -28,6 +28,7 @@ import datetime
 import gc
 import json
 import math
+import os
 import platform
 import random
 import shlex
@@ -146,6 +147,9 @@ class Report:
 
 
 def git_commit() -> str:
+    """TLT_COMMIT when set (a copied tree's git metadata may be stale), else the checkout's HEAD."""
+    if os.environ.get("TLT_COMMIT"):
+        return os.environ["TLT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     except OSError:
