@@ -16,7 +16,9 @@ The markdown table is printed last.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import socket
 import sys
 import time
@@ -78,6 +80,7 @@ def timed(engine: Engine, prompts, max_new: int, device) -> tuple[list[list[int]
 
 
 def _rank(rank: int, port: int, args, out: dict) -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` (or `timeout -s USR1`) dumps stacks
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device(f"cuda:{rank}" if cuda else "cpu")
     if cuda:
@@ -100,6 +103,7 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
                 prompts = torch.randint(0, arch.vocab_size, (b, args.prompt_len), generator=g).tolist()
                 ref[b], secs = timed(engine, prompts, args.max_new_tokens, device)
                 rows.append((1, b, b * args.max_new_tokens / secs, 1e3 * secs / args.max_new_tokens, "-"))
+                print(f"TP=1 batch {b}: {rows[-1][2]:.1f} tok/s", flush=True)
             del engine, model  # the engine set its backend and glue on the model: shard a fresh build
             if cuda:
                 torch.cuda.empty_cache()
@@ -116,6 +120,7 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
             if rank == 0:
                 rows.append((2, b, b * args.max_new_tokens / secs, 1e3 * secs / args.max_new_tokens,
                              "yes" if toks == ref[b] else "NO"))  # fmt: skip
+                print(f"TP=2 batch {b}: {rows[-1][2]:.1f} tok/s, equal {rows[-1][4]}", flush=True)
         if rank == 0:
             out["rows"] = rows
             out["arch"] = f"{args.shape if not args.smoke else 'smoke'} ({arch.num_hidden_layers} layers, {dtype})"

@@ -105,6 +105,8 @@ class ShardedWorker(Worker):
             self.engine = lockstep_engine(self.engine_model, self.tp_group, **self.engine_options())
         else:
             self.engine = Engine(self.engine_model, **self.engine_options())
+        if self.device.type == "cuda":  # every rank captures the same keys in the same order
+            self.engine.capture()
         if self.fsdp:
             shard_learner(self.model, mixed_precision=self.device.type == "cuda")
             self.learner = Learner(self.model, self.cfg.rl, self.sampling, None, self.learner.ref_model, lockstep=True)

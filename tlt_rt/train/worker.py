@@ -70,9 +70,9 @@ class Worker:
         else:
             serving = Drafter(heads.arch, heads).to(self.device, dtype)
         self.serving_drafter = serving.eval()
-        self.engine = self._make_engine()
-        if self.device.type == "cuda":  # every graph now: no capture later beside a spot-training thread
-            self.engine.capture()
+        self.engine = self._make_engine()  # None for a sharded worker: it builds its engine in form_group
+        if self.engine is not None and self.device.type == "cuda":
+            self.engine.capture()  # every graph now: no capture later beside a spot-training thread
         # the trained replica is fp32: AdamW steps of 1e-4-sized updates vanish in bf16
         self.drafter = Drafter(serving.arch, heads).to(self.device, torch.float32)
         self.drafter.set_draft_vocab(serving.d2t)
