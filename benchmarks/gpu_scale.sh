@@ -9,15 +9,15 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 RAY_AUTH_MODE=disabled
 cfg=configs/smollm2-arith-gpu.yaml
 python -m tlt_rt.models.default > "$out/model.log" 2>&1
-tp() {  # name, then options
-  local name=$1
-  shift
-  timeout 170 python benchmarks/tp_throughput.py "$@" > "$out/$name.log" 2>&1
+tp() {  # name, seconds, then options (a run past its time dumps every thread's stack, then stops)
+  local name=$1 secs=$2
+  shift 2
+  timeout -s USR1 -k 15 "$secs" python benchmarks/tp_throughput.py "$@" > "$out/$name.log" 2>&1
   echo "$name: rc=$?"
-  tail -n 6 "$out/$name.log"
+  grep -E "^TP=|^\|" "$out/$name.log" | tail -n 8
 }
-tp tp-7b --shape qwen2.5-7b --batch 1 8 32 --max-new-tokens 64
-tp tp-70b-quarter --shape llama3-70b --scale 0.25 --batch 1 8 --max-new-tokens 32
+tp tp-7b-eager "${TP_SECS:-120}" --shape qwen2.5-7b --batch 1 8 --max-new-tokens 32 --eager
+tp tp-7b-graphs "${TP_SECS:-120}" --shape qwen2.5-7b --batch 1 8 --max-new-tokens 32
 rl() {  # name, seconds, then keys
   local name=$1 secs=$2
   shift 2
@@ -26,6 +26,7 @@ rl() {  # name, seconds, then keys
   echo "$name: rc=$? $(grep -c '"step"' "$out/runs/$name/metrics.jsonl" 2>/dev/null || echo 0) steps"
   grep -E "^step|Error|error" "$out/$name.log" | grep -v logging.cc | tail -n 4
 }
-rl dp2 150 cluster.num_workers=2 cluster.gpus_per_worker=1
+[ "${DP2:-1}" = 1 ] && rl dp2 150 cluster.num_workers=2 cluster.gpus_per_worker=1
 python benchmarks/random_policy.py --out "$out/random-policy" > /dev/null
-rl tp2 150 model.path="$out/random-policy" cluster.num_workers=1 cluster.gpus_per_worker=2 cluster.tensor_parallel=2
+rl tp2 "${RL_SECS:-150}" model.path="$out/random-policy" cluster.num_workers=1 cluster.gpus_per_worker=2 \
+    cluster.tensor_parallel=2 rollout.enforce_eager=true
