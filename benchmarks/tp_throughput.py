@@ -151,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         port = s.getsockname()[1]
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank, args=(port, args, out), nprocs=WORLD, join=True)
+        ctx = mp.spawn(_rank, args=(port, args, out), nprocs=WORLD, join=False)
+        # pass a stack-dump request on to the ranks (they are where a collective would hang)
+        signal.signal(signal.SIGUSR1, lambda *_: [os.kill(p.pid, signal.SIGUSR1) for p in ctx.processes])
+        while not ctx.join():
+            pass
         rows, arch = out["rows"], out["arch"]
     print(f"\n{arch}, prompt {args.prompt_len} tokens, {args.max_new_tokens} new tokens, greedy, SD off\n")
     print("| tp | batch | tok/s | ms/step | equal |")
