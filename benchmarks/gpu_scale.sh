@@ -17,7 +17,7 @@ tp() {  # name, seconds, then options (a run past its time dumps every thread's 
   grep -E "^TP=|^\|" "$out/$name.log" | tail -n 8
 }
 tp tp-7b-eager "${TP_SECS:-120}" --shape qwen2.5-7b --batch 1 8 --max-new-tokens 32 --eager
-tp tp-7b-graphs "${TP_SECS:-120}" --shape qwen2.5-7b --batch 1 8 --max-new-tokens 32
+[ "${TP_GRAPHS:-1}" = 1 ] && tp tp-7b-graphs "${TP_SECS:-120}" --shape qwen2.5-7b --batch 1 8 --max-new-tokens 32
 rl() {  # name, seconds, then keys
   local name=$1 secs=$2
   shift 2
