@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import warnings
 
@@ -148,6 +149,7 @@ def train(drafter: Drafter, samples: list[dict], a, log) -> dict:
         token_weight=a.token_weight,
         hidden_weight=a.hidden_weight,
         noise_std=a.noise_std,
+        unroll=a.unroll,
         seed=a.seed,
     )
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--token-weight", type=float, default=0.1)
     ap.add_argument("--hidden-weight", type=float, default=1.0)
     ap.add_argument("--noise-std", type=float, default=0.0)
+    ap.add_argument("--unroll", type=int, default=1, help="training-time-test passes (drafter_loss)")
+    ap.add_argument("--cache", default=None, help="file to keep the generated answers in between runs")
     ap.add_argument("--draft-vocab", type=int, default=0, help="reduced draft vocabulary size (0: full)")
     ap.add_argument("--depth", type=int, default=6)
     ap.add_argument("--strategy", default="", help="also measure this tree strategy in the engine")
@@ -203,10 +207,18 @@ def main(argv: list[str] | None = None) -> dict:
         n=a.samples, temperature=a.data_temperature, max_new_tokens=a.max_new_tokens, seed=a.seed
     )
     t0 = time.perf_counter()
-    data = sample_answers(plain, train_prompts, data_params)
-    train_greedy = data if a.data_temperature == 0 and a.samples == 1 else sample_answers(plain, train_prompts, greedy)
-    eval_greedy = sample_answers(plain, eval_prompts, greedy)
-    eval_hot = sample_answers(plain, eval_prompts, hot)
+    key = (a.train, a.held_out, a.samples, a.data_temperature, a.temperature, a.max_new_tokens, a.seed)
+    cached = torch.load(a.cache) if a.cache and os.path.exists(a.cache) else None
+    if cached is not None and cached["key"] == key:
+        data, train_greedy, eval_greedy, eval_hot = cached["sets"]
+    else:
+        data = sample_answers(plain, train_prompts, data_params)
+        same = a.data_temperature == 0 and a.samples == 1
+        train_greedy = data if same else sample_answers(plain, train_prompts, greedy)
+        eval_greedy = sample_answers(plain, eval_prompts, greedy)
+        eval_hot = sample_answers(plain, eval_prompts, hot)
+        if a.cache:
+            torch.save({"key": key, "sets": (data, train_greedy, eval_greedy, eval_hot)}, a.cache)
     rep: dict = {"args": vars(a), "data_tokens": sum(s["ids"].numel() for s in data)}
     rep["generate_seconds"] = round(time.perf_counter() - t0, 1)
     dense = collect_hidden(target, [s["ids"] for s in eval_greedy])
