@@ -7,6 +7,13 @@
     token      = mean_t -sum_v p_v log softmax(z)_v
     loss       = 1.0 * hidden + 0.1 * token                          (EAGLE's published weights)
 
+Unrolled steps (`unroll` = U > 1, "training-time test" as in HASS / EAGLE-3): at draft time depth d >= 2
+feeds the drafter its own output, which teacher forcing never shows it. Pass k = 2..U feeds row t the
+previous pass's prediction of row t-1 (the first row of each sample keeps its true feature), so row t of
+pass k is the depth-k draft from root row t-k+1 (its attention context sees predicted features too, an
+approximation); pass k's loss is added with weight UNROLL_DECAY^(k-1), and the sum is divided by the
+weights' sum so the loss scale does not depend on U. Metrics are pass 1's.
+
 With a reduced draft vocabulary both distributions live on the draft ids (the target's restricted to them
 and renormalised). Rows where `loss_mask` is False (padding of packed rows) count nowhere. Top-1
 agreement is how often the drafter's argmax, mapped to a target id, equals the target's own argmax.
@@ -24,6 +31,7 @@ from tlt_rt.train.drafter_data import DrafterBatch
 
 HIDDEN_WEIGHT = 1.0
 TOKEN_WEIGHT = 0.1
+UNROLL_DECAY = 0.8
 
 
 @dataclass
@@ -84,8 +92,10 @@ def batch_loss(
     token_weight: float = TOKEN_WEIGHT,
     noise_std: float = 0.0,
     generator: torch.Generator | None = None,
+    unroll: int = 1,
 ) -> LossOutput:
-    """Run the drafter on one (packed) batch already on its device and score it against the target."""
+    """Run the drafter on one (packed) batch already on its device and score it against the target
+    (`unroll` passes, each fed the previous pass's predictions shifted by one row; module docstring)."""
     with torch.no_grad():
         inp = drafter.features(batch.hidden)
         tgt = drafter.features(batch.target_hidden)
@@ -97,15 +107,30 @@ def batch_loss(
     # block-diagonal attention only where a row holds several samples; right padding needs no mask (causal)
     seg = batch.segment_ids
     segments = seg if bool(((seg[:, 1:] != seg[:, :-1]) & (seg[:, 1:] >= 0)).any()) else None
-    out = drafter(batch.input_ids, add_noise(inp, noise_std, generator), batch.positions, segments)
-    return drafter_loss(
-        out.hidden,
-        out.logits,
-        tgt,
-        target_logits,
-        batch.loss_mask,
-        hidden_weight,
-        token_weight,
-        target_top1,
-        drafter.d2t,
-    )
+    feed = add_noise(inp, noise_std, generator)
+    # follows[r, t]: row t-1 is the same sample's previous row, whose prediction row t can be fed
+    follows = torch.zeros_like(seg, dtype=torch.bool)
+    follows[:, 1:] = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] >= 0)
+    first, total, weight = None, None, 0.0
+    for k in range(unroll):
+        out = drafter(batch.input_ids, feed, batch.positions, segments)
+        res = drafter_loss(
+            out.hidden,
+            out.logits,
+            tgt,
+            target_logits,
+            batch.loss_mask,
+            hidden_weight,
+            token_weight,
+            target_top1,
+            drafter.d2t,
+        )
+        w = UNROLL_DECAY**k
+        first = first or res
+        total = res.loss * w if total is None else total + res.loss * w
+        weight += w
+        if k + 1 < unroll:
+            shifted = torch.cat([feed[:, :1], out.hidden[:, :-1].to(feed.dtype)], 1)
+            feed = torch.where(follows[..., None], shifted, inp.to(feed.dtype))
+    first.loss = total / weight
+    return first

@@ -61,6 +61,7 @@ class DrafterTrainer:
         hidden_weight: float = HIDDEN_WEIGHT,
         token_weight: float = TOKEN_WEIGHT,
         noise_std: float = 0.0,
+        unroll: int = 1,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.95),
         max_grad_norm: float | None = 0.5,
@@ -69,12 +70,15 @@ class DrafterTrainer:
         checkpoint_every: int = 0,
         autocast: bool | None = None,
     ):
-        if lr <= 0 or batch_tokens < 1 or grad_accum < 1:
-            raise ValueError(f"need lr > 0, batch_tokens >= 1, grad_accum >= 1; got {lr}, {batch_tokens}, {grad_accum}")
+        if lr <= 0 or batch_tokens < 1 or grad_accum < 1 or unroll < 1:
+            raise ValueError(
+                f"need lr > 0, batch_tokens >= 1, grad_accum >= 1, unroll >= 1; "
+                f"got {lr}, {batch_tokens}, {grad_accum}, {unroll}"
+            )
         self.drafter, self.buffer = drafter, buffer
         self.batch_tokens, self.grad_accum, self.packed = batch_tokens, grad_accum, packed
         self.hidden_weight, self.token_weight, self.noise_std = hidden_weight, token_weight, noise_std
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm, self.unroll = max_grad_norm, unroll
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every = checkpoint_every
         self.device = drafter.fc.weight.device
@@ -156,7 +160,13 @@ class DrafterTrainer:
             with sdpa_kernel(TRAIN_SDPA_BACKENDS):
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                     out = batch_loss(
-                        self.drafter, b, self.hidden_weight, self.token_weight, self.noise_std, self.generator
+                        self.drafter,
+                        b,
+                        self.hidden_weight,
+                        self.token_weight,
+                        self.noise_std,
+                        self.generator,
+                        self.unroll,
                     )
                 share = out.num_tokens / max(total, 1)
                 (out.loss * share).backward()

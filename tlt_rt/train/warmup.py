@@ -72,10 +72,14 @@ def warmup(
     progress: bool = True,
     epochs: float = 4.0,
     noise_std: float = 0.0,
+    token_weight: float = 1.0,
+    unroll: int = 2,
 ) -> dict:
     """steps=None trains for `epochs` passes over the generated tokens: a one-layer drafter over-fits a small
     set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
-    count, should grow."""
+    count, should grow. `unroll` passes feed the drafter its own predictions in training (drafter_loss), which
+    lifts the agreement at depth 2+ (benchmarks/drafter_diagnosis.md); `token_weight` is the CE's weight
+    next to the feature regression's 1.0."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tok = load_tokenizer(target_path)
     task = ArithmeticTask(digits=2, num_ops=2, seed=seed)
@@ -100,7 +104,16 @@ def warmup(
     before = accept_length(spec, eval_prompts, eval_params)
 
     drafter.train()
-    trainer = DrafterTrainer(drafter, buffer, lr=lr, batch_tokens=batch_tokens, seed=seed, noise_std=noise_std)
+    trainer = DrafterTrainer(
+        drafter,
+        buffer,
+        lr=lr,
+        batch_tokens=batch_tokens,
+        seed=seed,
+        noise_std=noise_std,
+        token_weight=token_weight,
+        unroll=unroll,
+    )
     if steps is None:
         steps = max(1, round(epochs * buffer.num_tokens / batch_tokens))
     bar = tqdm(range(steps), desc="drafter warm-up", disable=not progress, file=sys.stderr)
@@ -122,6 +135,8 @@ def warmup(
         "generated_tokens": n_tokens,
         "generation_seconds": gen_s,
         "train_steps": steps,
+        "unroll": unroll,
+        "token_weight": token_weight,
         "train_seconds": train_s,
         "final_loss": metrics.get("loss"),
         "final_top1": metrics.get("top1"),
@@ -144,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=None, help="default: --epochs passes over the generated data")
     ap.add_argument("--epochs", type=float, default=4.0)
     ap.add_argument("--noise-std", type=float, default=0.0, help="Gaussian noise on input features")
+    ap.add_argument("--token-weight", type=float, default=1.0, help="CE weight (feature regression: 1.0)")
+    ap.add_argument("--unroll", type=int, default=2, help="training passes fed the drafter's own predictions")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.9)
     ap.add_argument("--strategy", default="8_4_48")
@@ -164,6 +181,10 @@ def main(argv: list[str] | None = None) -> None:
         a.lr,
         a.batch_tokens,
         device=a.device,
+        epochs=a.epochs,
+        noise_std=a.noise_std,
+        token_weight=a.token_weight,
+        unroll=a.unroll,
     )
     print(
         f"accept length with {rep['strategy']} at T={rep['temperature']}: "
