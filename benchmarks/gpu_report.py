@@ -401,7 +401,7 @@ def accept_length(entries: list[dict]) -> float:
 # ------------------------------------------------------------------------------------------------ strategies
 def section_strategies(rep: Report, make: EngineMaker) -> None:
     a = rep.args
-    big = a.models[-1]
+    bigs = a.models[1:] or a.models[:1]
     prompts = arithmetic_prompts(max(a.strategy_batches))
     max_len = max(len(p) for p in prompts) + a.max_new_tokens
     params = SamplingParams(temperature=0.0, max_new_tokens=a.max_new_tokens)
@@ -418,35 +418,50 @@ def section_strategies(rep: Report, make: EngineMaker) -> None:
             accept[cfg, b] = accept_length(eng.timeline[n0:])
         del eng
         gc.collect()
-    rows = []
-    big_make = EngineMaker(rep.model(big), fresh_drafter(rep.model(big)))
-    for b in a.strategy_batches:
-        dec = engine_step_seconds(rep, big_make, b, None)
-        for s in a.strategies:
-            v = _parse(s).verify_tokens
-            sd = engine_step_seconds(rep, big_make, b, s)
-            rows.append(dict(batch=b, strategy=s, verify=v, off_tps=tps["off", b], on_tps=tps[s, b],
-                             speedup=tps[s, b] / tps["off", b], accept=accept[s, b], big_decode_s=dec, big_sd_s=sd,
-                             projected=accept[s, b] * dec / sd))  # fmt: skip
-    del big_make
-    gc.collect()
+    rows = [dict(batch=b, strategy=s, verify=_parse(s).verify_tokens, off_tps=tps["off", b], on_tps=tps[s, b],
+                 speedup=tps[s, b] / tps["off", b], accept=accept[s, b])
+            for b in a.strategy_batches for s in a.strategies]  # fmt: skip
+    proj = []  # per (big model, batch, strategy): accept measured on the first model x big's step-cost ratio
+    for big in bigs:
+        big_make = EngineMaker(rep.model(big), fresh_drafter(rep.model(big)))
+        for r in rows:
+            dec = engine_step_seconds(rep, big_make, r["batch"], None)
+            sd = engine_step_seconds(rep, big_make, r["batch"], r["strategy"])
+            proj.append(dict(model=big, batch=r["batch"], strategy=r["strategy"], accept=r["accept"],
+                             decode_s=dec, sd_s=sd, projected=r["accept"] * dec / sd))  # fmt: skip
+        del big_make
+        gc.collect()
+    for r in rows:  # the first projection target's columns stay on the measured rows
+        p0 = next(p for p in proj if (p["model"], p["batch"], p["strategy"]) == (bigs[0], r["batch"], r["strategy"]))
+        r.update(big_decode_s=p0["decode_s"], big_sd_s=p0["sd_s"], projected=p0["projected"])
+    choices = {}  # what the cost model would pick at each (model, batch): the best projected rate, or off
+    for big in bigs:
+        for b in a.strategy_batches:
+            sel = [p for p in proj if p["model"] == big and p["batch"] == b and math.isfinite(p["projected"])]
+            top = max(sel, key=lambda p: p["projected"], default=None)
+            choices[f"{big}@{b}"] = top["strategy"] if top and top["projected"] > 1.0 else "off"
+            for q in sel:
+                q["chosen"] = choices[f"{big}@{b}"] == q["strategy"]
     rep.results["strategies"] = rows
+    rep.results["projections"] = proj
+    rep.results["policy_choice"] = choices
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for k, s in enumerate(a.strategies):
         sel = [r for r in rows if r["strategy"] == s]
         ax.plot([r["batch"] for r in sel], [r["speedup"] for r in sel], "o-", color=f"C{k}", label=f"{s} measured")
-        ax.plot(
-            [r["batch"] for r in sel], [r["projected"] for r in sel], "s--", color=f"C{k}", label=f"{s} {big} proj."
-        )
+        for j, big in enumerate(bigs):
+            sel = [p for p in proj if p["strategy"] == s and p["model"] == big]
+            ax.plot([p["batch"] for p in sel], [p["projected"] for p in sel], "s^vD"[j % 4] + "--", color=f"C{k}",
+                    label=f"{s} {big} proj.")  # fmt: skip
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xticks(a.strategy_batches, [str(b) for b in a.strategy_batches])
     ax.set_xlabel("batch")
     ax.set_ylabel("speedup over SD off")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     png = rep.savefig(
-        fig, "strategies.png", f"SD speedup per verify budget ({a.models[0]}; dashed: projection to {big})"
+        fig, "strategies.png", f"SD speedup per verify budget ({a.models[0]}; dashed: projection to {', '.join(bigs)})"
     )
     drafter = a.drafter or "a freshly initialised drafter (accept length near 1: measures overhead, not gain)"
     rep.md += [
@@ -454,21 +469,33 @@ def section_strategies(rep: Report, make: EngineMaker) -> None:
         "",
         f"Target {a.models[0]}, drafter {drafter}; arithmetic prompts in the chat template, greedy, "
         f"{a.max_new_tokens} new tokens (stops at EOS). Measured speedup = tokens/s with the one strategy / "
-        f"tokens/s with SD off, same prompts. **Projected** = measured accept length x ({big} engine decode step / "
-        f"{big} engine SD step of that strategy): both steps timed in the engine on the {big} shape (random "
-        f"weights, fresh drafter of that shape, prompts of {a.proj_ctx} tokens, median step), so the SD step "
-        "includes drafting, verify, acceptance, KV commit and host work; a projection, not a measurement of "
-        f"{big} with a trained drafter.",
+        "tokens/s with SD off, same prompts.",
         "",
-        f"| batch | strategy | off tok/s | SD tok/s | measured speedup | accept length | {big} decode ms | "
-        f"{big} SD step ms | projected speedup |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| batch | strategy | off tok/s | SD tok/s | measured speedup | accept length |",
+        "|---:|---|---:|---:|---:|---:|",
         *(
             f"| {r['batch']} | {r['strategy']} | {r['off_tps']:.1f} | {r['on_tps']:.1f} | {r['speedup']:.2f} | "
-            f"{fmt(r['accept'])} | {1e3 * r['big_decode_s']:.2f} | {1e3 * r['big_sd_s']:.2f} | "
-            f"{fmt(r['projected'])} (projection, {big}) |"
+            f"{fmt(r['accept'])} |"
             for r in rows
         ),
+        "",
+        f"**Projected** speedup on {', '.join(bigs)} = the accept length measured above x (engine decode step / "
+        f"engine SD step of that strategy), both steps timed in the engine on that shape (random weights, fresh "
+        f"drafter of that shape, prompts of {a.proj_ctx} tokens, median step), so the SD step includes drafting, "
+        "verify, acceptance, KV commit and host work. A projection, not a measurement with a trained drafter of "
+        "that size. *policy* marks what the cost model picks at that batch: the best projected rate, or SD off "
+        "when none beats 1.",
+        "",
+        "| model | batch | strategy | decode ms | SD step ms | accept length | projected speedup | policy |",
+        "|---|---:|---|---:|---:|---:|---:|---|",
+        *(
+            f"| {p['model']} | {p['batch']} | {p['strategy']} | {1e3 * p['decode_s']:.2f} | {1e3 * p['sd_s']:.2f} | "
+            f"{fmt(p['accept'])} | {fmt(p['projected'])} (projection, {p['model']}) | "
+            f"{'**chosen**' if p.get('chosen') else ''} |"
+            for p in proj
+        ),
+        "",
+        "Policy choice per batch (projection): " + "; ".join(f"{k}: {v}" for k, v in choices.items()),
         "",
         f"![strategies]({png})",
         "",

@@ -47,6 +47,21 @@ SHAPES = {
         rope_theta=1e6,
         max_position_embeddings=32768,
     ),
+    # one rank of Llama-3.3-70B at tensor parallelism 8: 64/8 query heads, 8/8 KV heads, 28672/8 MLP
+    # columns and 128256/8 vocabulary rows per rank, full hidden size; its step time is a TP=8 step's
+    # compute and HBM traffic per GPU, without the two all-reduces per layer
+    "llama-70b-tp8-rank": dict(
+        model_type="llama",
+        vocab_size=128256 // 8,
+        hidden_size=8192,
+        intermediate_size=28672 // 8,
+        num_hidden_layers=80,
+        num_attention_heads=64 // 8,
+        num_key_value_heads=8 // 8,
+        head_dim=128,
+        rope_theta=5e5,
+        max_position_embeddings=131072,
+    ),
 }
 
 

@@ -57,6 +57,18 @@ def test_smoke_numbers_are_finite(smoke):
     assert values and all(math.isfinite(v) for v in values)
     assert all(r["ms"] > 0 and r["floor_ms"] > 0 for r in res["roofline"])
     assert all(r["speedup"] > 0 and r["projected"] > 0 for r in res["strategies"])
+    # one projection per (larger model, batch, strategy); the policy picks the best projected rate or off
+    smoke_args = gpu_report.SMOKE_DEFAULTS
+    proj = res["projections"]
+    assert len(proj) == len(smoke_args["models"][1:]) * len(smoke_args["strategy_batches"]) * len(
+        smoke_args["strategies"]
+    )
+    for key, choice in res["policy_choice"].items():
+        model, batch = key.split("@")
+        sel = [q for q in proj if q["model"] == model and q["batch"] == int(batch)]
+        best = max(sel, key=lambda q: q["projected"])
+        assert choice == (best["strategy"] if best["projected"] > 1.0 else "off")
+        assert [q["strategy"] for q in sel if q.get("chosen")] == ([] if choice == "off" else [choice])
     runs = res["adaptivity"]["runs"]
     assert len(runs) == 3 and {"off", "auto"} < set(runs)
     assert next(k for k in runs if k.startswith("on "))[3:] in gpu_report.SMOKE_DEFAULTS["strategies"]

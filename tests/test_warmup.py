@@ -26,6 +26,10 @@ def test_warmup_trains_measures_and_exports(tmp_path):
     assert rep["generated_tokens"] > 0 and rep["train_steps"] == 3
     for k in ("accept_length_before", "accept_length_after"):
         assert 1.0 <= rep[k] <= 4.0 and math.isfinite(rep[k])
+    # measured at the data's temperature and greedy; the RL-temperature entry is the headline pair
+    assert set(rep["accept_length"]) == {"0.9", "0"}
+    assert rep["accept_length"]["0.9"] == {"before": rep["accept_length_before"], "after": rep["accept_length_after"]}
+    assert all(1.0 <= v <= 4.0 for acc in rep["accept_length"].values() for v in acc.values())
     assert math.isfinite(rep["final_loss"])
     saved = json.loads((tmp_path / "drafter" / "warmup.json").read_text())
     assert saved["drafter"] == rep["drafter"]

@@ -74,12 +74,19 @@ def warmup(
     noise_std: float = 0.0,
     token_weight: float = 1.0,
     unroll: int = 2,
+    eval_temperatures: tuple[float, ...] = (0.0,),
+    gen_batch: int = 256,
 ) -> dict:
     """steps=None trains for `epochs` passes over the generated tokens: a one-layer drafter over-fits a small
     set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
     count, should grow. `unroll` passes feed the drafter its own predictions in training (drafter_loss), which
     lifts the agreement at depth 2+ (benchmarks/drafter_diagnosis.md); `token_weight` is the CE's weight
-    next to the feature regression's 1.0."""
+    next to the feature regression's 1.0. Accept length is measured at `temperature` and at each of
+    `eval_temperatures` (greedy, 0.0, bounds the drafter alone: at T > 0 even a perfect drafter loses the
+    steps where the target samples a token outside the tree). `gen_batch` caps the generating engine's batch."""
+    temps = list(dict.fromkeys([temperature, *eval_temperatures]))
+    if any(t < 0 for t in temps):
+        raise ValueError(f"warmup: temperatures must be >= 0, got {temps}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tok = load_tokenizer(target_path)
     task = ArithmeticTask(digits=2, num_ops=2, seed=seed)
@@ -87,9 +94,9 @@ def warmup(
     prompts = [format_prompt(p, tok) for p in problems]
     train_prompts, eval_prompts = prompts[:num_prompts], prompts[num_prompts:]
     params = SamplingParams(n=samples, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    eval_params = SamplingParams(n=1, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1)
+    evals = {t: SamplingParams(n=1, temperature=t, max_new_tokens=max_new_tokens, seed=seed + 1) for t in temps}
 
-    plain = Engine.from_pretrained(target_path, speculative="off", dtype=dtype, device=device)
+    plain = Engine.from_pretrained(target_path, speculative="off", dtype=dtype, device=device, max_batch=gen_batch)
     t0 = time.perf_counter()
     buffer = DrafterBuffer(max_steps=1)
     n_tokens = generate_data(plain, train_prompts, params, buffer)
@@ -101,7 +108,7 @@ def warmup(
         warnings.simplefilter("ignore")
         spec = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,))
     drafter.eval()
-    before = accept_length(spec, eval_prompts, eval_params)
+    before = {t: accept_length(spec, eval_prompts, p) for t, p in evals.items()}
 
     drafter.train()
     trainer = DrafterTrainer(
@@ -124,7 +131,7 @@ def warmup(
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['top1']:.3f}")
     train_s = time.perf_counter() - t1
     drafter.eval()
-    after = accept_length(spec, eval_prompts, eval_params)
+    after = {t: accept_length(spec, eval_prompts, p) for t, p in evals.items()}
     folder = export_eagle(drafter, out)
     report = {
         "target": str(target_path or "smollm2"),
@@ -140,8 +147,9 @@ def warmup(
         "train_seconds": train_s,
         "final_loss": metrics.get("loss"),
         "final_top1": metrics.get("top1"),
-        "accept_length_before": before,
-        "accept_length_after": after,
+        "accept_length_before": before[temperature],
+        "accept_length_after": after[temperature],
+        "accept_length": {f"{t:g}": {"before": before[t], "after": after[t]} for t in temps},
         "drafter": str(folder),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
     }
@@ -162,7 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--token-weight", type=float, default=1.0, help="CE weight (feature regression: 1.0)")
     ap.add_argument("--unroll", type=int, default=2, help="training passes fed the drafter's own predictions")
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--temperature", type=float, default=0.9)
+    ap.add_argument("--temperature", type=float, default=0.9, help="sampling temperature of the training data")
+    ap.add_argument("--eval-temperatures", type=float, nargs="*", default=[0.0],
+                    help="accept length is also measured at these (0 = greedy)")  # fmt: skip
+    ap.add_argument("--gen-batch", type=int, default=256, help="batch of the engine that generates the data")
     ap.add_argument("--strategy", default="8_4_48")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--batch-tokens", type=int, default=8192)
@@ -185,12 +196,15 @@ def main(argv: list[str] | None = None) -> None:
         noise_std=a.noise_std,
         token_weight=a.token_weight,
         unroll=a.unroll,
+        eval_temperatures=tuple(a.eval_temperatures),
+        gen_batch=a.gen_batch,
     )
     print(
-        f"accept length with {rep['strategy']} at T={rep['temperature']}: "
-        f"{rep['accept_length_before']:.2f} untrained -> {rep['accept_length_after']:.2f} after "
-        f"{rep['train_steps']} steps ({rep['train_seconds']:.0f}s); drafter in {rep['drafter']}"
+        f"{rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
+        f"{rep['train_steps']} steps in {rep['train_seconds']:.0f}s; drafter in {rep['drafter']}"
     )
+    for t, acc in rep["accept_length"].items():
+        print(f"accept length with {rep['strategy']} at T={t}: {acc['before']:.2f} untrained -> {acc['after']:.2f}")
 
 
 if __name__ == "__main__":
