@@ -109,6 +109,11 @@ def main(argv=None) -> None:
             )
             tps, n = run_engine(eng, prompts, args.max_new_tokens, args.profile, args.repeats)
             st = eng.stats()
+            pol = eng.policy.stats()
+            mean_ms = {}  # mean step ms per option over the engine's steps, what the policy weighed
+            for e in eng.timeline:
+                if e["kind"] != "prefill":
+                    mean_ms.setdefault(e["strategy"] or "off", []).append(1e3 * e["seconds"])
             rows.append(
                 dict(
                     provider="tlt",
@@ -119,6 +124,8 @@ def main(argv=None) -> None:
                     accept=st["mean_accept_length"],
                     sd_steps=st["sd_steps"],
                     steps=st["steps"],
+                    policy={k: pol[k] for k in ("strategy_use", "measure_steps", "explore_steps", "switches")},
+                    step_ms={k: statistics.fmean(v) for k, v in mean_ms.items()},
                 )
             )
             del eng
@@ -147,6 +154,12 @@ def main(argv=None) -> None:
             f"{r['provider']:8} {r['config']:14} {r['batch']:5d} {r['tokens_per_s']:9.1f} {acc:>6} "
             f"{r['sd_steps']:4d}/{r['steps']:<4d}"
         )
+    print("step ms (mean over the engine's decode / SD steps) and the auto policy's decisions:")
+    for r in rows:
+        if r["provider"] == "tlt":
+            ms = ", ".join(f"{k} {v:.2f}" for k, v in r["step_ms"].items())
+            extra = f" | {r['policy']}" if r["config"] == "auto" else ""
+            print(f"  {r['config']:8} b={r['batch']:<4d} {ms}{extra}")
     if args.out:
         with open(args.out, "a") as f:
             for r in rows:

@@ -10,6 +10,7 @@ import torch
 from tests.test_engine import PROMPTS, TINY, make_engine, tiny_pair
 from tlt_rt.codegen.backend import TritonAttention, triton_usable
 from tlt_rt.ir.strategy import Strategy
+from tlt_rt.ir.tree import build_tree
 from tlt_rt.models.attention import TorchAttention
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM
@@ -113,6 +114,30 @@ def test_draft_gives_the_candidates_of_the_eager_path():
     new = new_runner.draft(new_seqs, tables, table_tensor(tables, "cpu"), STRATEGY)
     assert torch.equal(new.tokens, old.tokens) and torch.equal(new.parents, old.parents)
     torch.testing.assert_close(new.scores, old.scores, atol=1e-4, rtol=1e-5)
+
+
+def test_shallow_step_after_a_deep_one_runs_the_deepest_block_without_eager_catch_up(monkeypatch):
+    """An engine with a depth-8 strategy keeps 9-row blocks for every strategy: after a deep step accepted 8
+    or 9 tokens, a depth-3 step still covers the unseen rows in its block (no eager catch-up), and drafts
+    the candidates of the eager path."""
+    cases = [(20, 12), (15, 6), (9, 7), (2, 0)]  # 8 and 9 rows behind, then within R = 4, then short
+    target, drafter = _drafter()
+    (old_seqs, tables), (new_seqs, _) = _copies(target, cases)
+    *_, old = _old_draft(drafter, old_seqs, tables, STRATEGY)
+    new_runner = _runner(drafter, new_seqs, tables)
+    new_runner.window_rows = 9
+    assert new_runner.block_rows(STRATEGY) == 9 and new_runner.block_rows(Strategy(8, 4, 16)) == 9
+    eager = []
+    monkeypatch.setattr(new_runner, "catch_up", lambda *a, **k: eager.append(a))
+    ins = new_runner.inputs(new_seqs, tables, table_tensor(tables, "cpu"), STRATEGY)
+    assert ins.tokens.shape == (4, 9) and ins.hidden.shape[:2] == (4, 9)
+    assert ins.valid.tolist() == [9, 9, 9, 2] and eager == []
+    with torch.no_grad():
+        new = draft_tree(drafter, new_runner.cache, STRATEGY, BLOCK_SIZE, ins)
+    ref = build_tree(old, torch.tensor([s.tokens[-1] for s in old_seqs]),
+                     torch.tensor([s.num_cached for s in old_seqs]), STRATEGY.verify_tokens)  # fmt: skip
+    for name in TREE_FIELDS:
+        assert torch.equal(getattr(new, name), getattr(ref, name)), name
 
 
 def test_graph_program_pads_the_batch_and_writes_nothing_for_padding():

@@ -237,7 +237,9 @@ class StepProgram:
         row the previous step's accepted path added, and rows seen before, recomputed): ctx_hidden
         [B, D+1, H] the target hidden state at p, ctx_tokens [B, D+1] the token at p+1 (the last is the
         root, last_tokens), ctx_len [B] how many rows are real, min(prefix_lens, D+1); rows before
-        position 0 are padding, and 0 marks a padding sequence.
+        position 0 are padding, and 0 marks a padding sequence. D+1 is the least the step needs: a caller
+        may pass a longer block (the engine passes its deepest strategy's, R rows, ctx_len min(prefix_lens,
+        R)), so that switching between strategies never leaves the drafter rows behind.
         With sampled acceptance also uniforms [B, D+1, 2] f32 in [0, 1): the acceptance walk's random
         draws at each depth (accept scan, bonus draw), filled on the device so nothing syncs.
         """

@@ -3,9 +3,11 @@
 Positions (L = a sequence's cached target tokens; its pending root x_L sits at position L):
 - drafter row p pairs the target hidden h_p with token x_{p+1} and predicts h_{p+1}; row L-1 is the
   root's, whose output drafts depth 1.
-- catch-up: every step runs the fixed block of R = depth+1 rows [L-R, L) under a causal mask over the
-  cached prefix (the tree-attention metadata the levels use, with a lower-triangular mask). After a step
-  that accepted a tokens the rows the drafter has not seen are [L-a-1, L), never more than R; rows it has
+- catch-up: every step runs the fixed block of R rows [L-R, L) under a causal mask over the cached prefix
+  (the tree-attention metadata the levels use, with a lower-triangular mask). R is the deepest configured
+  strategy's depth + 1 (`DrafterRunner.block_rows`), whatever strategy this step drafts with: after a step
+  that accepted a tokens the rows the drafter has not seen are [L-a-1, L), never more than that step's
+  depth + 1, so a switch from a deep strategy to a shallow one never leaves the drafter behind. Rows it has
   seen are recomputed from the same target hidden states, which rewrites their K/V with the same values.
   Rows before position 0 (L < R) are padding: they write to the trash slot and see nothing. A sequence
   further behind (speculation switched on after plain decoding, or a recomputed one) first runs rows
@@ -38,7 +40,7 @@ from tlt_rt.rollout.sequence import Sequence
 
 @dataclass
 class DraftInputs:
-    """One draft's device inputs, B sequences, R = depth + 1 catch-up rows."""
+    """One draft's device inputs, B sequences, R >= depth + 1 catch-up rows."""
 
     tokens: Tensor  # [B, R] int64: token x_{p+1} of block row p = L-R+j; tokens[:, -1] is the root x_L
     hidden: Tensor  # [B, R, H] target hidden h_p of block row p (before the final norm), zeros for padding
@@ -133,7 +135,7 @@ class DraftProgram:
     def static_inputs(self, key: Key) -> dict[str, Tensor]:
         _, b, t, depth, k = key
         w = self.runner.drafter.fc.weight
-        dev, r, long = w.device, depth + 1, torch.long
+        dev, r, long = w.device, self.runner.block_rows(Strategy(depth, k, t)), torch.long
         ins = {
             "tokens": torch.zeros(b, r, dtype=long, device=dev),
             "hidden": torch.zeros(b, r, w.shape[0], dtype=w.dtype, device=dev),
@@ -193,6 +195,10 @@ class DrafterRunner:
         """Capture and replay draft steps in `pool` for batches up to buckets[-1] and tables up to `width`."""
         self.pool, self.buckets, self.width = pool, buckets, width
         pool.register(("draft",), DraftProgram(self, width))
+
+    def block_rows(self, strategy: Strategy) -> int:
+        """Rows of the catch-up block a step of `strategy` runs: the deepest strategy's depth + 1 (window_rows)."""
+        return max(strategy.depth + 1, self.window_rows)
 
     def graph_key(self, batch: int, strategy: Strategy, table_width: int) -> Key | None:
         if self.pool is None or batch > self.buckets[-1] or table_width > self.width:
@@ -275,7 +281,7 @@ class DrafterRunner:
 
     def inputs(self, seqs: list[Sequence], tables: list[list[int]], table_t: Tensor, strategy: Strategy):
         """DraftInputs for `seqs` (see `prepare`), built with one host-to-device copy."""
-        r = strategy.depth + 1
+        r = self.block_rows(strategy)
         window = self.prepare(seqs, tables, r)
         rows = [[s.num_cached, min(s.num_cached, r), *s.last_tokens(r)] for s in seqs]
         (lens, valid), tokens = upload(rows, 2, self.device)

@@ -78,7 +78,7 @@ def speculative_step(
     lowered for this batch's bucket); results come back to the host once."""
     device = target.device
     b, D = len(seqs), strategy.depth
-    r = D + 1
+    r = drafter.block_rows(strategy)
     window = drafter.prepare(seqs, tables, r)  # [B, W >= R, H]
     rows = [[s.num_cached, min(s.num_cached, r), *s.last_tokens(r)] for s in seqs]
     (lens, valid), ctx_tokens = upload(rows, 2, device)
