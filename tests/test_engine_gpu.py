@@ -56,6 +56,24 @@ def test_capture_all_buckets_then_generate():
     assert len(outs) == 8 and all(len(o.token_ids) == 16 for o in outs)
 
 
+def test_steps_do_not_wait_for_other_streams():
+    """A drafter trainer on its own stream (spot training in the rollout's tail) is neither waited for nor
+    timed by the engine: generate returns while a long kernel queued on another stream still runs."""
+    _, graphed = _engines(speculative="auto", strategies=("3_3_8",), max_batch=4)
+    graphed.capture()
+    params = SamplingParams(temperature=0.0, max_new_tokens=4, stop_token_ids=[])
+    graphed.generate(PROMPTS[:2], params)  # first prefill shapes compile here
+    side, done = torch.cuda.Stream(), torch.cuda.Event()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(3_000_000_000)  # ~1.5-2 s of one SM's cycles, far longer than a few tiny steps
+        done.record(side)
+    outs = graphed.generate(PROMPTS[:2], params)
+    still_running = not done.query()
+    side.synchronize()
+    assert all(len(o.token_ids) == 4 for o in outs)
+    assert still_running, "an engine step synchronised the whole device instead of its own stream"
+
+
 def test_smollm2_bf16_answers():
     from tlt_rt.models.default import load_tokenizer
 

@@ -383,7 +383,9 @@ class Engine:
             self._strategy_use[str(strategy)] += 1
             self._stats["sd_steps"] += 1
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            # this thread's stream only: a drafter trainer on its own stream (spot training in the tail) is
+            # neither waited for nor counted in the step's cost, which the SD policy compares across options
+            torch.cuda.current_stream(self.device).synchronize()
         dt = time.perf_counter() - t0
         self.policy.observe(b, strategy, dt, emitted / b)
         self._stats["steps"] += 1
