@@ -49,7 +49,10 @@ def shift_policy(target, tok, problems, prompts, steps: int, lr: float, batch: i
     """Fine-tune `target` in place on terse answers (loss on the answer tokens only); returns the losses."""
     gen = torch.Generator().manual_seed(seed)
     eos = tok.eos_token_id
-    rows = [(p, tok.encode(terse_answer(q), add_special_tokens=False) + [eos]) for q, p in zip(problems, prompts)]
+    rows = [
+        (p, tok.encode(terse_answer(q), add_special_tokens=False) + [eos])
+        for q, p in zip(problems, prompts, strict=True)
+    ]
     opt = torch.optim.AdamW([p for p in target.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     target.train()
     losses = []
