@@ -48,6 +48,16 @@ def sample_answers(engine: Engine, prompts: list[list[int]], params: SamplingPar
     ]
 
 
+def reduced_vocab(samples: list[dict], vocab_size: int, size: int) -> torch.Tensor | None:
+    """The `size` most frequent token ids of the samples as a draft vocabulary (None when size is 0)."""
+    if not size:
+        return None
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for s in samples:
+        counts += torch.bincount(s["ids"], minlength=vocab_size)
+    return draft_vocab_from_counts(counts, size)
+
+
 def agreement_report(drafter: Drafter, samples: list[dict], depth: int) -> dict:
     oks = [chain_agreement(drafter, s, depth) for s in samples]
     cat = torch.cat(oks, 1).float()
@@ -152,13 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     log(json.dumps({k: rep[k] for k in ("data_tokens", "engine_vs_dense_hidden_maxdiff", "oracle_steps")}))
 
-    d2t = None
-    if a.draft_vocab:
-        counts = torch.zeros(target.arch.vocab_size, dtype=torch.int64)
-        for s in data:
-            counts += torch.bincount(s["ids"], minlength=target.arch.vocab_size)
-        d2t = draft_vocab_from_counts(counts, a.draft_vocab)
-    drafter = Drafter(target.arch, target, draft_vocab=d2t)
+    drafter = Drafter(target.arch, target, draft_vocab=reduced_vocab(data, target.arch.vocab_size, a.draft_vocab))
     rep.update(train(drafter, data, a, log))
     drafter.eval()
     rep["train_agreement"] = agreement_report(drafter, train_greedy, a.depth)

@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from drafter_diagnosis import agreement_report, sample_answers  # noqa: E402
+from drafter_diagnosis import agreement_report, reduced_vocab, sample_answers  # noqa: E402
 
 from tlt_rt.models.default import load_tokenizer  # noqa: E402
-from tlt_rt.models.drafter import Drafter, draft_vocab_from_counts  # noqa: E402
+from tlt_rt.models.drafter import Drafter  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.train.data import ArithmeticTask, format_prompt  # noqa: E402
 from tlt_rt.train.drafter_data import DrafterBuffer  # noqa: E402
@@ -120,13 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     a_train, a_eval = sample_answers(plain, train_prompts, greedy), sample_answers(plain, eval_prompts, greedy)
     rep["generate_a_seconds"] = round(time.perf_counter() - t0, 1)
-    d2t = None
-    if a.draft_vocab:
-        counts = torch.zeros(target.arch.vocab_size, dtype=torch.int64)
-        for s in a_train:
-            counts += torch.bincount(s["ids"], minlength=target.arch.vocab_size)
-        d2t = draft_vocab_from_counts(counts, a.draft_vocab)
-    drafter = Drafter(target.arch, target, draft_vocab=d2t)
+    drafter = Drafter(target.arch, target, draft_vocab=reduced_vocab(a_train, target.arch.vocab_size, a.draft_vocab))
     buf = DrafterBuffer(max_steps=1, seed=a.seed)
     buf.add(0, [s["ids"] for s in a_train], [s["hidden"] for s in a_train])
     trainer = DrafterTrainer(drafter, buf, lr=a.lr, batch_tokens=a.batch_tokens, seed=a.seed)
