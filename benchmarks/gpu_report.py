@@ -431,9 +431,6 @@ def section_strategies(rep: Report, make: EngineMaker) -> None:
                              decode_s=dec, sd_s=sd, projected=r["accept"] * dec / sd))  # fmt: skip
         del big_make
         gc.collect()
-    for r in rows:  # the first projection target's columns stay on the measured rows
-        p0 = next(p for p in proj if (p["model"], p["batch"], p["strategy"]) == (bigs[0], r["batch"], r["strategy"]))
-        r.update(big_decode_s=p0["decode_s"], big_sd_s=p0["sd_s"], projected=p0["projected"])
     choices = {}  # what the cost model would pick at each (model, batch): the best projected rate, or off
     for big in bigs:
         for b in a.strategy_batches:
