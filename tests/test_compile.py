@@ -38,3 +38,18 @@ def test_cli_help_and_config_errors(capsys):
     assert "python -m tlt_rt.compile CONFIG" in capsys.readouterr().out
     assert main(["configs/smollm2-arith.yaml", "rollout.max_bach=4"]) == 2
     assert "rollout.max_batch" in capsys.readouterr().err
+
+
+def test_engine_profiles_missing_costs_and_decides_from_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("TLT_CACHE", str(tmp_path))
+    from tests.test_engine import PROMPTS, make_engine
+    from tlt_rt.rollout import SamplingParams
+
+    eng = make_engine("auto", ("3_3_8",), max_batch=4)
+    assert len(eng.policy.costs) == 0
+    eng.profile_costs(save=True, iters=1)
+    assert len(eng.policy.costs) == 2 * len(eng.buckets)  # plain decoding and 3_3_8 in every bucket
+    eng.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=[]))
+    assert eng.stats()["policy"]["measure_steps"] == 0  # nothing had to be tried just to learn its cost
+    again = make_engine("auto", ("3_3_8",), max_batch=4)
+    assert len(again.policy.costs) == 2 * len(eng.buckets)  # saved under the model's key and found

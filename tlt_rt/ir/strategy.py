@@ -65,7 +65,10 @@ class Strategy:
         return cls(*values)
 
     def __str__(self) -> str:
-        return f"{self.depth}_{self.topk}_{self.verify_tokens}"
+        name = self.__dict__.get("_name")  # cached: the SD policy names strategies on every step
+        if name is None:
+            name = self.__dict__["_name"] = f"{self.depth}_{self.topk}_{self.verify_tokens}"
+        return name
 
 
 @dataclass(frozen=True)

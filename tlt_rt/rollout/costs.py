@@ -2,7 +2,8 @@
 
 `tlt_rt.compile` profiles every bucket ahead and saves the table under the cache dir keyed by `cost_key`
 (model shape, dtype, device, torch/triton versions); the engine loads it at start, profiles missing cells
-lazily, and refines cells online from the steps it times (an EMA with outliers clipped).
+lazily, and refines cells online from the steps it times (an EMA with outliers clipped). A profiled cost
+times the graphs alone (no host work, acceptance or commit), so the first step timed online replaces it.
 """
 
 from __future__ import annotations
@@ -61,16 +62,18 @@ class CostTable:
         self.alpha, self.clip = alpha, clip
         self._costs: dict[str, dict[int, float]] = {}
         self._provisional: set[tuple[str, int]] = set()  # cells whose only reading may be a warm-up step
+        self._online: set[tuple[str, int]] = set()  # cells with at least one step timed online
 
     def get(self, bucket: int, strategy: Strategy | None) -> float | None:
         """The measured cost, or None (see `interpolate` for an estimate)."""
         return self._costs.get(option_name(strategy), {}).get(bucket)
 
     def set(self, bucket: int, strategy: Strategy | None, seconds: float) -> None:
-        """Record a trusted cost (a profiled median, say)."""
+        """Record a trusted cost (a profiled median, say); the first step timed online replaces it."""
         name = option_name(strategy)
         self._costs.setdefault(name, {})[int(bucket)] = _positive("seconds", seconds)
         self._provisional.discard((name, int(bucket)))
+        self._online.discard((name, int(bucket)))
 
     def is_provisional(self, bucket: int, strategy: Strategy | None) -> bool:
         """True while the cell's only reading is the first online one (it may include compilation or
@@ -80,23 +83,30 @@ class CostTable:
     def observe(self, bucket: int, strategy: Strategy | None, seconds: float) -> float:
         """Fold one measured step into the estimate; returns the new estimate.
 
-        The first online reading of a cell is provisional and the second replaces it outright. After that,
-        an EMA: step times have a hard floor and their noise is upward (host hiccups, allocator, preemption
-        work), so a reading above clip x estimate is clipped, while one below estimate / clip means the
-        estimate itself was an outlier and is replaced.
+        The first online reading of an empty cell is provisional and the second replaces it outright; the
+        first online reading of a profiled cell replaces the profile (which saw the graphs, not the whole
+        step). After that, an EMA: step times have a hard floor and their noise is upward (host hiccups,
+        allocator, preemption work), so a reading above clip x estimate is clipped, while one below
+        estimate / clip means the estimate itself was an outlier and is replaced.
         """
         seconds = _positive("seconds", seconds)
         cur, cell = self.get(bucket, strategy), (option_name(strategy), bucket)
         if cur is None:
             self.set(bucket, strategy, seconds)
             self._provisional.add(cell)
+            self._online.add(cell)
             return seconds
-        if cell in self._provisional or seconds < cur / self.clip:
+        if cell in self._provisional or cell not in self._online or seconds < cur / self.clip:
             new = seconds
         else:
             new = cur + self.alpha * (min(seconds, cur * self.clip) - cur)
         self.set(bucket, strategy, new)
+        self._online.add(cell)
         return new
+
+    def __len__(self) -> int:
+        """Cells with a cost."""
+        return sum(len(row) for row in self._costs.values())
 
     def buckets(self, strategy: Strategy | None) -> list[int]:
         return sorted(self._costs.get(option_name(strategy), {}))
@@ -106,17 +116,26 @@ class CostTable:
 
         Step cost is close to linear in batch between buckets, so a bucket between two measured ones is
         interpolated linearly; above the largest measured bucket the last segment's slope (at least 0)
-        extends it, or the cost stays flat when only one bucket is measured. Estimates are kept optimistic
-        (cost grows with batch, so these err low): an option that looks good on an estimate gets picked and
-        thereby measured, while a pessimistic guess could shut it out for good. Hence None below the smallest
-        measured bucket, where the only estimate at hand, that bucket's cost, is an upper bound.
+        extends it, or the cost stays flat when only one bucket is measured. Below the smallest measured
+        bucket a strategy's cost there is scaled by plain decoding's cost ratio between the two buckets,
+        once plain decoding is measured at both and they are at most 4x apart (a batch that shrinks as requests
+        finish visits ever smaller buckets, and measuring every strategy afresh in each would cost more than
+        it tells; further apart, a verify that is compute-bound at the larger batch would look far dearer
+        than it is); otherwise None. Estimates err low where they can (cost grows with batch): an option
+        that looks good on an estimate gets picked and thereby measured, while a pessimistic guess could
+        shut it out for good.
         """
         row = self._costs.get(option_name(strategy), {})
         if bucket in row:
             return row[bucket]
         xs = sorted(row)
-        if not xs or bucket < xs[0]:
+        if not xs:
             return None
+        if bucket < xs[0]:
+            plain = self._costs.get(OFF, {})
+            if strategy is None or bucket not in plain or xs[0] not in plain or xs[0] > 4 * bucket:
+                return None
+            return row[xs[0]] * min(1.0, plain[bucket] / plain[xs[0]])
         if bucket > xs[-1]:
             if len(xs) == 1:
                 return row[xs[0]]
@@ -132,6 +151,7 @@ class CostTable:
     def to_dict(self) -> dict:
         costs = {name: {str(b): s for b, s in sorted(row.items())} for name, row in sorted(self._costs.items())}
         provisional = sorted([name, b] for name, b in self._provisional)
+        online = sorted([name, b] for name, b in self._online)
         return {
             "version": 1,
             "key": self.key,
@@ -139,6 +159,7 @@ class CostTable:
             "clip": self.clip,
             "costs": costs,
             "provisional": provisional,
+            "online": online,
         }
 
     @classmethod
@@ -150,6 +171,7 @@ class CostTable:
             for b, s in row.items():
                 table._costs.setdefault(name, {})[int(b)] = _positive(f"cost of {name} at bucket {b}", s)
         table._provisional = {(name, int(b)) for name, b in data.get("provisional", [])}
+        table._online = {(name, int(b)) for name, b in data.get("online", [])}
         return table
 
     def save(self, path: str | Path) -> None:

@@ -346,15 +346,15 @@ class Engine:
             )
             out = self.runner.forward([s.tokens[-1] for s in seqs], layout, "decode")
             tok, lp = sampler.sample(out.logits, [s.seed for s in seqs], [s.counter for s in seqs])
-            tok, lp = tok.tolist(), lp.tolist()
-            # a replayed graph's output is overwritten by the next replay: keep a copy of this step's rows
-            hidden = out.hidden.clone() if keep_hidden else None
+            if keep_hidden:  # queued before the host waits for the tokens, so this host work overlaps the step
+                # a replayed graph's output is overwritten by the next replay: keep a copy of this step's rows
+                for seq, row in zip(seqs, out.hidden.clone()[:, None].unbind(0), strict=True):
+                    seq.add_hidden(row)
+            tok, lp = torch.stack([tok.double(), lp.double()]).tolist()  # one device-to-host copy
             for i, seq in enumerate(seqs):
                 seq.counter += 1
-                if keep_hidden:
-                    seq.add_hidden(hidden[i : i + 1])
                 seq.num_cached += 1
-                self._emit(seq, [tok[i]], [lp[i]], stop, sched)
+                self._emit(seq, [int(tok[i])], [lp[i]], stop, sched)
             emitted = b
         else:
             res = speculative_step(
@@ -446,14 +446,33 @@ class Engine:
                 draft.append(DraftProgram.key(b, s))
         return sorted(set(target)), sorted(set(draft))
 
-    def capture(self, batch_sizes: list[int] | None = None) -> dict:
-        """Capture every graph ahead of generation, largest first, into the one shared pool."""
+    def capture(self, batch_sizes: list[int] | None = None, profile: bool = True) -> dict:
+        """Capture every graph ahead of generation, largest first, into the one shared pool. With `profile`
+        and no cost table loaded for this model (`python -m tlt_rt.compile` writes one), the captured steps
+        are timed now and the table saved where the next engine for this model finds it, so the SD policy
+        decides from measured costs from the first step instead of trying each option online."""
         pool = self.runner.run.pool
         if pool is None:
             return {"graphs": 0, "pool_bytes": 0}
         target_keys, draft_keys = self.graph_keys(batch_sizes)
         pool.capture(target_keys + draft_keys)
+        if profile and self.speculative == "auto" and len(self.policy.costs) == 0:
+            self.profile_costs(save=True)
         return self.graph_memory()
+
+    def profile_costs(self, save: bool = False, iters: int = 5) -> None:
+        """Time every (bucket, option) step on synthetic sequences (`tlt_rt.compile.profile`) into the policy's
+        cost table; the first step timed online replaces each profiled cost. `save` writes the table to the
+        cache dir under this model's key."""
+        from tlt_rt.compile import cost_path, profile
+
+        table, _ = profile(self, iters=iters, progress=False)
+        self.policy.costs = table
+        if save:
+            path = cost_path(table.key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            table.save(path)
+            log.info("profiled step costs saved to %s", path)
 
     def graph_memory(self) -> dict:
         """Captured graphs (target forwards and draft steps) and the bytes their shared pool holds."""

@@ -9,6 +9,13 @@ where plain decoding emits exactly one token per sequence per step. Step costs c
 sits a small bandit: unmeasured options are tried first, an epsilon share of steps explores, and
 hysteresis keeps the choice from flapping between near-equal options.
 
+In "auto" mode speculation also has to pay its way in every batch bucket: each speculative step's regret
+(its time minus what plain decoding would have taken for the tokens it emitted) is summed per bucket, and
+while a bucket's sum is above `explore_budget` of that bucket's decode time, only strategies whose
+measured accept length (not a prior) and cost beat plain decoding may run there. A drafter that does not
+help thus costs about that share of the time at each batch size, however many strategies there are to
+try, plus one first trial per bucket.
+
 Switching between plain decoding and any strategy at any step costs nothing extra: the engine keeps the
 drafter's KV current (it catches up the missing drafter rows from stored target hidden states at the next
 speculative step), so nothing is prefilled again.
@@ -27,8 +34,11 @@ class AcceptStats:
     """Online tokens emitted per sequence per speculative step (accepted drafts + 1 bonus), per (bucket, strategy).
 
     Accept length depends mostly on the strategy and the data, little on the batch, so each (bucket,
-    strategy) estimate is shrunk toward the strategy's pooled estimate, which in turn is shrunk toward the
-    prior 1 + prior_slope * depth; each pull weighs `prior_weight` readings and fades as readings come in.
+    strategy) estimate is shrunk toward the strategy's pooled estimate, which in turn is shrunk toward a
+    prior; each pull weighs `prior_weight` readings and fades as readings come in. The prior is
+    1 + prior_slope * depth until any strategy has readings; after that its excess over 1 is scaled by what
+    the measured strategies showed against theirs (the same drafter serves every strategy: one that accepts
+    nothing with 8_4_8 will not accept much with 8_4_48 either, so untried strategies stop looking good).
     Each estimate is a running mean until 1/alpha readings, then an EMA, so later drift (a retrained
     drafter, a changing policy) is followed.
     """
@@ -38,9 +48,22 @@ class AcceptStats:
         self._pooled: dict[str, list[float]] = {}  # name -> [mean, readings]
         self._cells: dict[str, list[float]] = {}  # "bucket/name" -> [mean, readings]
         self.hist: dict[str, Counter] = {}  # name -> Counter(rounded tokens per sequence)
+        self._depth: dict[str, int] = {}  # name -> depth of every strategy seen
+        self._scale = 1.0  # measured excess accept over the base prior's, pooled over strategies
+
+    def base_prior(self, strategy: Strategy) -> float:
+        return min(1 + self.prior_slope * strategy.depth, strategy.depth + 1)
 
     def prior(self, strategy: Strategy) -> float:
-        return min(1 + self.prior_slope * strategy.depth, strategy.depth + 1)
+        return min(1 + self._scale * (self.base_prior(strategy) - 1), strategy.depth + 1)
+
+    def _rescale(self) -> None:
+        num = den = 0.0
+        for name, (m, n) in self._pooled.items():
+            excess = min(self.prior_slope * self._depth[name], self._depth[name])
+            w = min(n, 10.0)  # a few readings of each strategy settle it; no one strategy dominates
+            num, den = num + w * (m - 1) / excess, den + w
+        self._scale = min(max(num / den, 0.0), 2.0) if den else 1.0
 
     def _blend(self, base: float, cell: list[float] | None) -> float:
         if cell is None:
@@ -57,6 +80,14 @@ class AcceptStats:
     def pooled_mean(self, strategy: Strategy) -> float:
         return self._blend(self.prior(strategy), self._pooled.get(str(strategy)))
 
+    def measured(self, bucket: int, strategy: Strategy, min_readings: int = 3) -> float | None:
+        """The accept length seen online, without the prior: the cell's, else the strategy's pooled one,
+        else None while neither has `min_readings` readings."""
+        for cell in (self._cells.get(f"{bucket}/{strategy}"), self._pooled.get(str(strategy))):
+            if cell is not None and cell[1] >= min_readings:
+                return cell[0]
+        return None
+
     def observe(self, bucket: int, strategy: Strategy, tokens_per_seq: float) -> None:
         x = float(tokens_per_seq)
         if not math.isfinite(x) or x < 0:
@@ -68,6 +99,8 @@ class AcceptStats:
             est[1] += 1
             est[0] += max(1 / est[1], self.alpha) * (x - est[0])
         self.hist.setdefault(name, Counter())[round(x)] += 1
+        self._depth[name] = strategy.depth
+        self._rescale()
 
     def histogram(self) -> dict[str, dict[int, int]]:
         return {name: dict(sorted(h.items())) for name, h in sorted(self.hist.items())}
@@ -80,6 +113,8 @@ class AcceptStats:
         self._pooled = {k: list(v) for k, v in state["pooled"].items()}
         self._cells = {k: list(v) for k, v in state["cells"].items()}
         self.hist = {name: Counter({int(k): v for k, v in h.items()}) for name, h in state["hist"].items()}
+        self._depth = {name: Strategy.parse(name).depth for name in self._pooled}
+        self._rescale()
 
 
 _MASK64 = (1 << 64) - 1
@@ -109,7 +144,9 @@ class SDPolicy:
     more than `hysteresis` (relative). `explore_budget` caps what exploring costs: an exploration step of an
     option dearer than the incumbent goes ahead only with a probability that keeps the expected extra time
     below that share of the incumbent's step time (an untrained drafter at batch 1, whose SD step costs
-    ~2.7 plain steps and emits ~1 token, would otherwise cost epsilon * 1.7 = 8.5% of throughput).
+    ~2.7 plain steps and emits ~1 token, would otherwise cost epsilon * 1.7 = 8.5% of throughput), and the
+    same budget bounds the summed regret of speculative steps (module docstring), over a window of the last
+    `horizon` steps or so (older steps fade), so a lucky start does not license a long loss later.
     Estimates lean optimistic (interpolated costs err low, the accept prior is generous), so an untried
     option gets tried rather than shut out. A batch above the largest bucket is decided as the largest bucket.
     """
@@ -125,6 +162,7 @@ class SDPolicy:
         seed: int = 0,
         accept: AcceptStats | None = None,
         explore_budget: float | None = 0.02,
+        horizon: int = 4096,
     ):
         if mode not in ("off", "on", "auto"):
             raise ValueError(f"SDPolicy.mode must be 'off', 'on' or 'auto', got {mode!r}")
@@ -136,7 +174,12 @@ class SDPolicy:
             raise ValueError(f"SDPolicy needs 0 <= epsilon <= 1 and hysteresis >= 0, got {epsilon}, {hysteresis}")
         if explore_budget is not None and not explore_budget > 0:
             raise ValueError(f"SDPolicy.explore_budget must be > 0 or None, got {explore_budget}")
+        if horizon < 1:
+            raise ValueError(f"SDPolicy.horizon must be >= 1, got {horizon}")
         self.explore_budget = explore_budget
+        self._fade = 1.0 - 1.0 / horizon
+        # per bucket, faded sums of [speculative steps' (seconds - plain seconds for their tokens), all seconds]
+        self._regret: dict[int, list[float]] = {}
         self.strategies = list(strategies)
         self.buckets = sorted(buckets)
         self.costs = costs if costs is not None else CostTable()
@@ -145,21 +188,26 @@ class SDPolicy:
         options: list[Strategy | None] = [] if mode == "off" else list(self.strategies)
         self.options = ([None] if mode == "auto" else []) + options
         self._by_name = {option_name(o): o for o in self.options}
+        self._bucket_of: dict[int, int] = {}  # batch size -> bucket
         self._current: dict[int, str] = {}  # bucket -> name of the incumbent choice
         self._calls: Counter = Counter()  # bucket -> decisions made there (drives the random stream)
         self._use: Counter = Counter()  # name -> times returned
         self._counts: Counter = Counter()  # decisions / explore / measure / switches
 
     def bucket(self, batch_size: int) -> int:
-        if batch_size > self.buckets[-1]:
-            return self.buckets[-1]
-        return bucket_for(batch_size, self.buckets)
+        b = self._bucket_of.get(batch_size)
+        if b is None:
+            b = self.buckets[-1] if batch_size > self.buckets[-1] else bucket_for(batch_size, self.buckets)
+            self._bucket_of[batch_size] = b
+        return b
 
     def expected_rate(self, batch_size: int, strategy: Strategy | None) -> float | None:
         """Expected tokens/s of an option at this batch size, or None while its cost is unknown."""
-        b = self.bucket(batch_size)
-        cost = self.costs.interpolate(b, strategy)
-        return None if cost is None else batch_size * self.accept.mean(b, strategy) / cost
+        return self._rate(batch_size, self.bucket(batch_size), strategy)
+
+    def _rate(self, batch_size: int, bucket: int, strategy: Strategy | None) -> float | None:
+        cost = self.costs.interpolate(bucket, strategy)
+        return None if cost is None else batch_size * self.accept.mean(bucket, strategy) / cost
 
     def decide(self, batch_size: int) -> Strategy | None:
         if self.mode == "off":
@@ -169,10 +217,14 @@ class SDPolicy:
         self._calls[b] += 1
         self._counts["decisions"] += 1
         unknown = [o for o in self.options if self.costs.interpolate(b, o) is None or self.costs.is_provisional(b, o)]
-        if unknown:
-            self._counts["measure"] += 1
-            return self._use_option(unknown[0])
-        rates = {option_name(o): self.expected_rate(batch_size, o) for o in self.options}
+        if unknown:  # plain decoding comes first, so an unknown strategy held back falls to a known cost
+            choice = self._within_budget(batch_size, b, unknown[0])
+            if choice is unknown[0]:
+                self._counts["measure"] += 1
+            else:  # held back: plain decoding is the incumbent until the strategy can be afforded
+                self._current.setdefault(b, option_name(None))
+            return self._use_option(choice)
+        rates = {name: self._rate(batch_size, b, o) for name, o in self._by_name.items()}
         best = max(rates, key=rates.__getitem__)  # first configured option wins ties
         cur = self._current.get(b)
         if cur not in rates or rates[best] > rates[cur] * (1 + self.hysteresis):
@@ -186,7 +238,27 @@ class SDPolicy:
             if _uniform(self.seed, b, 3 * n + 2) < self._explore_chance(b, choice, other):
                 choice = other
                 self._counts["explore"] += 1
-        return self._use_option(choice)
+        return self._use_option(self._within_budget(batch_size, b, choice))
+
+    def over_budget(self, bucket: int) -> bool:
+        """True while speculation has cost more than its budget of this bucket's decode time (auto only)."""
+        if self.mode != "auto" or self.explore_budget is None or bucket not in self._regret:
+            return False
+        regret, elapsed = self._regret[bucket]
+        return regret > self.explore_budget * elapsed
+
+    def _within_budget(self, batch_size: int, bucket: int, choice: Strategy | None) -> Strategy | None:
+        """`choice`, unless speculation is over budget and `choice` is not proven to beat plain decoding by
+        the accept length and cost measured so far; then plain decoding."""
+        if choice is None or not self.over_budget(bucket):
+            return choice
+        accept = self.accept.measured(bucket, choice)
+        cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
+        if accept is not None and cost is not None and plain is not None:
+            if accept / cost > (1 + self.hysteresis) / plain:
+                return choice
+        self._counts["held_back"] += 1
+        return None
 
     def _explore_chance(self, bucket: int, cur: Strategy | None, other: Strategy | None) -> float:
         """Probability that a drawn exploration of `other` goes ahead: 1 unless it costs more than the budget.
@@ -206,9 +278,15 @@ class SDPolicy:
     def observe(self, batch_size: int, strategy: Strategy | None, seconds: float, tokens_per_seq: float) -> None:
         """Record one executed step: its wall time and the tokens it emitted per sequence."""
         b = self.bucket(batch_size)
+        plain = self.costs.interpolate(b, None)
         self.costs.observe(b, strategy, seconds)
+        acc = self._regret.setdefault(b, [0.0, 0.0])
+        acc[0] *= self._fade
+        acc[1] = acc[1] * self._fade + seconds
         if strategy is not None:
             self.accept.observe(b, strategy, tokens_per_seq)
+            if plain is not None:
+                acc[0] += seconds - max(1.0, tokens_per_seq) * plain
 
     def stats(self) -> dict:
         return {
@@ -217,6 +295,8 @@ class SDPolicy:
             "explore_steps": self._counts["explore"],
             "measure_steps": self._counts["measure"],
             "switches": self._counts["switches"],
+            "held_back_steps": self._counts["held_back"],
+            "regret_share": {b: r / e for b, (r, e) in sorted(self._regret.items()) if e > 0},
             "strategy_use": dict(self._use),
             "current": {b: self._current[b] for b in sorted(self._current)},
             "accept_mean": {str(s): self.accept.pooled_mean(s) for s in self.strategies},
@@ -237,6 +317,7 @@ class SDPolicy:
             "calls": {str(b): n for b, n in self._calls.items()},
             "use": dict(self._use),
             "counts": dict(self._counts),
+            "regret": {str(b): list(v) for b, v in self._regret.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -255,3 +336,4 @@ class SDPolicy:
         self._calls = Counter({int(b): n for b, n in state["calls"].items()})
         self._use = Counter(state["use"])
         self._counts = Counter(state["counts"])
+        self._regret = {int(b): list(v) for b, v in state.get("regret", {}).items()}
