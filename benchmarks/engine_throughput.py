@@ -89,6 +89,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per row (the median is reported)")
     ap.add_argument("--profile", type=int, default=0, help="print the N functions with the most host time per run")
+    ap.add_argument("--configs", nargs="+", default=None, help="rows to run: off, auto, strategies")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
@@ -97,6 +98,7 @@ def main(argv=None) -> None:
         prompts = prompts_for(b, tok)
         configs = [("off", "off", args.strategies)] + [(s, "on", [s]) for s in args.strategies]
         configs.append(("auto", "auto", args.strategies))
+        configs = [c for c in configs if args.configs is None or c[0] in args.configs]
         for name, mode, strategies in configs:
             eng = Engine.from_pretrained(
                 None,

@@ -378,3 +378,14 @@ def test_profiled_cost_is_replaced_by_the_first_online_step_and_scaled_to_smalle
     again = CostTable.from_dict(json.loads(json.dumps(t.to_dict())))
     assert again.observe(8, S[0], 0.1) < 0.1  # online already: the EMA goes on after a reload
     assert again.observe(4, None, 0.0031) == 0.0031  # a profiled cell is still replaced after a reload
+
+
+def test_merge_missing_keeps_own_cells():
+    mine, other = CostTable(), CostTable()
+    mine.set(1, S[0], 0.01)
+    other.set(1, S[0], 0.05)
+    other.observe(1, S[1], 0.02)  # provisional there, and stays so here
+    other.set(2, None, 0.004)
+    mine.merge_missing(other)
+    assert mine.get(1, S[0]) == 0.01 and mine.get(2, None) == 0.004 and mine.is_provisional(1, S[1])
+    assert len(mine) == 3

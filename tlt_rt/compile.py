@@ -130,7 +130,7 @@ def compile(config) -> dict:  # noqa: A001 - the public name this module is for
         strategies=r.strategies, num_blocks=r.num_blocks, block_size=r.block_size, max_batch=r.max_batch,
         max_context=m.max_context, enforce_eager=r.enforce_eager,
     )  # fmt: skip
-    mem = engine.capture()
+    mem = engine.capture(profile=False)  # profiled below, with rows to print
     table, rows = profile(engine)
     path = cost_path(table.key)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -104,6 +104,18 @@ class CostTable:
         self._online.add(cell)
         return new
 
+    def merge_missing(self, other: CostTable) -> None:
+        """Copy every cell this table lacks from `other` (measured for the same key), as it is there."""
+        for name, row in other._costs.items():
+            for b, seconds in row.items():
+                if b not in self._costs.get(name, {}):
+                    self._costs.setdefault(name, {})[b] = seconds
+                    cell = (name, b)
+                    if cell in other._provisional:
+                        self._provisional.add(cell)
+                    if cell in other._online:
+                        self._online.add(cell)
+
     def __len__(self) -> int:
         """Cells with a cost."""
         return sum(len(row) for row in self._costs.values())

@@ -450,23 +450,27 @@ class Engine:
         """Capture every graph ahead of generation, largest first, into the one shared pool. With `profile`
         and no cost table loaded for this model (`python -m tlt_rt.compile` writes one), the captured steps
         are timed now and the table saved where the next engine for this model finds it, so the SD policy
-        decides from measured costs from the first step instead of trying each option online."""
+        decides from measured costs from the first step instead of trying each option online. A table that
+        lacks any of this engine's (bucket, option) cells is profiled again."""
         pool = self.runner.run.pool
         if pool is None:
             return {"graphs": 0, "pool_bytes": 0}
         target_keys, draft_keys = self.graph_keys(batch_sizes)
         pool.capture(target_keys + draft_keys)
-        if profile and self.speculative == "auto" and len(self.policy.costs) == 0:
+        options = [None, *self.strategies] if self.drafter_runner is not None else [None]
+        known = all(self.policy.costs.get(b, o) is not None for b in self.buckets for o in options)
+        if profile and self.speculative == "auto" and not known:
             self.profile_costs(save=True)
         return self.graph_memory()
 
     def profile_costs(self, save: bool = False, iters: int = 5) -> None:
         """Time every (bucket, option) step on synthetic sequences (`tlt_rt.compile.profile`) into the policy's
-        cost table; the first step timed online replaces each profiled cost. `save` writes the table to the
-        cache dir under this model's key."""
+        cost table, keeping what it held for other strategies; the first step timed online replaces each
+        profiled cost. `save` writes the table to the cache dir under this model's key."""
         from tlt_rt.compile import cost_path, profile
 
         table, _ = profile(self, iters=iters, progress=False)
+        table.merge_missing(self.policy.costs)  # cells of strategies this engine does not run
         self.policy.costs = table
         if save:
             path = cost_path(table.key)
