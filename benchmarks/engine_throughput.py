@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import pstats
 import statistics
@@ -108,6 +109,7 @@ def main(argv=None) -> None:
                 device="cuda",
                 strategies=strategies,
                 max_batch=max(b, 1),
+                num_blocks=256 + 32 * b,  # 512 tokens a sequence: a bounded cache, not half of the free memory
             )
             tps, n = run_engine(eng, prompts, args.max_new_tokens, args.profile, args.repeats)
             st = eng.stats()
@@ -131,6 +133,7 @@ def main(argv=None) -> None:
                 )
             )
             del eng
+            gc.collect()
             torch.cuda.empty_cache()
     hf_prompts = prompts_for(args.hf_prompts, tok)
     for lookup in (False, True) if args.hf_prompts else ():

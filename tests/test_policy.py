@@ -44,8 +44,13 @@ def test_cost_table_get_set_observe():
     assert t.get(4, None) is None and t.interpolate(4, None) is None
     assert t.observe(4, S[0], 5.0) == 5.0 and t.is_provisional(4, S[0])  # maybe a compile/capture step
     assert t.observe(4, S[0], 0.02) == 0.02 and not t.is_provisional(4, S[0])  # second reading replaces it
-    t.observe(4, S[0], 2.0)  # upward outlier: clipped to 3x
-    assert t.get(4, S[0]) == pytest.approx(0.02 + 0.2 * (0.06 - 0.02))
+    t.observe(4, S[0], 2.0)  # upward outlier: clipped to 3x, then a running mean of the readings kept
+    assert t.get(4, S[0]) == pytest.approx(0.02 + (0.06 - 0.02) / 3) and t.online_readings(4, S[0]) == 3
+    for _ in range(10):
+        t.observe(4, S[0], t.get(4, S[0]))
+    before = t.get(4, S[0])
+    t.observe(4, S[0], 2 * before)  # past 1/alpha readings: an EMA
+    assert t.get(4, S[0]) == pytest.approx(before * 1.2)
     t.observe(4, S[0], 0.001)  # far below: the estimate was the outlier (warm-up), replace it
     assert t.get(4, S[0]) == 0.001
     with pytest.raises(ValueError, match="positive finite"):
@@ -169,6 +174,8 @@ def test_exploration_rate_matches_epsilon_and_is_deterministic():
         for b in BUCKETS:
             for s in [None, *S]:
                 p.costs.set(b, s, synthetic_cost(b, s))
+            for _ in range(3):  # the plain steps timed online before any speculation
+                p.costs.observe(b, None, synthetic_cost(b, None))
         return p
 
     p = make(0)
@@ -368,7 +375,7 @@ def test_profiled_cost_is_replaced_by_the_first_online_step_and_scaled_to_smalle
     t = CostTable()
     t.set(8, S[0], 0.010)  # profiled: graphs alone
     assert t.observe(8, S[0], 0.014) == 0.014  # the whole step, timed online, replaces it
-    assert t.observe(8, S[0], 0.024) == pytest.approx(0.014 + 0.2 * 0.010)  # then an EMA
+    assert t.observe(8, S[0], 0.024) == pytest.approx(0.019)  # then a running mean of online readings
     assert t.interpolate(4, S[0]) is None  # below the smallest bucket, nothing to scale by
     t.set(8, None, 0.004)
     t.set(4, None, 0.003)
@@ -389,3 +396,18 @@ def test_merge_missing_keeps_own_cells():
     mine.merge_missing(other)
     assert mine.get(1, S[0]) == 0.01 and mine.get(2, None) == 0.004 and mine.is_provisional(1, S[1])
     assert len(mine) == 3
+
+
+def test_plain_decoding_is_timed_online_before_speculating():
+    p = SDPolicy([S[4]], [1], epsilon=0.0)
+    p.costs.set(1, None, 0.010)  # profiled; by the accept prior 6_2_12 pays
+    p.costs.set(1, S[4], 0.012)
+    seen = []
+    for _ in range(5):
+        o = p.decide(1)
+        seen.append(option_name(o))
+        p.observe(1, o, 0.010 if o is None else 0.012, 1.0 if o is None else 3.0)
+    assert seen == [OFF] * 3 + [str(S[4])] * 2
+    on = SDPolicy([S[4]], [1], mode="on", epsilon=0.0)
+    on.costs.set(1, S[4], 0.012)
+    assert on.decide(1) == S[4]  # "on" speculates from the first step

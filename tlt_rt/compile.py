@@ -60,7 +60,7 @@ def _synthetic_tables(engine, b: int, tokens: int) -> torch.Tensor:
 
 def _synthetic_draft(engine, b: int, s: Strategy, ctx: int) -> DraftInputs:
     """A draft of b sequences of ctx cached tokens; valid 0 sends every write to the trash slot."""
-    dev, r = engine.device, s.depth + 1
+    dev, r = engine.device, engine.drafter_runner.block_rows(s)
     hidden = torch.zeros(b, r, engine.target.arch.hidden_size, device=dev, dtype=engine.target.lm_head.weight.dtype)
     zeros = torch.zeros(b, dtype=torch.long, device=dev)
     tables = _synthetic_tables(engine, b, ctx + (s.depth - 1) * s.topk)

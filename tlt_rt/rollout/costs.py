@@ -62,7 +62,7 @@ class CostTable:
         self.alpha, self.clip = alpha, clip
         self._costs: dict[str, dict[int, float]] = {}
         self._provisional: set[tuple[str, int]] = set()  # cells whose only reading may be a warm-up step
-        self._online: set[tuple[str, int]] = set()  # cells with at least one step timed online
+        self._online: dict[tuple[str, int], int] = {}  # steps timed online per cell
 
     def get(self, bucket: int, strategy: Strategy | None) -> float | None:
         """The measured cost, or None (see `interpolate` for an estimate)."""
@@ -73,7 +73,11 @@ class CostTable:
         name = option_name(strategy)
         self._costs.setdefault(name, {})[int(bucket)] = _positive("seconds", seconds)
         self._provisional.discard((name, int(bucket)))
-        self._online.discard((name, int(bucket)))
+        self._online.pop((name, int(bucket)), None)
+
+    def online_readings(self, bucket: int, strategy: Strategy | None) -> int:
+        """Steps of this cell timed online (0 for a profiled or empty cell)."""
+        return self._online.get((option_name(strategy), bucket), 0)
 
     def is_provisional(self, bucket: int, strategy: Strategy | None) -> bool:
         """True while the cell's only reading is the first online one (it may include compilation or
@@ -85,23 +89,25 @@ class CostTable:
 
         The first online reading of an empty cell is provisional and the second replaces it outright; the
         first online reading of a profiled cell replaces the profile (which saw the graphs, not the whole
-        step). After that, an EMA: step times have a hard floor and their noise is upward (host hiccups,
-        allocator, preemption work), so a reading above clip x estimate is clipped, while one below
-        estimate / clip means the estimate itself was an outlier and is replaced.
+        step). After that a running mean until 1/alpha readings, then an EMA: step times have a hard floor
+        and their noise is upward (host hiccups, allocator, preemption work), so a reading above
+        clip x estimate is clipped, while one below estimate / clip means the estimate itself was an
+        outlier and is replaced.
         """
         seconds = _positive("seconds", seconds)
-        cur, cell = self.get(bucket, strategy), (option_name(strategy), bucket)
+        name, bucket = option_name(strategy), int(bucket)
+        cell, cur = (name, bucket), self.get(bucket, strategy)
+        n = self._online.get(cell, 0) + 1
         if cur is None:
-            self.set(bucket, strategy, seconds)
             self._provisional.add(cell)
-            self._online.add(cell)
-            return seconds
-        if cell in self._provisional or cell not in self._online or seconds < cur / self.clip:
+            new = seconds
+        elif cell in self._provisional or n == 1 or seconds < cur / self.clip:
+            self._provisional.discard(cell)
             new = seconds
         else:
-            new = cur + self.alpha * (min(seconds, cur * self.clip) - cur)
-        self.set(bucket, strategy, new)
-        self._online.add(cell)
+            new = cur + max(1 / n, self.alpha) * (min(seconds, cur * self.clip) - cur)
+        self._costs.setdefault(name, {})[bucket] = new
+        self._online[cell] = n
         return new
 
     def merge_missing(self, other: CostTable) -> None:
@@ -114,7 +120,7 @@ class CostTable:
                     if cell in other._provisional:
                         self._provisional.add(cell)
                     if cell in other._online:
-                        self._online.add(cell)
+                        self._online[cell] = other._online[cell]
 
     def __len__(self) -> int:
         """Cells with a cost."""
@@ -163,7 +169,7 @@ class CostTable:
     def to_dict(self) -> dict:
         costs = {name: {str(b): s for b, s in sorted(row.items())} for name, row in sorted(self._costs.items())}
         provisional = sorted([name, b] for name, b in self._provisional)
-        online = sorted([name, b] for name, b in self._online)
+        online = sorted([name, b, n] for (name, b), n in self._online.items())
         return {
             "version": 1,
             "key": self.key,
@@ -183,7 +189,7 @@ class CostTable:
             for b, s in row.items():
                 table._costs.setdefault(name, {})[int(b)] = _positive(f"cost of {name} at bucket {b}", s)
         table._provisional = {(name, int(b)) for name, b in data.get("provisional", [])}
-        table._online = {(name, int(b)) for name, b in data.get("online", [])}
+        table._online = {(c[0], int(c[1])): int(c[2]) if len(c) > 2 else 1 for c in data.get("online", [])}
         return table
 
     def save(self, path: str | Path) -> None:

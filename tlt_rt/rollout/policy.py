@@ -118,6 +118,7 @@ class AcceptStats:
 
 
 _MASK64 = (1 << 64) - 1
+PLAIN_READINGS = 3  # plain decoding steps timed online per bucket before speculating there in auto mode
 
 
 def _splitmix64(x: int) -> int:
@@ -138,7 +139,9 @@ class SDPolicy:
     mode "off": always None. "auto": the option with the highest expected tokens/s among plain decoding
     and every strategy. "on": the same choice restricted to the strategies, so always speculative and with
     the best strategy by the cost model (the first configured one wins ties).
-    Per bucket: an option without a usable cost (none, not even interpolated, or only a provisional first
+    Per bucket in "auto" mode, plain decoding is timed online PLAIN_READINGS times before any strategy runs
+    (a profiled cost sees the graph alone, and one reading can be an outlier). Per bucket: an option without
+    a usable cost (none, not even interpolated, or only a provisional first
     reading here) is measured first; otherwise with probability `epsilon` a uniformly drawn other option is
     explored; otherwise the current choice is kept unless the best option's expected tokens/s beats it by
     more than `hysteresis` (relative). `explore_budget` caps what exploring costs: an exploration step of an
@@ -238,6 +241,10 @@ class SDPolicy:
             if _uniform(self.seed, b, 3 * n + 2) < self._explore_chance(b, choice, other):
                 choice = other
                 self._counts["explore"] += 1
+        if choice is not None and self.mode == "auto" and self.costs.online_readings(b, None) < PLAIN_READINGS:
+            # plain decoding is the yardstick of every choice here and costs nothing against SD off to time
+            self._counts["measure"] += 1
+            return self._use_option(None)
         return self._use_option(self._within_budget(batch_size, b, choice))
 
     def over_budget(self, bucket: int) -> bool:
