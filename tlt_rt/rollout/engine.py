@@ -260,6 +260,7 @@ class Engine:
             job.hidden_chunks.append(out.hidden[offset : offset + chunk])
             job.done += chunk
             offset += chunk
+        groups = []
         for row, job in enumerate(finishing):
             sched.prefilled(job)
             if job.seq is not None:  # a recomputed sample resumes where it was
@@ -267,7 +268,9 @@ class Engine:
                 seq.num_cached, seq.hidden_chunks = len(job.tokens), [torch.cat(job.hidden_chunks)]
                 sched.running.append(seq)
                 continue
-            self._fork_group(job, out.logits[row], sched, sampler, stop, keep_hidden)
+            groups.append((row, job))
+        if groups:
+            self._fork_groups(groups, out.logits, sched, sampler, stop, keep_hidden)
         self._stats["prefill_steps"] += 1
         self._stats["prefill_tokens"] += len(tokens)
         self.timeline.append(
@@ -281,31 +284,41 @@ class Engine:
             }
         )
 
-    def _fork_group(self, job, logits, sched: Scheduler, sampler, stop, keep_hidden) -> None:
-        hidden = torch.cat(job.hidden_chunks)
-        p = len(job.tokens)
-        draft_cached = 0
-        if self.drafter_runner is not None and p > 1:
-            # drafter rows of the shared prompt once, before the samples diverge
-            parent = Sequence(job.seq_id, -1, -1, job.tokens, 0, 1, num_cached=p - 1, hidden_chunks=[hidden])
-            self.drafter_runner.catch_up([parent], [self.blocks.block_table(job.seq_id)])
-            draft_cached = p - 1
-        group = job.group
-        sched.make_room(len(group))  # each sample takes a private last block
-        copies = []
-        for seq in group:
-            copies += self.blocks.fork(job.seq_id, seq.seq_id, p - 1)
-        self.blocks.free(job.seq_id)
+    def _fork_groups(self, groups, logits, sched: Scheduler, sampler, stop, keep_hidden) -> None:
+        """Fork every prompt that finished prefilling into its samples; first tokens are drawn for all of them
+        in one batch (one host sync), and the drafter rows of the shared prompts are run in one forward."""
+        rows = [row for row, job in groups for _ in job.group]
+        seqs = [seq for _, job in groups for seq in job.group]
+        tok, lp = sampler.sample(logits[rows], [s.seed for s in seqs], [0] * len(seqs))
+        tok, lp = torch.stack([tok.double(), lp.double()]).tolist()  # one device-to-host copy
+        hiddens = [torch.cat(job.hidden_chunks) for _, job in groups]
+        drafted = [(job, h) for (_, job), h in zip(groups, hiddens, strict=True) if len(job.tokens) > 1]
+        if self.drafter_runner is not None and drafted:
+            # drafter rows of each shared prompt once, before its samples diverge
+            parents = [
+                Sequence(job.seq_id, -1, -1, job.tokens, 0, 1, num_cached=len(job.tokens) - 1, hidden_chunks=[h])
+                for job, h in drafted
+            ]
+            self.drafter_runner.catch_up(parents, [self.blocks.block_table(job.seq_id) for job, _ in drafted])
         caches = [self.runner.cache] + ([self.drafter_runner.cache] if self.drafter_runner else [])
-        self.runner.copy_blocks(copies, caches)
-        b = len(group)
-        tok, lp = sampler.sample(logits[None].expand(b, -1), [s.seed for s in group], [0] * b)
-        for seq, t, l in zip(group, tok.tolist(), lp.tolist(), strict=True):
-            seq.num_cached, seq.draft_cached = p, draft_cached
-            seq.hidden_chunks = [hidden] if keep_hidden else []
-            seq.counter = 1
-            sched.running.append(seq)
-            self._emit(seq, [t], [l], stop, sched)
+        k = 0
+        for (_, job), hidden in zip(groups, hiddens, strict=True):
+            p = len(job.tokens)
+            draft_cached = p - 1 if self.drafter_runner is not None and p > 1 else 0
+            group = job.group
+            sched.make_room(len(group))  # each sample takes a private last block
+            copies = []
+            for seq in group:
+                copies += self.blocks.fork(job.seq_id, seq.seq_id, p - 1)
+            self.blocks.free(job.seq_id)
+            self.runner.copy_blocks(copies, caches)
+            for seq in group:
+                seq.num_cached, seq.draft_cached = p, draft_cached
+                seq.hidden_chunks = [hidden] if keep_hidden else []
+                seq.counter = 1
+                sched.running.append(seq)
+                self._emit(seq, [int(tok[k])], [lp[k]], stop, sched)
+                k += 1
 
     def _emit(self, seq: Sequence, toks: list[int], lps: list[float], stop, sched: Scheduler) -> int:
         """Append tokens until a stop token or a limit; returns how many were kept."""
