@@ -30,6 +30,7 @@ from tlt_rt.codegen.kernels.decode_attention import (  # noqa: E402
     split_plan,
 )
 from tlt_rt.codegen.kernels.tree_attention import paged_tree_attention  # noqa: E402
+from tlt_rt.models import attention  # noqa: E402
 from tlt_rt.models.attention import AttnMetadata, TorchAttention, paged_attention_reference  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -271,6 +272,37 @@ def test_triton_backend_matches_torch_backend(mode, num_splits):
     meta.validate(q.shape[0])
     out = TritonAttention(num_splits=num_splits)(q, k, v, meta, 0.125)
     check_close(out, TorchAttention()(q, k, v, meta, 0.125), torch.float32)
+
+
+@given(data=st.data())
+def test_batched_prefill_equals_one_sequence_at_a_time(data):
+    """Prefill packs chunks of different lengths, each at the end of its cached tokens; grouping sequences
+    into padded batches gives what dense causal attention over each sequence on its own gives."""
+    lens = data.draw(st.lists(st.integers(1, 40), min_size=1, max_size=6))
+    chunks = [data.draw(st.integers(0, n)) for n in lens]
+    budget = data.draw(st.sampled_from([1, 64, 1 << 16]))  # one sequence a group, a few, all at once
+    k, v, tables = make_paged(lens, 2, 16, 8, torch.float32, 1, True, "plain")
+    cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    n = int(cu[-1])
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    meta = AttnMetadata("prefill", cu, seq_lens, tables, torch.zeros(n, dtype=torch.long, device=DEVICE), max(chunks))
+    q = torch.randn(n, 4, 16, device=DEVICE)
+    saved, attention.PREFILL_GROUP_KEYS = attention.PREFILL_GROUP_KEYS, budget
+    try:
+        out = paged_attention_reference(q, k, v, meta, 0.25)
+    finally:
+        attention.PREFILL_GROUP_KEYS = saved
+    for b, (total, qn) in enumerate(zip(lens, chunks, strict=True)):
+        if qn == 0:
+            continue
+        slots = torch.tensor([int(tables[b, p // 8]) * 8 + p % 8 for p in range(total)], device=DEVICE)
+        kb = k.reshape(-1, 2, 16)[slots].repeat_interleave(2, dim=1)  # [total, Hq, D]
+        vb = v.reshape(-1, 2, 16)[slots].repeat_interleave(2, dim=1)
+        qb = q[int(cu[b]) : int(cu[b + 1])]
+        scores = torch.einsum("qhd,khd->hqk", qb, kb) * 0.25
+        allowed = torch.arange(total, device=DEVICE)[None] <= torch.arange(total - qn, total, device=DEVICE)[:, None]
+        want = torch.einsum("hqk,khd->qhd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), vb)
+        torch.testing.assert_close(out[int(cu[b]) : int(cu[b + 1])], want, atol=1e-5, rtol=1e-5)
 
 
 def test_select_backend(monkeypatch):

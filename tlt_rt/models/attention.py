@@ -137,21 +137,44 @@ def paged_attention_reference(
         allowed = in_prefix | new_ok
         out = _attend(q.view(b, t, *q.shape[1:]), k, v, allowed, scale)
         return out.reshape(q.shape)
-    # prefill: variable-length chunks, one sequence at a time (host ints are fine on this path)
+    # prefill: variable-length chunks, padded into groups of sequences (host ints are fine on this path)
     out = torch.empty_like(q)
-    cu = meta.cu_seqlens_q.tolist()
-    lens = meta.seq_lens.tolist()
-    for b in range(meta.num_seqs):
-        s, e, total = cu[b], cu[b + 1], lens[b]
-        qn = e - s
-        if qn == 0:
-            continue
-        k = _gather_cache(k_cache, meta.block_tables[b : b + 1], total)
-        v = _gather_cache(v_cache, meta.block_tables[b : b + 1], total)
-        qpos = torch.arange(total - qn, total, device=q.device).view(-1, 1)
-        allowed = torch.arange(total, device=q.device).view(1, -1) <= qpos  # [qn, total]
-        out[s:e] = _attend(q[s:e].unsqueeze(0), k, v, allowed.unsqueeze(0), scale)[0]
+    cu, lens = meta.cu_seqlens_q.tolist(), meta.seq_lens.tolist()
+    start = 0
+    while start < meta.num_seqs:
+        end, longest = start + 1, lens[start]
+        while end < meta.num_seqs and (end + 1 - start) * max(longest, lens[end]) <= PREFILL_GROUP_KEYS:
+            longest = max(longest, lens[end])
+            end += 1
+        _prefill_group(
+            q, k_cache, v_cache, meta.block_tables[start:end], cu[start : end + 1], lens[start:end], scale, out
+        )
+        start = end
     return out
+
+
+PREFILL_GROUP_KEYS = 1 << 16  # padded key positions (sequences x longest) one prefill group may gather
+
+
+def _prefill_group(q, k_cache, v_cache, tables, cu: list[int], lens: list[int], scale: float, out) -> None:
+    """Prefill attention of consecutive sequences in one padded SDPA call; writes rows cu[0]:cu[-1] of out."""
+    dev, g = q.device, len(lens)
+    q_lens = [cu[i + 1] - cu[i] for i in range(g)]
+    tq, longest = max(q_lens), max(lens)
+    if tq == 0:
+        return
+    q_lens_t = torch.tensor(q_lens, device=dev)
+    seq = torch.repeat_interleave(torch.arange(g, device=dev), q_lens_t)  # [n] sequence of each packed row
+    starts = torch.tensor(cu[:-1], device=dev) - cu[0]
+    tok = torch.arange(cu[-1] - cu[0], device=dev) - starts[seq]  # [n] its index among its sequence's new tokens
+    qpad = q.new_zeros(g, tq, *q.shape[1:])
+    qpad[seq, tok] = q[cu[0] : cu[-1]]
+    k = _gather_cache(k_cache, tables, longest)
+    v = _gather_cache(v_cache, tables, longest)
+    j = torch.arange(tq, device=dev)
+    qpos = (torch.tensor(lens, device=dev) - q_lens_t)[:, None] + j  # [g, tq] cache position of each query
+    allowed = (torch.arange(longest, device=dev).view(1, 1, -1) <= qpos[..., None]) & (j < q_lens_t[:, None])[..., None]
+    out[cu[0] : cu[-1]] = _attend(qpad, k, v, allowed, scale)[seq, tok]
 
 
 class AttentionBackend(Protocol):
