@@ -359,10 +359,11 @@ class Engine:
             )
             out = self.runner.forward([s.tokens[-1] for s in seqs], layout, "decode")
             tok, lp = sampler.sample(out.logits, [s.seed for s in seqs], [s.counter for s in seqs])
-            if keep_hidden:  # queued before the host waits for the tokens, so this host work overlaps the step
+            if keep_hidden:  # queued before the host waits for the tokens, so it overlaps the step
                 # a replayed graph's output is overwritten by the next replay: keep a copy of this step's rows
-                for seq, row in zip(seqs, out.hidden.clone()[:, None].unbind(0), strict=True):
-                    seq.add_hidden(row)
+                hidden = out.hidden.clone()
+                for i, seq in enumerate(seqs):
+                    seq.add_hidden_row(hidden, i)
             tok, lp = torch.stack([tok.double(), lp.double()]).tolist()  # one device-to-host copy
             for i, seq in enumerate(seqs):
                 seq.counter += 1

@@ -33,6 +33,8 @@ class Sequence:
     window_end: int = -1
     counter: int = 0  # RNG step counter
     _fresh: int = 0  # chunks appended since the last merge
+    # rows of plain decode steps not yet copied out: (that step's [B, H] hidden, this sequence's row)
+    _pending: list[tuple[torch.Tensor, int]] = field(default_factory=list)
     finish_reason: str | None = None
     preemptions: int = 0
 
@@ -50,6 +52,7 @@ class Sequence:
 
     def hidden(self) -> torch.Tensor:
         """[num_cached, H] target hidden states, concatenated once and kept as one chunk."""
+        self._flush()
         if len(self.hidden_chunks) > 1:
             self.hidden_chunks = [torch.cat(self.hidden_chunks)]
             self._fresh = 0
@@ -58,9 +61,24 @@ class Sequence:
     def hidden_rows(self, start: int, end: int) -> torch.Tensor:
         return self.hidden()[start:end]
 
+    def add_hidden_row(self, batch: torch.Tensor, row: int) -> None:
+        """Append row `row` of a plain decode step's [B, H] hidden states. Only the reference is kept (no
+        tensor work on the decode path); the rows are copied out when the hidden states are next read."""
+        self._pending.append((batch, row))
+
+    def _flush(self) -> None:
+        if self._pending:
+            rows = torch.stack([batch[row] for batch, row in self._pending])
+            self._pending = []
+            self._append_chunk(rows)
+
     def add_hidden(self, chunk: torch.Tensor) -> None:
         """Append target hidden rows. A chunk is usually a view of a whole batch's output, which it keeps
         alive; every MERGE_EVERY chunks the recent ones are copied into one tensor of their own."""
+        self._flush()
+        self._append_chunk(chunk)
+
+    def _append_chunk(self, chunk: torch.Tensor) -> None:
         self.hidden_chunks.append(chunk)
         self._fresh = min(self._fresh + 1, len(self.hidden_chunks))
         if self._fresh >= MERGE_EVERY:
@@ -78,7 +96,7 @@ class Sequence:
         """Forget every cached row (blocks were taken away); the tokens are kept."""
         self.num_cached = 0
         self.draft_cached = 0
-        self.hidden_chunks = []
+        self.hidden_chunks, self._pending = [], []
         self.window, self.window_end = None, -1
         self.preemptions += 1
 
