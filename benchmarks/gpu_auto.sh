@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU pass for the adaptive policy: auto against SD off (and fixed strategies) on SmolLM2 bf16, greedy, with
 # a warmed-up drafter and with a fresh one, every engine capturing and profiling its graphs first.
-# Usage: benchmarks/gpu_auto.sh OUTDIR STAGE...   stages: tests, warmup, trained, fresh
+# Usage: benchmarks/gpu_auto.sh OUTDIR STAGE...   stages: tests, warmup, trained, fresh, profile
 #   DRAFTER (default OUTDIR/drafter), PROMPTS (512) x SAMPLES (4) warm-up answers, BATCHES (1 8 32 128).
 set -u
 out=$1; shift
@@ -30,6 +30,10 @@ for stage in "$@"; do
           > "$out/engine-$stage.log" 2>&1
       echo "engine_throughput $stage rc=$?"
       sed -n '/^device:/,$p' "$out/engine-$stage.log" | cut -c1-230 ;;
+    profile)  # where one call's host time goes, auto at batch 128 with the warmed-up drafter
+      timeout 120 python benchmarks/engine_throughput.py --batch 128 --configs auto --strategies 8_4_32 6_2_12 \
+          --drafter "$drafter" --hf-prompts 0 --repeats 1 --profile 20 > "$out/profile.log" 2>&1
+      grep -A28 -- "--- profile:" "$out/profile.log" | cut -c1-150 ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done

@@ -205,3 +205,18 @@ def test_stats_report_what_ran():
     assert st["generated_tokens"] == len(PROMPTS) * 2 * 8
     assert sum(st["strategy_use"].values()) == st["sd_steps"]
     assert math.isfinite(st["tokens_per_second"]) and st["tokens_per_second"] > 0
+
+
+def test_sequence_hidden_rows_keep_their_order():
+    from tlt_rt.rollout.sequence import Sequence
+
+    s = Sequence(1, 0, 0, [1], 0, 10)
+    step = torch.arange(6.0).view(3, 2)  # a plain step's [B, H] hidden states; this sequence is row 1, then 2
+    s.add_hidden(torch.zeros(1, 2))
+    s.add_hidden_row(step, 1)
+    s.add_hidden(torch.ones(2, 2))  # a speculative step's rows
+    s.add_hidden_row(step, 2)
+    assert s.hidden_rows(1, 5).tolist() == [[2, 3], [1, 1], [1, 1], [4, 5]]
+    s.reset_for_recompute()
+    s.add_hidden_row(step, 0)
+    assert s.hidden().tolist() == [[0, 1]]
