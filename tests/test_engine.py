@@ -220,3 +220,15 @@ def test_sequence_hidden_rows_keep_their_order():
     s.reset_for_recompute()
     s.add_hidden_row(step, 0)
     assert s.hidden().tolist() == [[0, 1]]
+
+
+def test_warm_up_writes_only_to_the_trash_blocks():
+    eng = make_engine("auto", ("3_3_8", "4_2_6"), max_batch=4)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=6, stop_token_ids=[])
+    first = eng.generate(PROMPTS, params)
+    n = eng.blocks.num_blocks
+    caches = [eng.runner.cache.k, eng.runner.cache.v, eng.drafter_runner.cache.k, eng.drafter_runner.cache.v]
+    before = [c[:, :n].clone() for c in caches]
+    eng.warm_up()
+    assert all(torch.equal(c[:, :n], b) for c, b in zip(caches, before, strict=True))
+    assert _tokens(eng.generate(PROMPTS, params)) == _tokens(first)

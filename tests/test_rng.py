@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from tlt_rt.rollout.rng import counter_uniforms, host_uniforms, sequence_seed
+from tlt_rt.rollout.rng import _mix32, counter_uniforms, host_uniforms, sequence_seed
 
 
 def test_deterministic_and_in_range():
@@ -50,3 +52,18 @@ def test_host_uniforms_equal_device_uniforms_bit_for_bit():
     host = host_uniforms(seeds.tolist(), counters.tolist(), 11)
     assert host.dtype == np.float32 and host.shape == (37, 11)
     assert np.array_equal(dev.numpy(), host)
+
+
+@given(
+    st.integers(0, 2**63 - 1), st.integers(0, 2**40), st.integers(0, 2**20), st.integers(0, 7)
+)  # fmt: skip
+def test_sequence_seed_is_the_tensor_mixer_on_plain_ints(seed, prompt, sample, occurrence):
+    """Seeds are computed with Python ints; they must equal the device mixer's, bit for bit, or saved runs
+    and checkpoints would draw other streams."""
+    m = 0xFFFFFFFF
+    t = torch.tensor([seed & m, (seed >> 32) & m, prompt & m, sample & m, occurrence & m], dtype=torch.long)
+    h = _mix32(t[0:1] ^ 0x3C6EF372)
+    for v in t[1:]:
+        h = _mix32(h ^ _mix32(v.view(1)))
+    h2 = _mix32(h ^ 0xA54FF53A)
+    assert sequence_seed(seed, prompt, sample, occurrence) == int(h) << 31 | int(h2) >> 1

@@ -43,6 +43,8 @@ class AttnMetadata:
     slot_mapping: torch.Tensor  # [N] int64, flat cache slot of each new token's K/V; -1 skips the write
     max_q_len: int  # host int: 1 for decode, T for verify, longest chunk for prefill
     tree_mask: torch.Tensor | None = None  # [B, T, W>=T] bool for verify; None means causal among new tokens
+    # (cu_seqlens_q, seq_lens) as host lists where the builder has them: prefill then plans without a sync
+    host: tuple[list[int], list[int]] | None = None
 
     @property
     def window(self) -> int:
@@ -137,44 +139,67 @@ def paged_attention_reference(
         allowed = in_prefix | new_ok
         out = _attend(q.view(b, t, *q.shape[1:]), k, v, allowed, scale)
         return out.reshape(q.shape)
-    # prefill: variable-length chunks, padded into groups of sequences (host ints are fine on this path)
+    # prefill: variable-length chunks, padded into groups of sequences; the plan is made once per forward
     out = torch.empty_like(q)
-    cu, lens = meta.cu_seqlens_q.tolist(), meta.seq_lens.tolist()
-    start = 0
-    while start < meta.num_seqs:
-        end, longest = start + 1, lens[start]
-        while end < meta.num_seqs and (end + 1 - start) * max(longest, lens[end]) <= PREFILL_GROUP_KEYS:
-            longest = max(longest, lens[end])
-            end += 1
-        _prefill_group(
-            q, k_cache, v_cache, meta.block_tables[start:end], cu[start : end + 1], lens[start:end], scale, out
-        )
-        start = end
+    nb, bs, h, d = k_cache.shape
+    flat_k, flat_v = k_cache.view(nb * bs, h, d), v_cache.view(nb * bs, h, d)
+    for g in _prefill_plan(meta, bs, q.device):
+        qpad = q.new_zeros(g.shape[0], g.shape[1], *q.shape[1:])
+        qpad[g.seq, g.tok] = q[g.rows]
+        res = _attend(qpad, flat_k[g.slots], flat_v[g.slots], g.allowed, scale)
+        out[g.rows] = res[g.seq, g.tok]
     return out
 
 
 PREFILL_GROUP_KEYS = 1 << 16  # padded key positions (sequences x longest) one prefill group may gather
 
 
-def _prefill_group(q, k_cache, v_cache, tables, cu: list[int], lens: list[int], scale: float, out) -> None:
-    """Prefill attention of consecutive sequences in one padded SDPA call; writes rows cu[0]:cu[-1] of out."""
-    dev, g = q.device, len(lens)
-    q_lens = [cu[i + 1] - cu[i] for i in range(g)]
-    tq, longest = max(q_lens), max(lens)
-    if tq == 0:
-        return
+@dataclass
+class _PrefillGroup:
+    """Consecutive sequences of a prefill batch attended in one padded SDPA call."""
+
+    rows: slice  # their packed query rows
+    shape: tuple[int, int]  # (sequences, longest chunk)
+    seq: torch.Tensor  # [n] sequence (in the group) of each packed row
+    tok: torch.Tensor  # [n] its index among that sequence's new tokens
+    slots: torch.Tensor  # [g, L] cache slot of each sequence's positions 0..L-1 (L = the longest)
+    allowed: torch.Tensor  # [g, tq, L] causal over cached and new tokens; padding rows see nothing
+
+
+def _prefill_plan(meta: AttnMetadata, block_size: int, device) -> list[_PrefillGroup]:
+    """Groups of the prefill batch (sequences x longest <= PREFILL_GROUP_KEYS), built on the first layer's
+    call and kept on `meta` for the others: they only depend on the batch layout."""
+    plan = meta.__dict__.get("_prefill_plan")
+    if plan is not None:
+        return plan
+    cu, lens = meta.host if meta.host is not None else (meta.cu_seqlens_q.tolist(), meta.seq_lens.tolist())
+    plan, start = [], 0
+    while start < meta.num_seqs:
+        end, longest = start + 1, lens[start]
+        while end < meta.num_seqs and (end + 1 - start) * max(longest, lens[end]) <= PREFILL_GROUP_KEYS:
+            longest = max(longest, lens[end])
+            end += 1
+        q_lens = [cu[i + 1] - cu[i] for i in range(start, end)]
+        if max(q_lens) > 0:
+            plan.append(_prefill_group(meta.block_tables[start:end], cu[start : end + 1], lens[start:end], q_lens,
+                                       block_size, device))  # fmt: skip
+        start = end
+    meta.__dict__["_prefill_plan"] = plan
+    return plan
+
+
+def _prefill_group(tables, cu: list[int], lens: list[int], q_lens: list[int], block_size: int, dev) -> _PrefillGroup:
+    g, tq, longest = len(lens), max(q_lens), max(lens)
     q_lens_t = torch.tensor(q_lens, device=dev)
-    seq = torch.repeat_interleave(torch.arange(g, device=dev), q_lens_t)  # [n] sequence of each packed row
+    seq = torch.repeat_interleave(torch.arange(g, device=dev), q_lens_t)
     starts = torch.tensor(cu[:-1], device=dev) - cu[0]
-    tok = torch.arange(cu[-1] - cu[0], device=dev) - starts[seq]  # [n] its index among its sequence's new tokens
-    qpad = q.new_zeros(g, tq, *q.shape[1:])
-    qpad[seq, tok] = q[cu[0] : cu[-1]]
-    k = _gather_cache(k_cache, tables, longest)
-    v = _gather_cache(v_cache, tables, longest)
+    tok = torch.arange(cu[-1] - cu[0], device=dev) - starts[seq]
+    pos = torch.arange(longest, device=dev)
+    slots = tables[:, pos // block_size].clamp(min=0).long() * block_size + pos % block_size
     j = torch.arange(tq, device=dev)
     qpos = (torch.tensor(lens, device=dev) - q_lens_t)[:, None] + j  # [g, tq] cache position of each query
-    allowed = (torch.arange(longest, device=dev).view(1, 1, -1) <= qpos[..., None]) & (j < q_lens_t[:, None])[..., None]
-    out[cu[0] : cu[-1]] = _attend(qpad, k, v, allowed, scale)[seq, tok]
+    allowed = (pos.view(1, 1, -1) <= qpos[..., None]) & (j < q_lens_t[:, None])[..., None]
+    return _PrefillGroup(slice(cu[0], cu[-1]), (g, tq), seq, tok, slots, allowed)
 
 
 class AttentionBackend(Protocol):

@@ -475,7 +475,43 @@ class Engine:
         known = all(self.policy.costs.get(b, o) is not None for b in self.buckets for o in options)
         if profile and self.speculative == "auto" and not known:
             self.profile_costs(save=True)
+        self.warm_up()
         return self.graph_memory()
+
+    @torch.no_grad()
+    def warm_up(self) -> None:
+        """Compile what a first speculative step would otherwise compile inside a timed rollout: the
+        acceptance kernel (greedy and sampled) and the KV commit for every strategy, and the drafter's eager
+        catch-up forward. Everything writes only to the caches' trash blocks."""
+        if self.drafter_runner is None:
+            return
+        from tlt_rt.codegen.kernels.accept import accept_tree
+        from tlt_rt.codegen.kernels.kv_commit import kv_commit, kv_commit_reference
+
+        dev, trash = self.device, self.blocks.num_blocks  # caches hold num_blocks + 1 blocks, the last one trash
+        cuda = dev.type == "cuda"
+        table = torch.full((1, 1), trash, dtype=torch.int32, device=dev)
+        zero = torch.zeros(1, dtype=torch.long, device=dev)
+        for s in self.strategies:
+            t, d = s.verify_tokens, s.depth
+            logits = torch.zeros(1, t, self.target.arch.vocab_size, dtype=self.target.lm_head.weight.dtype, device=dev)
+            tokens = torch.zeros(1, t, dtype=torch.long, device=dev)
+            parents = (torch.arange(t, device=dev) - 1).clamp(max=0).view(1, t)  # a root and its t-1 children
+            uniforms = torch.zeros(1, d + 1, 2, device=dev)
+            for greedy in (True, False):
+                temp = torch.full((1,), 0.0 if greedy else 1.0, device=dev)
+                accept_tree(logits, tokens, parents, temp, torch.full((1,), -1, dtype=torch.int32, device=dev),
+                            torch.ones(1, device=dev), uniforms, d, all_greedy=greedy, filtering=False,
+                            backend="triton" if cuda else "torch")  # fmt: skip
+            nodes = torch.full((1, d), -1, dtype=torch.long, device=dev)
+            layers = [(self.runner.cache.k[i], self.runner.cache.v[i]) for i in range(self.runner.cache.num_layers)]
+            (kv_commit if cuda else kv_commit_reference)(layers, table, zero, nodes, zero)  # accepts nothing
+        rows = min(3, self.block_size)
+        h = torch.zeros(rows, self.target.arch.hidden_size, dtype=self.target.lm_head.weight.dtype, device=dev)
+        fake = Sequence(-1, -1, -1, [0] * (rows + 1), 0, 1, num_cached=rows, hidden_chunks=[h])
+        self.drafter_runner.catch_up([fake], [[trash]])
+        if cuda:
+            torch.cuda.current_stream(dev).synchronize()
 
     def profile_costs(self, save: bool = False, iters: int = 5) -> None:
         """Time every (bucket, option) step on synthetic sequences (`tlt_rt.compile.profile`) into the policy's

@@ -60,11 +60,20 @@ def host_uniforms(seeds: Sequence[int], counters: Sequence[int], n: int) -> np.n
     return (x >> np.uint64(8)).astype(np.float32) * np.float32(1.0 / (1 << 24))
 
 
+def _mix32_int(x: int) -> int:
+    """`_mix32` on one Python int in [0, 2^32): the same low 32 bits, without a tensor."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
 def sequence_seed(seed: int, prompt_index: int, sample_index: int, occurrence: int = 0) -> int:
-    """A 63-bit seed for one sample, distinct for every (prompt position, sample, call seed)."""
-    t = torch.tensor([seed & _M32, (seed >> 32) & _M32, prompt_index, sample_index, occurrence], dtype=torch.long)
-    h = _mix32(t[0:1] ^ 0x3C6EF372)
-    for v in t[1:]:
-        h = _mix32(h ^ _mix32(v.view(1) & _M32))
-    h2 = _mix32(h ^ 0xA54FF53A)
-    return int(h.item()) << 31 | int(h2.item()) >> 1
+    """A 63-bit seed for one sample, distinct for every (prompt position, sample, call seed). Plain ints: it
+    runs once per sample when a call starts, where tensors cost ~0.7 ms a sample."""
+    h = _mix32_int((seed & _M32) ^ 0x3C6EF372)
+    for v in ((seed >> 32) & _M32, prompt_index, sample_index, occurrence):
+        h = _mix32_int(h ^ _mix32_int(v & _M32))
+    h2 = _mix32_int(h ^ 0xA54FF53A)
+    return h << 31 | h2 >> 1

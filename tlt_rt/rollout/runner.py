@@ -8,6 +8,7 @@ distributed tokens.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -39,8 +40,8 @@ def table_tensor(tables: list[list[int]], device) -> torch.Tensor:
 
 def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: torch.Tensor | None = None):
     """AttnMetadata and flat positions for a layout (one host->device copy per tensor)."""
-    cu = torch.zeros(len(layout.q_lens) + 1, dtype=torch.int32)
-    cu[1:] = torch.tensor(layout.q_lens).cumsum(0)
+    cu_host = [0, *itertools.accumulate(layout.q_lens)]
+    cu = torch.tensor(cu_host, dtype=torch.int32)
     slots = []
     for t, cps in zip(layout.tables, layout.cache_pos, strict=True):
         slots += [t[p // block_size] * block_size + p % block_size if p >= 0 else -1 for p in cps]
@@ -53,6 +54,7 @@ def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: to
         slot_mapping=torch.tensor(slots, dtype=torch.long).to(device),
         max_q_len=max(layout.q_lens),
         tree_mask=tree_mask,
+        host=(cu_host, list(layout.seq_lens)),
     )
     return meta, positions.to(device)
 
