@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.generate import generate_simple
-from tlt_rt.models.llama import CausalLM
+from tlt_rt.models.llama import CausalLM, Glue
 from tlt_rt.rollout import Engine, SamplingParams
 
 TINY = ArchConfig(
@@ -208,7 +208,7 @@ def test_stats_report_what_ran():
 
 
 def test_sequence_hidden_rows_keep_their_order():
-    from tlt_rt.rollout.sequence import Sequence
+    from tlt_rt.rollout.sequence import Sequence, flush_hidden
 
     s = Sequence(1, 0, 0, [1], 0, 10)
     step = torch.arange(6.0).view(3, 2)  # a plain step's [B, H] hidden states; this sequence is row 1, then 2
@@ -217,9 +217,26 @@ def test_sequence_hidden_rows_keep_their_order():
     s.add_hidden(torch.ones(2, 2))  # a speculative step's rows
     s.add_hidden_row(step, 2)
     assert s.hidden_rows(1, 5).tolist() == [[2, 3], [1, 1], [1, 1], [4, 5]]
+    assert s.hidden_rows(2, 5).tolist() == [[1, 1], [1, 1], [4, 5]] and len(s.hidden_chunks) > 1  # tail only
+    assert s.hidden_rows(0, 2).tolist() == [[0, 0], [2, 3]] and s.hidden_rows(5, 5).shape == (0, 2)
     s.reset_for_recompute()
     s.add_hidden_row(step, 0)
     assert s.hidden().tolist() == [[0, 1]]
+    # many sequences at once: one gather, the same rows
+    other = torch.arange(10.0, 16.0).view(3, 2)
+    seqs = [Sequence(i, 0, 0, [1], 0, 10) for i in range(3)]
+    for i, q in enumerate(seqs):
+        q.add_hidden_row(step, i)
+        q.add_hidden_row(other, 2 - i)
+    seqs[1].add_hidden(torch.full((1, 2), -1.0))
+    seqs[1].add_hidden_row(step, 0)
+    flush_hidden(seqs)
+    assert all(not q._pending for q in seqs)
+    assert [q.hidden().tolist() for q in seqs] == [
+        [[0, 1], [14, 15]],
+        [[2, 3], [12, 13], [-1, -1], [0, 1]],
+        [[4, 5], [10, 11]],
+    ]
 
 
 def test_warm_up_writes_only_to_the_trash_blocks():
@@ -229,6 +246,7 @@ def test_warm_up_writes_only_to_the_trash_blocks():
     n = eng.blocks.num_blocks
     caches = [eng.runner.cache.k, eng.runner.cache.v, eng.drafter_runner.cache.k, eng.drafter_runner.cache.v]
     before = [c[:, :n].clone() for c in caches]
+    eng._glue = Glue()  # as on CUDA, where the glue is compiled: warm it for one row and for several
     eng.warm_up()
     assert all(torch.equal(c[:, :n], b) for c, b in zip(caches, before, strict=True))
     assert _tokens(eng.generate(PROMPTS, params)) == _tokens(first)

@@ -35,7 +35,7 @@ from tlt_rt.ir.strategy import Strategy, bucket_for
 from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
 from tlt_rt.models.llama import KVCache
 from tlt_rt.rollout.runner import Layout, build_meta, tree_meta
-from tlt_rt.rollout.sequence import Sequence
+from tlt_rt.rollout.sequence import Sequence, flush_hidden
 
 
 @dataclass
@@ -232,6 +232,7 @@ class DrafterRunner:
         """Bring every sequence within `rows` of its cache (eager catch-up for those further behind) and
         return the target hidden windows [B, max(rows, window_rows), H] ending at each num_cached. Marks the
         drafter rows as cached: the caller runs the block."""
+        flush_hidden(seqs)
         behind = [i for i, s in enumerate(seqs) if s.num_cached - s.draft_cached > rows]
         if behind:
             ends = [seqs[i].num_cached - rows for i in behind]
