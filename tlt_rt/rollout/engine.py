@@ -463,84 +463,23 @@ class Engine:
         return sorted(set(target)), sorted(set(draft))
 
     def capture(self, batch_sizes: list[int] | None = None, profile: bool = True) -> dict:
-        """Capture every graph ahead of generation, largest first, into the one shared pool. With `profile`
-        and no cost table loaded for this model (`python -m tlt_rt.compile` writes one), the captured steps
-        are timed now and the table saved where the next engine for this model finds it, so the SD policy
-        decides from measured costs from the first step instead of trying each option online. A table that
-        lacks any of this engine's (bucket, option) cells is profiled again."""
-        pool = self.runner.run.pool
-        if pool is None:
-            return {"graphs": 0, "pool_bytes": 0}
-        target_keys, draft_keys = self.graph_keys(batch_sizes)
-        pool.capture(target_keys + draft_keys)
-        options = [None, *self.strategies] if self.drafter_runner is not None else [None]
-        known = all(self.policy.costs.get(b, o) is not None for b in self.buckets for o in options)
-        if profile and self.speculative == "auto" and not known:
-            self.profile_costs(save=True)
-        self.warm_up()
-        return self.graph_memory()
+        """Capture every graph ahead of generation, largest first, into the one shared pool; profile missing
+        step costs and compile first-use kernels (`rollout.prepare.capture`)."""
+        from tlt_rt.rollout.prepare import capture
 
-    @torch.no_grad()
+        return capture(self, batch_sizes, profile)
+
     def warm_up(self) -> None:
-        """Compile what a first speculative step would otherwise compile inside a timed rollout: the compiled
-        glue for one row and for several (dynamic shapes still specialise a dimension of 1: a catch-up of one
-        row recompiled all three, ~0.45 s, on an H200), the acceptance kernel (greedy and sampled) and the KV
-        commit for every strategy, and the drafter's eager catch-up forward. Writes only to trash blocks."""
-        if self._glue is not None:
-            a, w = self.target.arch, self.target.lm_head.weight
-            for n in (1, 3):
-                x = torch.zeros(n, a.hidden_size, dtype=w.dtype, device=w.device)
-                self._glue.rms_norm(x, self.target.model.norm.weight, a.rms_norm_eps)
-                q = torch.zeros(n, a.num_attention_heads, a.head_dim, dtype=w.dtype, device=w.device)
-                k = torch.zeros(n, a.num_key_value_heads, a.head_dim, dtype=w.dtype, device=w.device)
-                pos = torch.zeros(n, dtype=torch.long, device=w.device)
-                self._glue.rotate_pair(q, k, pos, self.target.rotary.inv_freq)
-                gate = torch.zeros(n, a.intermediate_size, dtype=w.dtype, device=w.device)
-                self._glue.swiglu(gate, gate)
-        if self.drafter_runner is None:
-            return
-        from tlt_rt.codegen.kernels.accept import accept_tree
-        from tlt_rt.codegen.kernels.kv_commit import kv_commit, kv_commit_reference
+        """Compile what a first speculative step would compile (`rollout.prepare.warm_up`)."""
+        from tlt_rt.rollout.prepare import warm_up
 
-        dev, trash = self.device, self.blocks.num_blocks  # caches hold num_blocks + 1 blocks, the last one trash
-        cuda = dev.type == "cuda"
-        table = torch.full((1, 1), trash, dtype=torch.int32, device=dev)
-        zero = torch.zeros(1, dtype=torch.long, device=dev)
-        for s in self.strategies:
-            t, d = s.verify_tokens, s.depth
-            logits = torch.zeros(1, t, self.target.arch.vocab_size, dtype=self.target.lm_head.weight.dtype, device=dev)
-            tokens = torch.zeros(1, t, dtype=torch.long, device=dev)
-            parents = (torch.arange(t, device=dev) - 1).clamp(max=0).view(1, t)  # a root and its t-1 children
-            uniforms = torch.zeros(1, d + 1, 2, device=dev)
-            for greedy in (True, False):
-                temp = torch.full((1,), 0.0 if greedy else 1.0, device=dev)
-                accept_tree(logits, tokens, parents, temp, torch.full((1,), -1, dtype=torch.int32, device=dev),
-                            torch.ones(1, device=dev), uniforms, d, all_greedy=greedy, filtering=False,
-                            backend="triton" if cuda else "torch")  # fmt: skip
-            nodes = torch.full((1, d), -1, dtype=torch.long, device=dev)
-            layers = [(self.runner.cache.k[i], self.runner.cache.v[i]) for i in range(self.runner.cache.num_layers)]
-            (kv_commit if cuda else kv_commit_reference)(layers, table, zero, nodes, zero)  # accepts nothing
-        rows = min(3, self.block_size)
-        h = torch.zeros(rows, self.target.arch.hidden_size, dtype=self.target.lm_head.weight.dtype, device=dev)
-        fake = Sequence(-1, -1, -1, [0] * (rows + 1), 0, 1, num_cached=rows, hidden_chunks=[h])
-        self.drafter_runner.catch_up([fake], [[trash]])
-        if cuda:
-            torch.cuda.current_stream(dev).synchronize()
+        warm_up(self)
 
     def profile_costs(self, save: bool = False, iters: int = 5) -> None:
-        """Time every (bucket, option) step on synthetic sequences (`tlt_rt.compile.profile`) into the policy's
-        cost table, keeping what it held for other strategies; the first step timed online replaces each
-        profiled cost. `save` writes the table to the cache dir under this model's key."""
-        from tlt_rt.compile import cost_path, profile
+        """Time every (bucket, option) step into the policy's cost table (`rollout.prepare.profile_costs`)."""
+        from tlt_rt.rollout.prepare import profile_costs
 
-        table, _ = profile(self, iters=iters, progress=False)
-        table.merge_missing(self.policy.costs)  # cells of strategies this engine does not run
-        self.policy.costs = table
-        if save:
-            path = cost_path(table.key)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            table.save(path)
-            log.info("profiled step costs saved to %s", path)
+        profile_costs(self, save, iters)
 
     def graph_memory(self) -> dict:
         """Captured graphs (target forwards and draft steps) and the bytes their shared pool holds."""
