@@ -310,8 +310,9 @@ def test_a_useless_drafter_costs_about_the_budget_at_every_batch_size(profiled):
     times = long_tail(p, lambda s: 1.0, tokens_per_level=400, profiled=profiled)
     ratios = {b: auto / off for b, (auto, off) in times.items()}
     total = sum(a for a, _ in times.values()) / sum(o for _, o in times.values())
-    # the budget, one first trial per bucket (a few plain steps in 400) and timing noise
-    assert total < 1.035 and max(ratios.values()) < 1.07, ratios
+    # the budget, a first trial here and there, and timing noise (the policy before the regret budget lost
+    # 3.2% / 7.1% in total and 6.5% / 10.3% at its worst batch size here, profiled / fresh)
+    assert total < 1.025 and max(ratios.values()) < 1.05, ratios
     st = p.stats()
     assert st["held_back_steps"] > 0 and all(r <= 0.03 for r in st["regret_share"].values())
     # without the regret budget the optimistic accept prior keeps trying strategies
