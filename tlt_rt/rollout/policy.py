@@ -48,7 +48,7 @@ class AcceptStats:
         self._pooled: dict[str, list[float]] = {}  # name -> [mean, readings]
         self._cells: dict[str, list[float]] = {}  # "bucket/name" -> [mean, readings]
         self.hist: dict[str, Counter] = {}  # name -> Counter(rounded tokens per sequence)
-        self._depth: dict[str, int] = {}  # name -> depth of every strategy seen
+        self._excess: dict[str, float] = {}  # name -> base prior - 1 of every strategy seen
         self._scale = 1.0  # measured excess accept over the base prior's, pooled over strategies
 
     def base_prior(self, strategy: Strategy) -> float:
@@ -60,9 +60,8 @@ class AcceptStats:
     def _rescale(self) -> None:
         num = den = 0.0
         for name, (m, n) in self._pooled.items():
-            excess = min(self.prior_slope * self._depth[name], self._depth[name])
             w = min(n, 10.0)  # a few readings of each strategy settle it; no one strategy dominates
-            num, den = num + w * (m - 1) / excess, den + w
+            num, den = num + w * (m - 1) / self._excess[name], den + w
         self._scale = min(max(num / den, 0.0), 2.0) if den else 1.0
 
     def _blend(self, base: float, cell: list[float] | None) -> float:
@@ -99,7 +98,7 @@ class AcceptStats:
             est[1] += 1
             est[0] += max(1 / est[1], self.alpha) * (x - est[0])
         self.hist.setdefault(name, Counter())[round(x)] += 1
-        self._depth[name] = strategy.depth
+        self._excess[name] = self.base_prior(strategy) - 1
         self._rescale()
 
     def histogram(self) -> dict[str, dict[int, int]]:
@@ -113,7 +112,7 @@ class AcceptStats:
         self._pooled = {k: list(v) for k, v in state["pooled"].items()}
         self._cells = {k: list(v) for k, v in state["cells"].items()}
         self.hist = {name: Counter({int(k): v for k, v in h.items()}) for name, h in state["hist"].items()}
-        self._depth = {name: Strategy.parse(name).depth for name in self._pooled}
+        self._excess = {name: self.base_prior(Strategy.parse(name)) - 1 for name in self._pooled}
         self._rescale()
 
 
@@ -221,7 +220,7 @@ class SDPolicy:
         self._counts["decisions"] += 1
         unknown = [o for o in self.options if self.costs.interpolate(b, o) is None or self.costs.is_provisional(b, o)]
         if unknown:  # plain decoding comes first, so an unknown strategy held back falls to a known cost
-            choice = self._within_budget(batch_size, b, unknown[0])
+            choice = self._within_budget(b, unknown[0])
             if choice is unknown[0]:
                 self._counts["measure"] += 1
             else:  # held back: plain decoding is the incumbent until the strategy can be afforded
@@ -245,7 +244,7 @@ class SDPolicy:
             # plain decoding is the yardstick of every choice here and costs nothing against SD off to time
             self._counts["measure"] += 1
             return self._use_option(None)
-        return self._use_option(self._within_budget(batch_size, b, choice))
+        return self._use_option(self._within_budget(b, choice))
 
     def over_budget(self, bucket: int) -> bool:
         """True while speculation has cost more than its budget of this bucket's decode time (auto only)."""
@@ -254,7 +253,7 @@ class SDPolicy:
         regret, elapsed = self._regret[bucket]
         return regret > self.explore_budget * elapsed
 
-    def _within_budget(self, batch_size: int, bucket: int, choice: Strategy | None) -> Strategy | None:
+    def _within_budget(self, bucket: int, choice: Strategy | None) -> Strategy | None:
         """`choice`, unless speculation is over budget and `choice` is not proven to beat plain decoding by
         the accept length and cost measured so far; then plain decoding."""
         if choice is None or not self.over_budget(bucket):

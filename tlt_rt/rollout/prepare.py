@@ -27,8 +27,7 @@ def capture(engine, batch_sizes: list[int] | None = None, profile: bool = True) 
         return {"graphs": 0, "pool_bytes": 0}
     target_keys, draft_keys = engine.graph_keys(batch_sizes)
     pool.capture(target_keys + draft_keys)
-    options = [None, *engine.strategies] if engine.drafter_runner is not None else [None]
-    known = all(engine.policy.costs.get(b, o) is not None for b in engine.buckets for o in options)
+    known = all(engine.policy.costs.get(b, o) is not None for b in engine.buckets for o in engine.policy.options)
     if profile and engine.speculative == "auto" and not known:
         profile_costs(engine, save=True)
     warm_up(engine)
@@ -41,8 +40,8 @@ def warm_up(engine) -> None:
     glue for one row and for several (dynamic shapes still specialise a dimension of 1: a catch-up of one
     row recompiled all three, ~0.45 s, on an H200), the acceptance kernel (greedy and sampled) and the KV
     commit for every strategy, and the drafter's eager catch-up forward. Writes only to trash blocks."""
+    a, w = engine.target.arch, engine.target.lm_head.weight
     if engine._glue is not None:
-        a, w = engine.target.arch, engine.target.lm_head.weight
         for n in (1, 3):
             x = torch.zeros(n, a.hidden_size, dtype=w.dtype, device=w.device)
             engine._glue.rms_norm(x, engine.target.model.norm.weight, a.rms_norm_eps)
@@ -62,7 +61,7 @@ def warm_up(engine) -> None:
     zero = torch.zeros(1, dtype=torch.long, device=dev)
     for s in engine.strategies:
         t, d = s.verify_tokens, s.depth
-        logits = torch.zeros(1, t, engine.target.arch.vocab_size, dtype=engine.target.lm_head.weight.dtype, device=dev)
+        logits = torch.zeros(1, t, a.vocab_size, dtype=w.dtype, device=dev)
         tokens = torch.zeros(1, t, dtype=torch.long, device=dev)
         parents = (torch.arange(t, device=dev) - 1).clamp(max=0).view(1, t)  # a root and its t-1 children
         uniforms = torch.zeros(1, d + 1, 2, device=dev)
@@ -77,7 +76,7 @@ def warm_up(engine) -> None:
             table = torch.full((1, width), trash, dtype=torch.int32, device=dev)
             (kv_commit if cuda else kv_commit_reference)(layers, table, zero, nodes, zero)  # accepts nothing
     rows = min(3, engine.block_size)
-    h = torch.zeros(rows, engine.target.arch.hidden_size, dtype=engine.target.lm_head.weight.dtype, device=dev)
+    h = torch.zeros(rows, a.hidden_size, dtype=w.dtype, device=dev)
     fake = Sequence(-1, -1, -1, [0] * (rows + 1), 0, 1, num_cached=rows, hidden_chunks=[h])
     engine.drafter_runner.catch_up([fake], [[trash]])
     if cuda:

@@ -81,10 +81,7 @@ class Sequence:
         self._pending.append((batch, row))
 
     def _flush(self) -> None:
-        if self._pending:
-            rows = torch.stack([batch[row] for batch, row in self._pending])
-            self._pending = []
-            self._append_chunk(rows)
+        flush_hidden([self])
 
     def add_hidden(self, chunk: torch.Tensor) -> None:
         """Append target hidden rows. A chunk is usually a view of a whole batch's output, which it keeps
