@@ -141,6 +141,58 @@ def step_cost(model: CausalLM, batch: int, ctx: int, tree: int, block_size: int 
     return statistics.median(times)
 
 
+def _graphed_decode(model: CausalLM, batch: int, ctx: int, block_size: int = 16):
+    dev = model.lm_head.weight.device
+    per_seq = -(-(ctx + 1) // block_size)
+    cache = model.make_cache(batch * per_seq + 1, block_size)
+    tables = torch.arange(batch * per_seq, device=dev, dtype=torch.int32).view(batch, per_seq)
+    pos = torch.full((batch,), ctx, device=dev)
+    slots = tables[:, ctx // block_size].long() * block_size + ctx % block_size
+    meta = AttnMetadata(
+        "decode",
+        torch.arange(0, batch + 1, dtype=torch.int32, device=dev),
+        torch.full((batch,), ctx + 1, dtype=torch.int32, device=dev),
+        tables,
+        slots,
+        1,
+    )
+    ids = torch.randint(0, model.arch.vocab_size, (batch,), device=dev)
+    with torch.no_grad():
+        for _ in range(2):
+            model.forward_paged(ids, pos, cache, meta)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            model.forward_paged(ids, pos, cache, meta)
+    return g, cache
+
+
+def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, top: int = 14) -> None:
+    """Kernel time per decode step by kernel name (torch profiler over graph replays)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g, cache = _graphed_decode(model, batch, ctx)
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            g.replay()
+        torch.cuda.synchronize()
+    rows: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            r = rows.setdefault(e.name, [0.0, 0])
+            r[0] += e.device_time / replays
+            r[1] += 1 / replays
+    total = sum(r[0] for r in rows.values())
+    print(f"kernel breakdown, batch {batch} ctx {ctx}: {total / 1e3:.3f} ms of kernels per step, "
+          f"{sum(r[1] for r in rows.values()):.0f} launches")  # fmt: skip
+    for name, (us, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {us:9.1f} us {n:5.0f}x  {name[:100]}")
+    del g, cache
+    torch.cuda.empty_cache()
+
+
 def floor_seconds(model: CausalLM, batch: int, ctx: int, tree: int, bandwidth: float) -> float:
     a = model.arch
     # every weight is read once per step, except the embedding table (only the looked-up rows)
@@ -159,14 +211,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--out", default=None)
     ap.add_argument("--eager-glue", action="store_true", help="plain-torch norms/rotary/activation, as before fusion")
+    ap.add_argument("--unfused", action="store_true", help="separate q/k/v and gate/up matmuls")
+    ap.add_argument("--no-skinny", action="store_true", help="cuBLAS for decode-sized matmuls, not the Triton kernel")
+    ap.add_argument("--no-fused-rope", action="store_true", help="rotary and the KV write as separate kernels")
+    ap.add_argument("--profile", action="store_true", help="kernel time breakdown of the first decode shape")
+    ap.add_argument("--label", default="", help="tag written into each row (variant under test)")
     args = ap.parse_args(argv)
     from tlt_rt.codegen.backend import select_backend
 
     bw = hbm_bandwidth()
     model = build_model(args.model)
     model.attn_backend = select_backend("cuda")
-    if not args.eager_glue:
-        model.compile_glue()  # the fused RMSNorm / rotary / SwiGLU the engine runs with on CUDA
+    if not args.eager_glue:  # the fused RMSNorm / rotary / SwiGLU the engine runs with on CUDA
+        from tlt_rt.models.llama import CompiledGlue
+
+        model.compile_glue(CompiledGlue(skinny=not args.no_skinny, fused_rope=not args.no_fused_rope))
+    if not args.unfused:
+        model.fuse_projections()
+    if args.profile:
+        print_breakdown(model, args.batch[0], args.ctx[0])
     rows = []
     for ctx in args.ctx:
         for b in args.batch:
@@ -177,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(
                     dict(
                         model=args.model,
+                        label=args.label,
                         batch=b,
                         ctx=ctx,
                         tokens=t,

@@ -124,9 +124,12 @@ def _meta(pager, seqs, q_lens, seq_lens, slots, mode, tree_mask=None):
     )
 
 
-def test_chunked_prefill_and_decode_match_dense(checkpoint):
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "fused"])
+def test_chunked_prefill_and_decode_match_dense(checkpoint, fused):
     _, path = checkpoint
     model = load_target(path, dtype="float32")
+    if fused:  # q/k/v and gate/up as single matmuls in the paged forward; the dense one stays separate
+        assert model.fuse_projections() == 2 * SMALL["num_hidden_layers"]
     gen = torch.Generator().manual_seed(3)
     lens = [23, 9]
     seqs = [torch.randint(0, SMALL["vocab_size"], (n,), generator=gen) for n in lens]
@@ -262,3 +265,37 @@ def test_tree_window_wider_than_the_new_tokens(checkpoint):
         for i in range(t2):
             seq = torch.cat([prompt, toks1[parents2[i]].view(1), toks2[i].view(1)])
             torch.testing.assert_close(out.logits[i], model(seq[None]).logits[0, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_fused_projections_follow_weight_updates(checkpoint):
+    _, path = checkpoint
+    model = load_target(path, dtype="float32")
+    keys = {k: v.clone() for k, v in model.state_dict().items()}
+    model.fuse_projections()
+    # checkpoints see the same parameters under the same names
+    assert keys.keys() == model.state_dict().keys()
+    assert all(torch.equal(keys[k], v) for k, v in model.state_dict().items())
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    x = torch.randn(3, SMALL["hidden_size"])
+    with torch.no_grad():
+        q, k, v = attn.fused(x)
+        torch.testing.assert_close(k, attn.k_proj(x))
+        # an in-place update (as a weight sync does) reaches the fused matmul
+        attn.k_proj.weight.copy_(torch.randn_like(attn.k_proj.weight))
+        mlp.up_proj.weight.mul_(2.0)
+        assert attn.fused.intact() and mlp.fused.intact()
+        torch.testing.assert_close(attn.fused(x)[1], attn.k_proj(x))
+        torch.testing.assert_close(mlp(x), mlp.down_proj(mlp.glue.swiglu(mlp.gate_proj(x), mlp.up_proj(x))))
+        # a re-allocated weight breaks the sharing: the layer notices and runs the separate matmuls
+        attn.v_proj.weight.data = attn.v_proj.weight.data.clone() + 1.0
+        assert not attn.fused.intact()
+        ref = attn.v_proj(x).view(3, -1, attn.head_dim)
+        pos = torch.arange(3)
+        _, _, got_v = attn._qkv(x, pos, model.rotary)
+        torch.testing.assert_close(got_v, ref)
+        assert attn.fuse() and attn.fused.intact()  # fusing again picks up the new weight
+        torch.testing.assert_close(attn.fused(x)[2], attn.v_proj(x))
+    # with gradients wanted the separate layers run, so training still reaches every parameter
+    model.train()
+    model(torch.randint(0, SMALL["vocab_size"], (1, 6))).logits.sum().backward()
+    assert attn.q_proj.weight.grad is not None and mlp.gate_proj.weight.grad is not None

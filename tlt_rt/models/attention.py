@@ -23,7 +23,7 @@ earlier levels, but not their cousins.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import torch
@@ -45,6 +45,8 @@ class AttnMetadata:
     tree_mask: torch.Tensor | None = None  # [B, T, W>=T] bool for verify; None means causal among new tokens
     # (cu_seqlens_q, seq_lens) as host lists where the builder has them: prefill then plans without a sync
     host: tuple[list[int], list[int]] | None = None
+    # True once -1 slots point at the trash slot (`with_resolved_slots`): writes then need no remapping
+    slots_resolved: bool = False
 
     @property
     def window(self) -> int:
@@ -77,17 +79,31 @@ class AttnMetadata:
                 )
 
 
-def write_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Scatter new K/V [N, n_kv, D] into the paged cache at their slots.
+def resolve_slots(slot_mapping: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """Slots with -1 (padding rows) sent to the cache's very last slot: owners of a cache keep its last
+    block out of circulation as a trash block, so skipped writes need no host-side filtering."""
+    return torch.where(slot_mapping >= 0, slot_mapping, torch.full_like(slot_mapping, num_slots - 1))
 
-    A slot of -1 (a padding row) writes to the cache's very last slot instead: owners of a cache keep its
-    last block out of circulation as a trash block, so skipped writes need no host-side filtering.
-    """
+
+def with_resolved_slots(meta: AttnMetadata, num_slots: int) -> AttnMetadata:
+    """`meta` with its -1 slots resolved once (`resolve_slots`), for a forward whose layers all write."""
+    if meta.slots_resolved:
+        return meta
+    return replace(meta, slot_mapping=resolve_slots(meta.slot_mapping, num_slots), slots_resolved=True)
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    resolved: bool = False,
+) -> None:
+    """Scatter new K/V [N, n_kv, D] into the paged cache at their slots (-1: the trash slot, see
+    `resolve_slots`; `resolved` says the caller has done that already)."""
     nb, bs, h, d = k_cache.shape
-    trash = nb * bs - 1
-    slots = torch.where(slot_mapping >= 0, slot_mapping, torch.full_like(slot_mapping, trash))
+    slots = slot_mapping if resolved else resolve_slots(slot_mapping, nb * bs)
     k_cache.view(nb * bs, h, d).index_copy_(0, slots, k.to(k_cache.dtype))
     v_cache.view(nb * bs, h, d).index_copy_(0, slots, v.to(v_cache.dtype))
 

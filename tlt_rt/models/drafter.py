@@ -34,7 +34,7 @@ from torch import nn
 
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.attention import AttentionBackend, AttnMetadata, TorchAttention
-from tlt_rt.models.llama import CausalLM, DecoderLayer, KVCache, ModelOutput, Rotary
+from tlt_rt.models.llama import CausalLM, DecoderLayer, KVCache, ModelOutput, Rotary, apply_linear
 
 PackedAttn = str  # "auto" | "xformers" | "sdpa"
 
@@ -236,7 +236,7 @@ class Drafter(nn.Module):
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
         """Feature [..., H] -> logits over the draft vocabulary [..., Vd]."""
         w = self.head_weight()
-        return F.linear(feature.to(w.dtype), w)
+        return self.layer.mlp.glue.linear(feature.to(w.dtype), w)
 
     def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocab logits [..., Vd] -> target-vocab logits [..., V], -inf outside the draft vocabulary."""
@@ -248,7 +248,7 @@ class Drafter(nn.Module):
     def _fuse(self, input_ids: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
         dt = self.fc.weight.dtype
         emb = F.embedding(input_ids, self.embed_tokens.weight.detach())
-        return self.fc(torch.cat([emb.to(dt), feature.to(dt)], dim=-1))
+        return apply_linear(self.layer.mlp.glue, self.fc, torch.cat([emb.to(dt), feature.to(dt)], dim=-1))
 
     def forward(
         self,

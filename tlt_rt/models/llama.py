@@ -16,7 +16,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from tlt_rt.models.arch import ArchConfig, rope_inv_freq
-from tlt_rt.models.attention import AttentionBackend, AttnMetadata, TorchAttention, causal_attention, write_kv
+from tlt_rt.models.attention import (
+    AttentionBackend,
+    AttnMetadata,
+    TorchAttention,
+    causal_attention,
+    with_resolved_slots,
+    write_kv,
+)
 
 
 @dataclass
@@ -78,22 +85,141 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def add_rms_norm(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float):
+    """Residual add then RMSNorm: returns (x + r, rms_norm(x + r)); compiled, one kernel for both."""
+    s = x + r
+    return s, rms_norm(s, weight, eps)
+
+
+class FusedLinears:
+    """Several nn.Linear layers reading the same input, run as one matmul over their concatenated weights.
+
+    The layers keep their own parameters (state_dict, checkpoints and in-place weight updates are unchanged):
+    each weight becomes a view into the concatenated tensor, so a `copy_` into one updates the fused matmul.
+    Anything that re-allocates a weight (`.to()`, assigning `.data`) breaks the sharing; `intact()` sees that
+    and callers fall back to the separate layers.
+    """
+
+    def __init__(self, linears: list[nn.Linear]):
+        self.linears = linears
+        self.sizes = [lin.out_features for lin in linears]
+        with torch.no_grad():
+            self.weight = torch.cat([lin.weight.detach() for lin in linears])
+            has_bias = [lin.bias is not None for lin in linears]
+            if any(has_bias) and not all(has_bias):
+                raise ValueError("fused linears need a bias on all of them or on none")
+            self.bias = torch.cat([lin.bias.detach() for lin in linears]) if all(has_bias) else None
+            start = 0
+            for lin, n in zip(linears, self.sizes, strict=True):
+                lin.weight.data = self.weight[start : start + n]
+                if self.bias is not None:
+                    lin.bias.data = self.bias[start : start + n]
+                start += n
+        self._ptrs = self._pointers()
+
+    def _pointers(self) -> list[int]:
+        return [lin.weight.data_ptr() for lin in self.linears] + [self.weight.data_ptr()]
+
+    def intact(self) -> bool:
+        """True while every layer's weight is still a view into the fused tensor (and no gradient is wanted)."""
+        return not torch.is_grad_enabled() and self._pointers() == self._ptrs
+
+    def __call__(self, x: torch.Tensor, linear=F.linear) -> list[torch.Tensor]:
+        return list(linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
+
+
+def apply_linear(glue: Glue, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """lin(x), through `glue.linear` where lin is a plain nn.Linear (tensor-parallel layers run as they are)."""
+    if type(lin) is nn.Linear:
+        return glue.linear(x, lin.weight, lin.bias)
+    return lin(x)
+
+
+def _fusable(*linears) -> bool:
+    """Plain nn.Linear layers of one dtype / device / input size (tensor-parallel shards are left alone)."""
+    first = linears[0].weight
+    return all(
+        type(lin) is nn.Linear
+        and lin.weight.dtype == first.dtype
+        and lin.weight.device == first.device
+        and lin.in_features == linears[0].in_features
+        for lin in linears
+    )
+
+
 class Glue:
     """The elementwise pieces between the matmuls and attention. Plain torch by default; on CUDA the engine
     swaps in torch.compile'd versions (`CausalLM.compile_glue`), which fuse each into one kernel and cut the
     launches a decode step makes by more than half."""
 
     rms_norm = staticmethod(rms_norm)
+    add_rms_norm = staticmethod(add_rms_norm)
     rotate_pair = staticmethod(rotate_pair)
     swiglu = staticmethod(swiglu)
+    linear = staticmethod(F.linear)
+
+    def linear_swiglu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """swiglu(gate, up) from a stacked [gate; up] weight (a fused gate/up projection)."""
+        gate, up = self.linear(x, weight, bias).chunk(2, dim=-1)
+        return self.swiglu(gate, up)
+
+    def rope_write(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+        resolved: bool = False,
+    ) -> torch.Tensor:
+        """Rotate q and k, write k and v to the paged cache at `slots`; returns the rotated q."""
+        q, k = self.rotate_pair(q, k, positions, inv_freq)
+        write_kv(k, v, k_cache, v_cache, slots, resolved)
+        return q
+
+
+def _inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The skinny Triton matmul for few-row inference calls, F.linear when gradients are wanted or the
+    shape is outside its domain."""
+    if torch.is_grad_enabled():
+        return F.linear(x, weight, bias)
+    from tlt_rt.codegen.kernels.skinny_gemm import skinny_linear
+
+    return skinny_linear(x, weight, bias)
 
 
 class CompiledGlue(Glue):
-    def __init__(self) -> None:
+    """skinny: one-row matmuls of large weights through `codegen.kernels.skinny_gemm` instead of cuBLAS.
+    fused_rope: on CUDA, rotary and the KV-cache write as one Triton kernel (`codegen.kernels.rope_cache`)."""
+
+    def __init__(self, skinny: bool = True, fused_rope: bool = True) -> None:
+        if skinny:
+            self.linear = _inference_linear
+        self.fused_rope = fused_rope
         opts = {"dynamic": True, "fullgraph": True}
         self.rms_norm = torch.compile(rms_norm, **opts)
+        self.add_rms_norm = torch.compile(add_rms_norm, **opts)
         self.rotate_pair = torch.compile(rotate_pair, **opts)
         self.swiglu = torch.compile(swiglu, **opts)
+
+    def linear_swiglu(self, x, weight, bias=None):
+        if self.linear is _inference_linear and not torch.is_grad_enabled():
+            from tlt_rt.codegen.kernels.skinny_gemm import skinny_swiglu
+
+            out = skinny_swiglu(x, weight, bias)  # one kernel with the activation as its epilogue, or None
+            if out is not None:
+                return out
+        return super().linear_swiglu(x, weight, bias)
+
+    def rope_write(self, q, k, v, positions, inv_freq, k_cache, v_cache, slots, resolved=False):
+        if self.fused_rope and q.is_cuda and resolved:
+            from tlt_rt.codegen.kernels.rope_cache import rope_write_kv
+
+            return rope_write_kv(q, k, v, positions, inv_freq, k_cache, v_cache, slots)
+        return super().rope_write(q, k, v, positions, inv_freq, k_cache, v_cache, slots, resolved)
 
 
 class RMSNorm(nn.Module):
@@ -105,6 +231,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.glue.rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + r, norm(x + r)): the residual add fused with the norm that follows it."""
+        return self.glue.add_rms_norm(x, r, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -131,12 +261,30 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=arch.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=arch.o_bias)
         self.scale = self.head_dim**-0.5
+        self.fused: FusedLinears | None = None
+        self.glue: Glue = Glue()
+
+    def fuse(self) -> bool:
+        """Run q/k/v as one matmul in inference (see FusedLinears); False where the layers cannot be fused."""
+        if self.fused is None or not self.fused.intact():
+            lins = [self.q_proj, self.k_proj, self.v_proj]
+            self.fused = FusedLinears(lins) if _fusable(*lins) else None
+        return self.fused is not None
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [..., Hq, D], k and v [..., Hkv, D] before rotary (views of one matmul's output when fused)."""
+        shape = x.shape[:-1]
+        if self.fused is not None and self.fused.intact():
+            q, k, v = self.fused(x, self.glue.linear)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(*shape, self.n_heads, self.head_dim)
+        k = k.view(*shape, self.n_kv, self.head_dim)
+        v = v.view(*shape, self.n_kv, self.head_dim)
+        return q, k, v
 
     def _qkv(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary):
-        shape = x.shape[:-1]
-        q = self.q_proj(x).view(*shape, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(*shape, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(*shape, self.n_kv, self.head_dim)
+        q, k, v = self._project(x)
         q, k = rotary(q, k, positions)
         return q, k, v
 
@@ -155,10 +303,12 @@ class Attention(nn.Module):
         meta: AttnMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        q, k, v = self._qkv(x, positions, rotary)  # [N, H, D]
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        q, k, v = self._project(x)  # [N, H, D]
+        q = self.glue.rope_write(
+            q, k, v, positions, rotary.inv_freq, k_cache, v_cache, meta.slot_mapping, meta.slots_resolved
+        )
         out = backend(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.flatten(-2))
+        return apply_linear(self.glue, self.o_proj, out.flatten(-2))
 
 
 class MLP(nn.Module):
@@ -169,9 +319,21 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=b)
         self.down_proj = nn.Linear(i, h, bias=b)
         self.glue: Glue = Glue()
+        self.fused: FusedLinears | None = None
+
+    def fuse(self) -> bool:
+        """Run gate and up as one matmul in inference (see FusedLinears)."""
+        if self.fused is None or not self.fused.intact():
+            lins = [self.gate_proj, self.up_proj]
+            self.fused = FusedLinears(lins) if _fusable(*lins) else None
+        return self.fused is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.glue.swiglu(self.gate_proj(x), self.up_proj(x)))
+        if self.fused is not None and self.fused.intact():
+            h = self.glue.linear_swiglu(x, self.fused.weight, self.fused.bias)
+        else:
+            h = self.glue.swiglu(self.gate_proj(x), self.up_proj(x))
+        return apply_linear(self.glue, self.down_proj, h)
 
 
 class DecoderLayer(nn.Module):
@@ -188,8 +350,22 @@ class DecoderLayer(nn.Module):
             h = self.self_attn(h, positions, rotary)
         else:
             h = self.self_attn.forward_paged(h, positions, rotary, *paged)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add(x, h)
+        return x + self.mlp(h)
+
+    def forward_paged(
+        self, x: torch.Tensor, pending: torch.Tensor | None, positions: torch.Tensor, rotary: Rotary, paged
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Paged forward that leaves its last residual add to the caller: returns (x, mlp_out) with the
+        layer's output x + mlp_out. `pending` is the previous layer's mlp_out, added here together with
+        this layer's input norm (one kernel for both), so no residual add runs on its own."""
+        if pending is None:
+            h = self.input_layernorm(x)
+        else:
+            x, h = self.input_layernorm.add(x, pending)
+        h = self.self_attn.forward_paged(h, positions, rotary, *paged)
+        x, h = self.post_attention_layernorm.add(x, h)
+        return x, self.mlp(h)
 
 
 class LlamaBackbone(nn.Module):
@@ -236,11 +412,21 @@ class CausalLM(nn.Module):
         None computes them for every row. K/V of the new tokens are written to `cache` at meta.slot_mapping.
         """
         meta.validate(input_ids.shape[0])
-        x = self.model.embed_tokens(input_ids)
+        meta = with_resolved_slots(meta, cache.num_blocks * cache.block_size)
+        x, pending = self.model.embed_tokens(input_ids), None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, positions, self.rotary, (cache.k[i], cache.v[i], meta, self.attn_backend))
+            x, pending = layer.forward_paged(
+                x, pending, positions, self.rotary, (cache.k[i], cache.v[i], meta, self.attn_backend)
+            )
+        x = x + pending
         rows = x if logits_indices is None else x[logits_indices]
-        return ModelOutput(logits=self.lm_head(self.model.norm(rows)), hidden=x)
+        norm = self.model.norm
+        return ModelOutput(logits=apply_linear(norm.glue, self.lm_head, norm(rows)), hidden=x)
+
+    def fuse_projections(self) -> int:
+        """Fuse q/k/v and gate/up of every layer into single matmuls for inference; returns how many
+        groups were fused. Call it after the model has its final device and dtype."""
+        return fuse_projections(self)
 
     def compile_glue(self, glue: Glue | None = None) -> Glue:
         """Route norms, rotary and the MLP activation through `glue` (default: torch.compile'd versions)."""
@@ -262,9 +448,14 @@ class CausalLM(nn.Module):
         )
 
 
+def fuse_projections(module: nn.Module) -> int:
+    """`Attention.fuse` and `MLP.fuse` on every such submodule of `module`; the number fused."""
+    return sum(m.fuse() for m in module.modules() if isinstance(m, (Attention, MLP)))
+
+
 def set_glue(module: nn.Module, glue: Glue) -> Glue:
-    """Give every norm, rotary and MLP under `module` the same glue functions."""
+    """Give every norm, rotary, attention and MLP under `module` the same glue functions."""
     for m in module.modules():
-        if isinstance(m, (RMSNorm, Rotary, MLP)):
+        if isinstance(m, (RMSNorm, Rotary, MLP, Attention)):
             m.glue = glue
     return glue

@@ -22,7 +22,7 @@ import torch
 
 from tlt_rt.codegen.lower import lower
 from tlt_rt.ir.strategy import Bucket, Strategy, batch_buckets, bucket_for
-from tlt_rt.models.llama import CausalLM, set_glue
+from tlt_rt.models.llama import CausalLM, fuse_projections, set_glue
 from tlt_rt.rollout.block_manager import BlockManager
 from tlt_rt.rollout.costs import CostTable
 from tlt_rt.rollout.drafting import DrafterRunner, DraftProgram
@@ -83,6 +83,7 @@ class Engine:
 
         target.attn_backend = select_backend(self.device, attn_backend)
         self._glue = target.compile_glue() if self.device.type == "cuda" and not enforce_eager else None
+        target.fuse_projections()
         if num_blocks <= 0:
             num_blocks = self._auto_blocks()
         self.blocks = BlockManager(num_blocks, block_size)
@@ -102,6 +103,7 @@ class Engine:
                 )
                 drafter = Drafter(target.arch, target).to(self.device, target.lm_head.weight.dtype).eval()
             drafter.attn_backend = target.attn_backend
+            fuse_projections(drafter)
             if self._glue is not None:
                 set_glue(drafter, self._glue)
             rows = max(s.depth for s in self.strategies) + 1  # the deepest strategy's catch-up block

@@ -7,8 +7,10 @@ For sequence b, query head h (KV head kv = h // group) and its L = seq_lens[b] c
 
 with K[b, p] read from slot block_tables[b, p // page] * page + p % page.
 
-Split-K: the context is cut into `num_splits` chunks of `chunk_len` positions. Program (b, kv, s) reads
-chunk s once for all `group` query heads of KV head kv and writes the chunk's normalised partial output
+Split-K: each context is cut into `num_splits` chunks of whole BLOCK_N tiles, sized on the device from the
+sequence's own length (chunk = ceil(L / num_splits) rounded up to a tile), so the work spreads over the
+splits whatever the block table's capacity, and a graph captured once serves every length. Program
+(b, kv, s) reads chunk s once for all `group` query heads of KV head kv and writes the chunk's normalised partial output
 o_s and its log-sum-exp lse_s (base 2); `_combine_splits_kernel` then forms
 
     out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M),   M = max_s lse_s.
@@ -79,7 +81,7 @@ def _decode_attention_kernel(
     LSE_PART,  # [B, Hq, S] fp32 (used when SPLIT)
     # sizes
     n_kv_heads,
-    chunk_len,
+    num_splits,
     qk_scale,
     # strides
     stride_qb, stride_qh, stride_qd,
@@ -104,6 +106,7 @@ def _decode_attention_kernel(
     b = pid // n_kv_heads
     kvh = pid % n_kv_heads
     seq_len = tl.load(SEQ_LENS + b)
+    chunk_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk_len
     end = tl.minimum(start + chunk_len, seq_len)
 
@@ -185,17 +188,17 @@ def num_sms(device: torch.device) -> int:
     return 1
 
 
-def choose_num_splits(work_items: int, max_ctx: int, sm_count: int, waves: int = 2) -> int:
+def choose_num_splits(work_items: int, max_ctx: int, sm_count: int, waves: int = 2, min_chunk: int = MIN_CHUNK) -> int:
     """Splits per (sequence, KV head[, query block]) so that about `waves` waves of programs fill the GPU.
 
     `work_items` is the number of programs without split-K, `max_ctx` the longest context the block table
-    can hold; each split keeps at least MIN_CHUNK positions. Host ints only: stable under graph capture.
+    can hold; each split keeps at least `min_chunk` positions of it. Host ints only: stable under capture.
     """
     target = waves * sm_count
     if work_items >= target:
         return 1
     want = triton.cdiv(target, work_items)
-    return max(1, min(want, max_ctx // MIN_CHUNK, MAX_SPLITS))
+    return max(1, min(want, max_ctx // min_chunk, MAX_SPLITS))
 
 
 def split_plan(num_splits: int, max_ctx: int, block_n: int) -> tuple[int, int]:
@@ -293,8 +296,9 @@ def paged_decode_attention(
     block_n = meta["block_n"] if head_dim <= 128 else meta["block_n"] // 2
     max_ctx = block_tables.shape[1] * page  # capacity bound known on the host: no sync on seq_lens
     if num_splits is None:
-        num_splits = choose_num_splits(b * n_kv, max_ctx, num_sms(q.device), meta["split_waves"])
-    num_splits, chunk_len = split_plan(num_splits, max_ctx, block_n)
+        # chunks follow the real lengths (see the module doc), so a split may be as short as one tile
+        num_splits = choose_num_splits(b * n_kv, max_ctx, num_sms(q.device), meta["split_waves"], block_n)
+    num_splits = max(1, min(num_splits, triton.cdiv(max(max_ctx, 1), block_n)))
 
     out = torch.empty_like(q)
     fp32_dot = dot_in_fp32(_decode_attention_kernel, q.dtype)
@@ -306,7 +310,7 @@ def paged_decode_attention(
         o_part = lse_part = out  # unused by the kernel
     _decode_attention_kernel[(b * n_kv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, o_part, lse_part,
-        n_kv, chunk_len, scale * LOG2E,
+        n_kv, num_splits, scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),

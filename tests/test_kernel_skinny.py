@@ -1,0 +1,118 @@
+"""Skinny decode matmul against F.linear (interpreter on CPU, compiled on CUDA)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+# See tests/test_kernel_attention.py: the interpreter must be on before the kernel module loads.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    import triton
+
+    import tlt_rt.codegen.kernels.skinny_gemm as _skinny
+
+    if isinstance(_skinny._skinny_kernel, triton.runtime.JITFunction):  # imported earlier, compiled
+        importlib.reload(_skinny)
+
+import pytest  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tlt_rt.codegen.kernels.skinny_gemm import (  # noqa: E402
+    MAX_ROWS,
+    preferred,
+    skinny_linear,
+    skinny_linear_triton,
+    supported,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# few, large programs under the interpreter (~1 ms each)
+META = {"block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 1}
+
+
+@settings(deadline=None, max_examples=12)
+@given(
+    m=st.integers(1, MAX_ROWS),
+    n=st.integers(1, 150),
+    k=st.integers(1, 200),
+    bias=st.booleans(),
+    lead=st.sampled_from([(), (1,)]),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_linear(m, n, k, bias, lead, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, m, k, generator=g).to(DEVICE)
+    w = torch.randn(n, k, generator=g).to(DEVICE)
+    b = torch.randn(n, generator=g).to(DEVICE) if bias else None
+    y = skinny_linear_triton(x, w, b, meta=META)
+    assert y.shape == (*lead, m, n)
+    torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-4 * k**0.5, rtol=1e-4)
+
+
+@settings(deadline=None, max_examples=6)
+@given(
+    m=st.integers(1, 3), inter=st.integers(1, 70), k=st.integers(1, 90), bias=st.booleans(), seed=st.integers(0, 999)
+)
+def test_swiglu_epilogue_matches_matmul_then_activation(m, inter, k, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(DEVICE)
+    w = torch.randn(2 * inter, k, generator=g).to(DEVICE)
+    b = torch.randn(2 * inter, generator=g).to(DEVICE) if bias else None
+    gate, up = F.linear(x, w, b).chunk(2, dim=-1)
+    got = skinny_linear_triton(x, w, b, meta=META, swiglu=True)
+    assert got.shape == (m, inter)
+    torch.testing.assert_close(got, F.silu(gate) * up, atol=1e-4 * k**0.5, rtol=1e-4)
+
+
+def test_row_views_of_a_wider_weight():
+    # a fused q/k/v weight's slices: rows of a larger tensor, unit stride along K
+    big = torch.randn(96, 40, device=DEVICE)
+    w = big[16:80]
+    x = torch.randn(3, 40, device=DEVICE)
+    torch.testing.assert_close(skinny_linear_triton(x, w, meta=META), F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+def test_half_precision_accumulates_in_float32():
+    x = torch.randn(2, 256, device=DEVICE).half()
+    w = (torch.randn(32, 256, device=DEVICE) / 16).half()
+    ref = F.linear(x.float(), w.float())
+    got = skinny_linear_triton(x, w, meta=META)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=1e-2)
+
+
+def test_falls_back_outside_its_domain():
+    w = torch.randn(8, 16, device=DEVICE)
+    many = torch.randn(MAX_ROWS + 1, 16, device=DEVICE)
+    assert not supported(many, w)
+    torch.testing.assert_close(skinny_linear(many, w), F.linear(many, w))
+    strided = torch.randn(16, 8, device=DEVICE).t()  # [8, 16] with stride (1, 8)
+    assert not supported(many[:2], strided)
+    torch.testing.assert_close(skinny_linear(many[:2], strided), F.linear(many[:2], strided))
+    assert not supported(many[:2].double(), w.double())
+    with pytest.raises(ValueError, match="rows"):
+        skinny_linear_triton(many, w)
+    with pytest.raises(ValueError, match="even"):
+        skinny_linear_triton(many[:1], w[:7], swiglu=True)
+
+
+def test_dispatch_sends_only_what_the_kernel_wins(monkeypatch):
+    import tlt_rt.codegen.kernels.skinny_gemm as sk
+
+    w = torch.randn(64, 32, device=DEVICE)
+    one, two = torch.randn(1, 32, device=DEVICE), torch.randn(2, 32, device=DEVICE)
+    assert supported(one, w) and not preferred(one, w)  # a small weight stays with F.linear
+    monkeypatch.setattr(sk, "MIN_WEIGHT", w.numel())
+    monkeypatch.setattr(sk, "SKINNY_META", {**sk.SKINNY_META, 1: META})
+    assert preferred(one, w) and not preferred(two, w)  # one row only
+    calls = []
+    real = sk.skinny_linear_triton
+    monkeypatch.setattr(sk, "skinny_linear_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.testing.assert_close(skinny_linear(one, w), F.linear(one, w), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(skinny_linear(two, w), F.linear(two, w))
+    assert calls == [1]

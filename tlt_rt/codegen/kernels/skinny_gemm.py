@@ -1,0 +1,187 @@
+"""Skinny matmul for decode: y [M, N] = x [M, K] @ W[N, K]^T (+ bias), with M a handful of rows.
+
+At decode the activations are a few rows and the weight is read once per step: the step is as fast as
+the weight streams from HBM. Each program owns BLOCK_N output columns, streams its [BLOCK_N, K] slab of
+W (rows contiguous along K, as nn.Linear stores them) in BLOCK_K tiles and multiplies every tile by all
+M rows of x at once, accumulating in float32; no split-K, so there is no second pass and no atomics.
+Products run on CUDA cores (a tile's arithmetic intensity is M flops per weight element, far from what
+tensor cores need at M <= 8). The kernel takes M <= MAX_ROWS, but `skinny_linear` sends it only what it
+wins: one row against a weight of at least MIN_WEIGHT elements. Measured on an H100 (bench_linear.py,
+Qwen2.5-7B shapes, share of the copy bandwidth): one row, gate/up 98% against cuBLAS's 94%, down 88% / 85%,
+LM head 104% / 96% (L2 helps both), but q/k/v and o (< 20M elements) 67-73% against 71-78%, and at 2-8 rows
+cuBLAS's tensor-core kernels stay at 72-95% where this one drops under 70%. Everything else goes to F.linear
+(more rows, small weights, unsupported dtypes, strided weights, no Triton), so callers never need to check.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+__all__ = [
+    "MAX_ROWS",
+    "MIN_WEIGHT",
+    "SKINNY_META",
+    "preferred",
+    "skinny_linear",
+    "skinny_linear_triton",
+    "skinny_swiglu",
+    "supported",
+]
+
+MAX_ROWS = 8
+MIN_WEIGHT = 1 << 25  # elements (64 MB of bf16): smaller weights stay with cuBLAS, see the module doc
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Launch meta-parameters by row class (M rounded up to a power of two); `benchmarks/bench_linear.py --tune`
+# sweeps them on a GPU.
+SKINNY_META = {
+    1: {"block_n": 8, "block_k": 1024, "num_warps": 4, "num_stages": 3},
+    2: {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
+    4: {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
+    8: {"block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 3},
+}
+
+
+@triton.jit
+def _skinny_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    m_ok = rm < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        k_ok = kk < K
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        x = x.to(tl.float32)[:, None, :]
+        tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
+        w = tl.load(tile, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(x * w.to(tl.float32)[None, :, :], axis=2)
+        if SWIGLU:
+            w = tl.load(tile + N * stride_wn, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            acc_up += tl.sum(x * w.to(tl.float32)[None, :, :], axis=2)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if SWIGLU:
+            acc_up += tl.load(b_ptr + N + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if SWIGLU:  # gate and up rounded to the output dtype first, as the unfused matmul + swiglu would
+        gate = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+        up = acc_up.to(y_ptr.dtype.element_ty).to(tl.float32)
+        acc = (gate / (1.0 + tl.exp(-gate))).to(y_ptr.dtype.element_ty).to(tl.float32) * up
+    out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """True where the kernel applies: <= MAX_ROWS rows, a row-contiguous weight, one dtype, a Triton device."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (
+        (x.is_cuda or _interpreting())
+        and 0 < rows <= MAX_ROWS
+        and x.dtype in SUPPORTED_DTYPES
+        and weight.dtype == x.dtype
+        and weight.dim() == 2
+        and weight.stride(1) == 1
+        and x.shape[-1] == weight.shape[1]
+        and x.device == weight.device
+        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
+    )
+
+
+def skinny_linear_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    meta: dict | None = None,
+    swiglu: bool = False,
+) -> torch.Tensor:
+    """The kernel itself (no fallback): x [..., K] with <= MAX_ROWS rows, weight [N, K] -> [..., N].
+
+    swiglu: weight is [gate; up] stacked ([2I, K], as a fused gate/up projection) and the result is
+    silu(x @ gate^T) * (x @ up^T), [..., I], without the [..., 2I] intermediate."""
+    if not supported(x, weight, bias):
+        raise ValueError(
+            f"skinny_linear_triton needs <= {MAX_ROWS} rows of {SUPPORTED_DTYPES}, a weight [N, K] with unit "
+            f"stride along K of the same dtype; got x {tuple(x.shape)} {x.dtype}, weight "
+            f"{tuple(weight.shape)} {weight.dtype} stride {weight.stride()}"
+        )
+    n, k = weight.shape
+    if swiglu:
+        if n % 2:
+            raise ValueError(f"swiglu needs a stacked [gate; up] weight with an even row count, got {n}")
+        n //= 2
+    x2 = x.reshape(-1, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    block_m = triton.next_power_of_2(m)
+    cfg = meta or SKINNY_META[block_m]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(n, cfg["block_n"]),)
+    _skinny_kernel[grid](
+        x2,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        m,
+        n,
+        k,
+        x2.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        HAS_BIAS=bias is not None,
+        SWIGLU=swiglu,
+        BLOCK_M=block_m,
+        BLOCK_N=cfg["block_n"],
+        BLOCK_K=min(cfg["block_k"], triton.next_power_of_2(k)),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return y.view(*x.shape[:-1], n)
+
+
+def preferred(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """True where the kernel beats cuBLAS as measured (module doc): one row, a large weight, `supported`."""
+    return x.numel() == x.shape[-1] and weight.numel() >= MIN_WEIGHT and supported(x, weight, bias)
+
+
+def skinny_swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """silu(gate) * up from a stacked [gate; up] weight in one kernel where it wins (`preferred`); None
+    elsewhere (the caller runs its matmul and activation)."""
+    if preferred(x, weight, bias) and weight.shape[0] % 2 == 0:
+        return skinny_linear_triton(x, weight, bias, swiglu=True)
+    return None
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear with the skinny kernel where it wins (`preferred`), F.linear elsewhere."""
+    if preferred(x, weight, bias):
+        return skinny_linear_triton(x, weight, bias)
+    return F.linear(x, weight, bias)
