@@ -246,17 +246,29 @@ class SDPolicy:
             return self._use_option(None)
         return self._use_option(self._within_budget(b, choice))
 
-    def over_budget(self, bucket: int) -> bool:
-        """True while speculation has cost more than its budget of this bucket's decode time (auto only)."""
-        if self.mode != "auto" or self.explore_budget is None or bucket not in self._regret:
+    def over_budget(self, bucket: int, extra: float = 0.0, step: float = 0.0) -> bool:
+        """True while speculation has cost more than its budget of this bucket's decode time (auto only);
+        with `extra` / `step`, whether a step expected to add that regret and take that long would be."""
+        if self.mode != "auto" or self.explore_budget is None:
             return False
-        regret, elapsed = self._regret[bucket]
-        return regret > self.explore_budget * elapsed
+        regret, elapsed = self._regret.get(bucket, (0.0, 0.0))
+        return regret + extra > self.explore_budget * (elapsed + step)
+
+    def _expected_regret(self, bucket: int, choice: Strategy) -> tuple[float, float]:
+        """(regret, seconds) a step of `choice` is expected to add here: its cost minus plain decoding's for
+        the tokens the accept estimate (prior or measured) promises; (0, 0) while a cost is unknown."""
+        cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
+        if cost is None or plain is None:
+            return 0.0, 0.0
+        return cost - max(1.0, self.accept.mean(bucket, choice)) * plain, cost
 
     def _within_budget(self, bucket: int, choice: Strategy | None) -> Strategy | None:
-        """`choice`, unless speculation is over budget and `choice` is not proven to beat plain decoding by
-        the accept length and cost measured so far; then plain decoding."""
-        if choice is None or not self.over_budget(bucket):
+        """`choice`, unless running it would put speculation over budget (what it has cost so far plus what
+        this step is expected to cost) and `choice` is not proven to beat plain decoding by the accept length
+        and cost measured so far; then plain decoding. Counting the step before it runs keeps a costly first
+        try (an SD step at a large batch can cost several plain steps) out of a bucket until enough plain
+        decoding time has passed there to pay for it."""
+        if choice is None or not self.over_budget(bucket, *self._expected_regret(bucket, choice)):
             return choice
         accept = self.accept.measured(bucket, choice)
         cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
