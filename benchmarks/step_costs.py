@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--eager-glue", action="store_true", help="plain-torch norms/rotary/activation, as before fusion")
     ap.add_argument("--unfused", action="store_true", help="separate q/k/v and gate/up matmuls")
-    ap.add_argument("--no-skinny", action="store_true", help="cuBLAS for decode-sized matmuls, not the Triton kernel")
+    ap.add_argument("--skinny", action="store_true", help="one-row matmuls of large weights through the Triton kernel")
     ap.add_argument("--no-fused-rope", action="store_true", help="rotary and the KV write as separate kernels")
     ap.add_argument("--profile", action="store_true", help="kernel time breakdown of the first decode shape")
     ap.add_argument("--label", default="", help="tag written into each row (variant under test)")
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.eager_glue:  # the fused RMSNorm / rotary / SwiGLU the engine runs with on CUDA
         from tlt_rt.models.llama import CompiledGlue
 
-        model.compile_glue(CompiledGlue(skinny=not args.no_skinny, fused_rope=not args.no_fused_rope))
+        model.compile_glue(CompiledGlue(skinny=args.skinny, fused_rope=not args.no_fused_rope))
     if not args.unfused:
         model.fuse_projections()
     if args.profile:
