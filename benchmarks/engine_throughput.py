@@ -16,25 +16,33 @@ import gc
 import json
 import pstats
 import statistics
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
-from tlt_rt.models.default import default_model_dir, load_tokenizer
-from tlt_rt.rollout import Engine, SamplingParams
-from tlt_rt.train.data import ArithmeticTask, format_prompt
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_costs import kernel_table, print_kernel_table  # noqa: E402
+
+from tlt_rt.models.default import default_model_dir, load_tokenizer  # noqa: E402
+from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
+from tlt_rt.train.data import ArithmeticTask, format_prompt  # noqa: E402
 
 
 def prompts_for(n: int, tok) -> list[list[int]]:
     return [format_prompt(p, tok) for p in ArithmeticTask(digits=2, num_ops=2, seed=1).sample(n)]
 
 
-def run_engine(engine: Engine, prompts, max_new: int, profile: int = 0, repeats: int = 3) -> tuple[float, int]:
+def run_engine(
+    engine: Engine, prompts, max_new: int, profile: int = 0, repeats: int = 3, kernels: int = 0
+) -> tuple[float, int]:
     """Median tokens/s over `repeats` timed generate calls, after capturing every graph and a warm-up call.
     The engine keeps its policy state across calls, as it does across RL steps. With `profile` > 0 the last
     call also runs under cProfile and the `profile` functions with the most own host time are printed (GPU
-    waits show up in the call that synchronises, e.g. `.cpu()`)."""
+    waits show up in the call that synchronises, e.g. `.cpu()`). With `kernels` > 0 one more (untimed) call runs
+    under the torch profiler and the `kernels` GPU kernels with the most time per engine step are printed."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
     engine.capture()  # every graph up front: lazy captures would land inside the timed call
     # warm-up on the same prompts: prefill shapes compile here, and the policy takes its first step costs
@@ -61,6 +69,18 @@ def run_engine(engine: Engine, prompts, max_new: int, profile: int = 0, repeats:
             pstats.Stats(prof).sort_stats("tottime").print_stats(profile)
             print("--- the engine's own functions by cumulative time")
             pstats.Stats(prof).sort_stats("cumulative").print_stats("tlt_rt", profile)
+    if kernels:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        steps0, t0 = engine.stats()["steps"], time.perf_counter()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as kp:
+            engine.generate(prompts, params)
+            torch.cuda.synchronize()
+        steps = max(engine.stats()["steps"] - steps0, 1)
+        ms = 1e3 * (time.perf_counter() - t0) / steps
+        title = f"--- kernels: {len(prompts)} prompts, {steps} steps, {ms:.2f} ms/step (profiled), per step"
+        print_kernel_table(kernel_table(kp, steps), title, kernels)
     return statistics.median(rates), n
 
 
@@ -90,6 +110,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per row (the median is reported)")
     ap.add_argument("--profile", type=int, default=0, help="print the N functions with the most host time per run")
+    ap.add_argument("--kernels", type=int, default=0, help="print the N GPU kernels with the most time per step")
     ap.add_argument("--configs", nargs="+", default=None, help="rows to run: off, auto, strategies")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -111,7 +132,7 @@ def main(argv=None) -> None:
                 max_batch=max(b, 1),
                 num_blocks=256 + 32 * b,  # 512 tokens a sequence: a bounded cache, not half of the free memory
             )
-            tps, n = run_engine(eng, prompts, args.max_new_tokens, args.profile, args.repeats)
+            tps, n = run_engine(eng, prompts, args.max_new_tokens, args.profile, args.repeats, args.kernels)
             st = eng.stats()
             pol = eng.policy.stats()
             mean_ms = {}  # mean step ms per option over the engine's steps, what the policy weighed

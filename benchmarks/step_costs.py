@@ -167,6 +167,24 @@ def _graphed_decode(model: CausalLM, batch: int, ctx: int, block_size: int = 16)
     return g, cache
 
 
+def kernel_table(prof, per: int) -> list[tuple[str, float, float]]:
+    """(kernel name, us, launches) per `per` units (steps, replays) from a finished torch profiler, by time."""
+    rows: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            r = rows.setdefault(e.name, [0.0, 0.0])
+            r[0] += e.device_time / per
+            r[1] += 1 / per
+    return sorted(((k, us, n) for k, (us, n) in rows.items()), key=lambda r: -r[1])
+
+
+def print_kernel_table(rows: list[tuple[str, float, float]], title: str, top: int = 14) -> None:
+    total, launches = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    print(f"{title}: {total / 1e3:.3f} ms of kernels, {launches:.0f} launches")
+    for name, us, n in rows[:top]:
+        print(f"  {us:9.1f} us {n:6.1f}x  {name[:100]}")
+
+
 def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, top: int = 14) -> None:
     """Kernel time per decode step by kernel name (torch profiler over graph replays)."""
     from torch.profiler import ProfilerActivity, profile
@@ -178,17 +196,7 @@ def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, to
         for _ in range(replays):
             g.replay()
         torch.cuda.synchronize()
-    rows: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            r = rows.setdefault(e.name, [0.0, 0])
-            r[0] += e.device_time / replays
-            r[1] += 1 / replays
-    total = sum(r[0] for r in rows.values())
-    print(f"kernel breakdown, batch {batch} ctx {ctx}: {total / 1e3:.3f} ms of kernels per step, "
-          f"{sum(r[1] for r in rows.values()):.0f} launches")  # fmt: skip
-    for name, (us, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"  {us:9.1f} us {n:5.0f}x  {name[:100]}")
+    print_kernel_table(kernel_table(prof, replays), f"kernel breakdown, batch {batch} ctx {ctx}, per step", top)
     del g, cache
     torch.cuda.empty_cache()
 

@@ -225,3 +225,30 @@ def test_triton_draft_equals_torch_draft():
             trees.append(draft_tree(drafter, runner.cache, Strategy(4, 3, 9), BLOCK_SIZE, ins))
     for name in TREE_FIELDS:
         assert torch.equal(getattr(trees[0], name), getattr(trees[1], name)), name
+
+
+def test_compiled_levels_trace_whole_and_grow_the_same_tree(monkeypatch):
+    """The captured draft graph runs the level bookkeeping through torch.compile (CUDA only); traced here with
+    the eager backend and fullgraph, so a graph break or a changed result shows on CPU too."""
+    import tlt_rt.rollout.drafting as drafting
+
+    def compile_eager(fn, compiled, device):
+        return torch.compile(fn, backend="eager", fullgraph=True, dynamic=True) if compiled else fn
+
+    target, drafter = _drafter()
+    (seqs, tables), (seqs2, _) = _copies(target, MIXED)
+    _, logits, hidden, want = _old_draft(drafter, seqs, tables, STRATEGY)
+    monkeypatch.setattr(drafting, "_maybe_compiled", compile_eager)
+    runner = _runner(drafter, seqs2, tables)
+    logits2, hidden2 = runner.catch_up(seqs2, tables)
+    b, r = len(seqs2), STRATEGY.depth + 1
+    lens = torch.tensor([s.num_cached for s in seqs2])
+    ins = DraftInputs(torch.zeros(b, r, dtype=torch.long), None, lens.clamp(max=r), lens, table_tensor(tables, "cpu"))
+    with torch.no_grad():
+        got = grow_candidates(drafter, runner.cache, STRATEGY, BLOCK_SIZE, ins, logits2, hidden2, compiled=True)
+        tree = drafting.fused_build_tree(got, lens, lens, STRATEGY.verify_tokens)
+    for name in ("tokens", "parents"):
+        assert torch.equal(getattr(got, name), getattr(want, name))
+    torch.testing.assert_close(got.scores, want.scores)
+    ref = drafting.build_tree(want, lens, lens, STRATEGY.verify_tokens)
+    assert torch.equal(tree.tree_tokens, ref.tree_tokens) and torch.equal(tree.tree_mask, ref.tree_mask)

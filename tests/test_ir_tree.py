@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tlt_rt.ir import Candidates, DraftTree, build_tree, expand, level_bounds, select_frontier
@@ -270,4 +270,39 @@ def test_no_sync_and_graph_capture_on_cuda():
         buf.copy_(new)
     graph.replay()
     for g, w in zip(outs, _draft_and_build(*fresh, k=3, T=20), strict=True):
+        assert torch.equal(g, w)
+
+
+# ---- the compiled rerank of the captured draft step ---------------------------------------------------
+
+
+def _fields(tree: DraftTree) -> list[torch.Tensor]:
+    from tlt_rt.rollout.drafting import TREE_FIELDS
+
+    return [getattr(tree, name) for name in TREE_FIELDS]
+
+
+@settings(deadline=None, max_examples=5)
+@given(drafts())
+def test_tree_rerank_traces_as_one_graph(draft):
+    from tlt_rt.rollout.drafting import _tree_tensors
+
+    cands, root, prefix, T = draft
+    compiled = torch.compile(_tree_tensors, backend="eager", fullgraph=True, dynamic=True)
+    got = compiled(cands.tokens, cands.scores, cands.parents, cands.topk, root, prefix, T)
+    for g, w in zip(got, _fields(build_tree(cands, root, prefix, T)), strict=True):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.gpu
+@settings(deadline=None, max_examples=12)
+@given(drafts())
+def test_compiled_rerank_matches_on_cuda(draft):
+    from tlt_rt.rollout.drafting import fused_build_tree
+
+    cands, root, prefix, T = draft
+    cands = Candidates(cands.tokens.cuda(), cands.scores.cuda(), cands.parents.cuda(), cands.topk)
+    want = build_tree(cands, root.cuda(), prefix.cuda(), T)
+    got = fused_build_tree(cands, root.cuda(), prefix.cuda(), T)
+    for g, w in zip(_fields(got), _fields(want), strict=True):
         assert torch.equal(g, w)

@@ -65,57 +65,122 @@ def catch_up_block(drafter, cache: KVCache, ins: DraftInputs, block_size: int) -
     return out.logits, out.hidden[roots]
 
 
-def draft_candidates(drafter, cache: KVCache, strategy: Strategy, block_size: int, ins: DraftInputs) -> Candidates:
+def draft_candidates(
+    drafter, cache: KVCache, strategy: Strategy, block_size: int, ins: DraftInputs, compiled: bool = False
+) -> Candidates:
     """Catch up, then grow the candidate tree level by level (EAGLE-2 expansion); every candidate."""
     root_logits, root_hidden = catch_up_block(drafter, cache, ins, block_size)
-    return grow_candidates(drafter, cache, strategy, block_size, ins, root_logits, root_hidden)
+    return grow_candidates(drafter, cache, strategy, block_size, ins, root_logits, root_hidden, compiled)
+
+
+def _level_plan(tokens, scores, parents, topk: int, slot_of, prev_front, prev_hidden, d: int):
+    """Level d's inputs from the candidates so far: its frontier [B, K], the frontier's parent hidden rows
+    [B, K, H], its tree mask [B, K, dK] over the scratch window, its tokens [B, K] and the updated map from
+    flat candidate to scratch row [B, N]."""
+    cands = Candidates(tokens, scores, parents, topk)
+    k, b = topk, tokens.shape[0]
+    front = cands.frontier()  # [B, K]
+    if prev_front is None:
+        parent_hidden = prev_hidden
+    else:
+        parent = parents.gather(1, front)
+        which = (prev_front[:, None, :] == parent[:, :, None]).float().argmax(-1)  # [B, K]
+        parent_hidden = prev_hidden.gather(1, which[..., None].expand(-1, -1, prev_hidden.shape[-1]))
+    slot_of = slot_of.scatter(1, front, (d - 1) * k + torch.arange(k, device=front.device).expand(b, k))
+    anc = cands.ancestry(front)  # [B, K, levels]
+    anc_slot = torch.where(anc >= 0, slot_of.gather(1, anc.clamp(min=0).flatten(1)).view_as(anc), -1)
+    w = d * k
+    mask = torch.zeros(b, k, w + 1, dtype=torch.bool, device=front.device)
+    mask = mask.scatter(2, torch.where(anc_slot >= 0, anc_slot, w), True)[..., :w]
+    return front, parent_hidden, mask, tokens.gather(1, front), slot_of
+
+
+def _grow(tokens, scores, parents, topk: int, front, logits):
+    """Add a level from the drafter's logits [B*K, V] at the frontier: (tokens, scores, parents)."""
+    logp = torch.log_softmax(logits.float(), -1).view(front.shape[0], topk, -1)
+    grown = Candidates(tokens, scores, parents, topk).grow(front, logp)
+    return grown.tokens, grown.scores, grown.parents
+
+
+def _start(root_logits, topk: int):
+    c = Candidates.start(torch.log_softmax(root_logits.float(), -1), topk)
+    return c.tokens, c.scores, c.parents
+
+
+_compiled: dict[str, object] = {}
+
+
+def _maybe_compiled(fn, compiled: bool, device: torch.device):
+    """`fn` itself, or (on CUDA, for the captured draft graph) its torch.compile'd version: the tree
+    bookkeeping is dozens of tiny sorts, gathers and scatters a level, each a kernel launch unfused."""
+    if not compiled or device.type != "cuda":
+        return fn
+    if fn.__name__ not in _compiled:
+        # one specialisation per (strategy, level, batch 1 or more): more than dynamo's default of 8 per
+        # function, past which it would quietly run the rest eagerly
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
+    return _compiled[fn.__name__]
 
 
 def grow_candidates(
-    drafter, cache: KVCache, strategy: Strategy, block_size: int, ins: DraftInputs, root_logits, root_hidden
+    drafter,
+    cache: KVCache,
+    strategy: Strategy,
+    block_size: int,
+    ins: DraftInputs,
+    root_logits,
+    root_hidden,
+    compiled: bool = False,
 ) -> Candidates:
     """The depth-1 drafter levels from the root rows' logits [B, V] and output hidden [B, H]."""
     k, depth = strategy.topk, strategy.depth
     b, dev = ins.tokens.shape[0], ins.tokens.device
+    start, plan, grow = (_maybe_compiled(f, compiled, dev) for f in (_start, _level_plan, _grow))
     cached = ins.prefix_lens.long()
     live = (ins.valid > 0)[:, None].expand(b, k)  # padding sequences write nowhere
-    cands = Candidates.start(torch.log_softmax(root_logits.float(), -1), k)
+    tokens, scores, parents = start(root_logits, k)
     # flat candidate -> its row in the scratch window, sized for every candidate the step will have
     slot_of = torch.full((b, strategy.num_candidates), -1, dtype=torch.long, device=dev)
     prev_front, prev_hidden = None, root_hidden[:, None].expand(b, k, -1)
     for d in range(1, depth):
-        front = cands.frontier()  # [B, K]
-        if prev_front is None:
-            parent_hidden = prev_hidden
-        else:
-            parent = cands.parents.gather(1, front)
-            which = (prev_front[:, None, :] == parent[:, :, None]).float().argmax(-1)  # [B, K]
-            parent_hidden = prev_hidden.gather(1, which[..., None].expand(-1, -1, prev_hidden.shape[-1]))
-        slot_of.scatter_(1, front, (d - 1) * k + torch.arange(k, device=dev).expand(b, k))
-        anc = cands.ancestry(front)  # [B, K, levels]
-        anc_slot = torch.where(anc >= 0, slot_of.gather(1, anc.clamp(min=0).flatten(1)).view_as(anc), -1)
-        w = d * k
-        mask = torch.zeros(b, k, w + 1, dtype=torch.bool, device=dev)
-        mask.scatter_(2, torch.where(anc_slot >= 0, anc_slot, w), True)
-        mask = mask[..., :w]
+        front, parent_hidden, mask, level_tokens, slot_of = plan(
+            tokens, scores, parents, k, slot_of, prev_front, prev_hidden, d
+        )
         # level d's k rows: rotary position L+d-1, cache positions [L+(d-1)k, L+dk)
-        meta = tree_meta(ins.tables, cached + w, k, mask, block_size, write=live)
+        meta = tree_meta(ins.tables, cached + d * k, k, mask, block_size, write=live)
         positions = (cached + d - 1)[:, None].expand(b, k).reshape(-1)
-        tokens = cands.tokens.gather(1, front)
-        out = drafter.forward_paged(tokens.reshape(-1), parent_hidden.reshape(b * k, -1), positions, cache, meta)
-        logp = torch.log_softmax(out.logits.float(), -1).view(b, k, -1)
-        cands = cands.grow(front, logp)
+        out = drafter.forward_paged(level_tokens.reshape(-1), parent_hidden.reshape(b * k, -1), positions, cache, meta)
+        tokens, scores, parents = grow(tokens, scores, parents, k, front, out.logits)
         prev_front, prev_hidden = front, out.hidden.view(b, k, -1)
-    return cands
-
-
-def draft_tree(drafter, cache: KVCache, strategy: Strategy, block_size: int, ins: DraftInputs) -> DraftTree:
-    """The whole drafter step: catch-up block, depth-1 levels, rerank into the verify tree."""
-    cands = draft_candidates(drafter, cache, strategy, block_size, ins)
-    return build_tree(cands, ins.tokens[:, -1], ins.prefix_lens, strategy.verify_tokens)
+    return Candidates(tokens, scores, parents, k)
 
 
 TREE_FIELDS = [f.name for f in dataclasses.fields(DraftTree)]
+
+
+def _tree_tensors(tokens, scores, parents, topk: int, root_tokens, prefix_lens, verify_tokens: int):
+    tree = build_tree(Candidates(tokens, scores, parents, topk), root_tokens, prefix_lens, verify_tokens)
+    return tuple(getattr(tree, name) for name in TREE_FIELDS)
+
+
+def fused_build_tree(cands: Candidates, root_tokens: Tensor, prefix_lens: Tensor, verify_tokens: int) -> DraftTree:
+    """`build_tree` through torch.compile on CUDA (see `_maybe_compiled`): its ~100 small sorts, gathers and
+    scatters become a handful of kernels inside the captured draft graph; the same tree (tested)."""
+    fn = _maybe_compiled(_tree_tensors, True, cands.tokens.device)
+    return DraftTree(
+        *fn(cands.tokens, cands.scores, cands.parents, cands.topk, root_tokens, prefix_lens, verify_tokens)
+    )
+
+
+def draft_tree(
+    drafter, cache: KVCache, strategy: Strategy, block_size: int, ins: DraftInputs, compiled: bool = False
+) -> DraftTree:
+    """The whole drafter step: catch-up block, depth-1 levels, rerank into the verify tree (`compiled`:
+    the rerank through `fused_build_tree`, as the captured draft graph runs it)."""
+    cands = draft_candidates(drafter, cache, strategy, block_size, ins, compiled)
+    build = fused_build_tree if compiled else build_tree
+    return build(cands, ins.tokens[:, -1], ins.prefix_lens, strategy.verify_tokens)
 
 
 class DraftProgram:
@@ -153,7 +218,7 @@ class DraftProgram:
         _, _, t, depth, k = key
         r = self.runner
         args = DraftInputs(ins["tokens"], ins["hidden"], ins["valid"], ins["prefix_lens"], ins["tables"])
-        tree = draft_tree(r.drafter, r.cache, Strategy(depth, k, t), r.block_size, args)
+        tree = draft_tree(r.drafter, r.cache, Strategy(depth, k, t), r.block_size, args, compiled=True)
         for name in TREE_FIELDS:
             ins["out." + name].copy_(getattr(tree, name))
         return DraftTree(**{name: ins["out." + name] for name in TREE_FIELDS})
