@@ -250,3 +250,31 @@ def test_warm_up_writes_only_to_the_trash_blocks():
     eng.warm_up()
     assert all(torch.equal(c[:, :n], b) for c, b in zip(caches, before, strict=True))
     assert _tokens(eng.generate(PROMPTS, params)) == _tokens(first)
+
+
+def test_auto_tells_the_policy_how_far_the_drafter_is_behind():
+    eng = make_engine("auto", strategies=("3_3_8",))
+    strategy = eng.strategies[0]
+    seen = []
+    decide, observe = eng.policy.decide, eng.policy.observe
+    calls = iter(range(10_000))
+
+    def scripted(batch, behind=0):
+        decide(batch, behind)
+        return None if next(calls) < 12 else strategy  # 12 plain steps, then speculation
+
+    def spy(batch, strat, seconds, tokens, behind=0):
+        seen.append((strat, behind))
+        observe(batch, strat, seconds, tokens, behind)
+
+    eng.policy.decide, eng.policy.observe = scripted, spy
+    params = SamplingParams(temperature=0.0, max_new_tokens=20, stop_token_ids=[])
+    outs = eng.generate([[1, 2, 3], [4, 5, 6, 7]], params)
+    assert all(len(o.token_ids) == 20 for o in outs)
+    first_sd = next(i for i, (s, _) in enumerate(seen) if s is not None)
+    rows = eng.drafter_runner.window_rows
+    # two sequences, each 1 row behind after its prompt plus 12 plain steps, less the fixed block every SD
+    # step runs anyway
+    assert seen[first_sd][1] == 2 * (13 - rows)
+    assert all(b == 0 for s, b in seen[first_sd + 1 :] if s is not None)  # caught up from then on
+    assert all(b == 0 for s, b in seen if s is None)  # plain steps report no catch-up

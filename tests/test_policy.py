@@ -434,3 +434,28 @@ def test_a_costly_first_try_waits_until_plain_decoding_has_paid_for_it():
     assert first_try is not None
     assert first_try * plain >= extra / 0.02 - cost - plain
     assert first_try * plain <= extra / 0.02 + 2 * plain
+
+
+def test_a_drafter_catch_up_is_costed_apart_and_counted_before_it_runs():
+    s = Strategy.parse("6_2_12")
+    p = SDPolicy([s], [8], epsilon=0.0, explore_budget=0.02)
+    plain = 0.01
+    cost = plain * p.accept.mean(8, s) / 1.5  # by the prior, speculating is 1.5x plain decoding here
+    p.costs.set(8, None, plain)
+    p.costs.set(8, s, cost)
+    for _ in range(3):  # plain decoding's online readings come first
+        assert p.decide(8) is None
+        p.observe(8, None, plain, 1.0)
+    assert p.decide(8, behind=0) is s
+    # thousands of rows to catch up: the prior per-row cost makes this step a loss the budget cannot pay yet
+    assert p.catchup_seconds(8, 10_000) > 10 * cost
+    assert p.decide(8, behind=10_000) is None
+    # a step that paid a catch-up teaches the per-row cost and leaves the strategy's steady cost alone
+    p.observe(8, s, cost + 0.005, 2.0, behind=100)
+    assert p.costs.interpolate(8, s) == pytest.approx(cost)
+    assert p.catchup_seconds(8, 100) == pytest.approx(0.005)
+    assert p.stats()["catchup_us_per_row"][8] == pytest.approx(50.0)
+    state = json.loads(json.dumps(p.state_dict()))
+    q = SDPolicy([s], [8], epsilon=0.0, explore_budget=0.02)
+    q.load_state_dict(state)
+    assert q.catchup_seconds(8, 100) == pytest.approx(0.005)

@@ -116,9 +116,9 @@ def _maybe_compiled(fn, compiled: bool, device: torch.device):
     if not compiled or device.type != "cuda":
         return fn
     if fn.__name__ not in _compiled:
-        # one specialisation per (strategy, level, batch 1 or more): more than dynamo's default of 8 per
-        # function, past which it would quietly run the rest eagerly
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        # dynamo's default recompile limit (8 a function) stays: past it the remaining variants run eagerly
+        # (still captured in the graph). Raising it to 64 made capture and the first drafter evaluation
+        # compile for minutes cold, and a variant compiled mid-rollout synchronised the device (H200)
         _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
     return _compiled[fn.__name__]
 

@@ -344,7 +344,14 @@ class Engine:
     def _decode_or_speculate(self, sched: Scheduler, sampler, stop, keep_hidden) -> None:
         running = sched.running
         b = len(running)
-        strategy = self.policy.decide(b) if self.drafter_runner is not None else None
+        behind = 0
+        if self.drafter_runner is not None:
+            if self.speculative == "auto":  # drafter rows the next SD step would catch up eagerly first
+                rows = self.drafter_runner.window_rows
+                behind = sum(max(0, s.num_cached - s.draft_cached - rows) for s in running)
+            strategy = self.policy.decide(b, behind)
+        else:
+            strategy = None
         extra = 1 if strategy is None else scratch_tokens(strategy)
         sched.reserve(extra)
         if not running:
@@ -405,7 +412,7 @@ class Engine:
             # neither waited for nor counted in the step's cost, which the SD policy compares across options
             torch.cuda.current_stream(self.device).synchronize()
         dt = time.perf_counter() - t0
-        self.policy.observe(b, strategy, dt, emitted / b)
+        self.policy.observe(b, strategy, dt, emitted / b, behind if strategy is not None else 0)
         self._stats["steps"] += 1
         self.timeline.append(
             {

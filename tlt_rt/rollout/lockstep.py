@@ -39,20 +39,20 @@ class LockstepPolicy:
         self.src = _group_src(group)
         self.is_src = dist.get_rank() == self.src
 
-    def decide(self, batch_size: int):
+    def decide(self, batch_size: int, behind: int = 0):
         inner = self.inner
         if inner.mode == "off":  # every rank knows this without asking
             return None
         code = torch.zeros(1, dtype=torch.long, device=self.device)
         if self.is_src:
-            choice = inner.decide(batch_size)
+            choice = inner.decide(batch_size, behind)
             names = [option_name(o) for o in inner.options]
             code[0] = names.index(option_name(choice))
         dist.broadcast(code, src=self.src, group=self.group)
         return inner.options[int(code.item())]
 
-    def observe(self, batch_size: int, strategy, seconds: float, tokens_per_seq: float) -> None:
-        self.inner.observe(batch_size, strategy, seconds, tokens_per_seq)
+    def observe(self, batch_size: int, strategy, seconds: float, tokens_per_seq: float, behind: int = 0) -> None:
+        self.inner.observe(batch_size, strategy, seconds, tokens_per_seq, behind)
 
     def __getattr__(self, name: str) -> Any:  # stats, state_dict, load_state_dict, costs, ...
         if name == "inner":  # not set yet (unpickling): do not recurse

@@ -16,9 +16,12 @@ measured accept length (not a prior) and cost beat plain decoding may run there.
 help thus costs about that share of the time at each batch size, however many strategies there are to
 try, plus one first trial per bucket.
 
-Switching between plain decoding and any strategy at any step costs nothing extra: the engine keeps the
-drafter's KV current (it catches up the missing drafter rows from stored target hidden states at the next
-speculative step), so nothing is prefilled again.
+Switching from plain decoding to a strategy re-prefills nothing: the engine keeps the target hidden
+states and catches the drafter up on the rows it missed at the next speculative step. That catch-up is not
+free (an eager drafter forward over every missed row: at batch 128 after ~40 plain steps it tripled an SD
+step on an H200), so the engine says how many rows the drafter is behind (`behind`); the policy learns a
+cost per row per bucket from the steps that paid one (CATCHUP_PRIOR until then), keeps those steps out of
+the strategy's steady step cost, and counts the expected catch-up in a step's expected regret.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from collections import Counter
 
 from tlt_rt.ir.strategy import Strategy, bucket_for
 from tlt_rt.rollout.costs import CostTable, option_name
+
+# seconds per caught-up drafter row, as a share of a plain step's seconds per sequence, until measured
+CATCHUP_PRIOR = 0.25
 
 
 class AcceptStats:
@@ -195,6 +201,8 @@ class SDPolicy:
         self._calls: Counter = Counter()  # bucket -> decisions made there (drives the random stream)
         self._use: Counter = Counter()  # name -> times returned
         self._counts: Counter = Counter()  # decisions / explore / measure / switches
+        self._catchup: dict[int, list[float]] = {}  # bucket -> [seconds, rows] of measured drafter catch-ups
+        self._behind = 0  # drafter rows behind at the decision being made
 
     def bucket(self, batch_size: int) -> int:
         b = self._bucket_of.get(batch_size)
@@ -211,9 +219,12 @@ class SDPolicy:
         cost = self.costs.interpolate(bucket, strategy)
         return None if cost is None else batch_size * self.accept.mean(bucket, strategy) / cost
 
-    def decide(self, batch_size: int) -> Strategy | None:
+    def decide(self, batch_size: int, behind: int = 0) -> Strategy | None:
+        """Plain decoding (None) or a strategy for the next step of `batch_size` sequences, whose drafter is
+        `behind` rows short in total (rows its next speculative step must catch up first)."""
         if self.mode == "off":
             return None
+        self._behind = behind
         b = self.bucket(batch_size)
         n = self._calls[b]
         self._calls[b] += 1
@@ -260,7 +271,19 @@ class SDPolicy:
         cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
         if cost is None or plain is None:
             return 0.0, 0.0
+        cost += self.catchup_seconds(bucket, self._behind)
         return cost - max(1.0, self.accept.mean(bucket, choice)) * plain, cost
+
+    def catchup_seconds(self, bucket: int, rows: int) -> float:
+        """Expected seconds to catch the drafter up on `rows` rows at this bucket: measured per row where
+        steps have paid one, else CATCHUP_PRIOR x a plain step's seconds per sequence; 0 if unknown."""
+        if rows <= 0:
+            return 0.0
+        seen = self._catchup.get(bucket)
+        if seen is not None and seen[1] > 0:
+            return rows * seen[0] / seen[1]
+        plain = self.costs.interpolate(bucket, None)
+        return 0.0 if plain is None else rows * CATCHUP_PRIOR * plain / bucket
 
     def _within_budget(self, bucket: int, choice: Strategy | None) -> Strategy | None:
         """`choice`, unless running it would put speculation over budget (what it has cost so far plus what
@@ -293,11 +316,22 @@ class SDPolicy:
         self._use[option_name(option)] += 1
         return option
 
-    def observe(self, batch_size: int, strategy: Strategy | None, seconds: float, tokens_per_seq: float) -> None:
-        """Record one executed step: its wall time and the tokens it emitted per sequence."""
+    def observe(
+        self, batch_size: int, strategy: Strategy | None, seconds: float, tokens_per_seq: float, behind: int = 0
+    ) -> None:
+        """Record one executed step: its wall time, the tokens it emitted per sequence and the drafter rows
+        it caught up first (`behind`, as given to `decide`)."""
         b = self.bucket(batch_size)
         plain = self.costs.interpolate(b, None)
-        self.costs.observe(b, strategy, seconds)
+        steady = None
+        if strategy is not None and behind > 0 and not self.costs.is_provisional(b, strategy):
+            steady = self.costs.interpolate(b, strategy)
+        if steady is None:
+            self.costs.observe(b, strategy, seconds)
+        else:  # a catch-up step: its excess over the steady cost teaches the per-row catch-up cost only
+            seen = self._catchup.setdefault(b, [0.0, 0.0])
+            seen[0] = seen[0] * 0.5 + max(0.0, seconds - steady)
+            seen[1] = seen[1] * 0.5 + behind
         acc = self._regret.setdefault(b, [0.0, 0.0])
         acc[0] *= self._fade
         acc[1] = acc[1] * self._fade + seconds
@@ -315,6 +349,7 @@ class SDPolicy:
             "switches": self._counts["switches"],
             "held_back_steps": self._counts["held_back"],
             "regret_share": {b: r / e for b, (r, e) in sorted(self._regret.items()) if e > 0},
+            "catchup_us_per_row": {b: 1e6 * t / n for b, (t, n) in sorted(self._catchup.items()) if n > 0},
             "strategy_use": dict(self._use),
             "current": {b: self._current[b] for b in sorted(self._current)},
             "accept_mean": {str(s): self.accept.pooled_mean(s) for s in self.strategies},
@@ -336,6 +371,7 @@ class SDPolicy:
             "use": dict(self._use),
             "counts": dict(self._counts),
             "regret": {str(b): list(v) for b, v in self._regret.items()},
+            "catchup": {str(b): list(v) for b, v in self._catchup.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -355,3 +391,4 @@ class SDPolicy:
         self._use = Counter(state["use"])
         self._counts = Counter(state["counts"])
         self._regret = {int(b): list(v) for b, v in state.get("regret", {}).items()}
+        self._catchup = {int(b): list(v) for b, v in state.get("catchup", {}).items()}
