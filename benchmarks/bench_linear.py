@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_costs import SHAPES, hbm_bandwidth  # noqa: E402
+from step_costs import SHAPES, append_jsonl, hbm_bandwidth, time_replays  # noqa: E402
 
 from tlt_rt.codegen.kernels.skinny_gemm import SKINNY_META, skinny_linear_triton  # noqa: E402
 
@@ -45,16 +43,9 @@ def time_op(fn, weights: list[torch.Tensor], x: torch.Tensor, repeat: int, iters
             fn(x, weights[r % len(weights)])
     g.replay()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+    sec = time_replays(g, iters)
     del g
-    return statistics.median(times) / repeat
+    return sec / repeat
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,10 +107,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['shape']:8} {r['n']:7d} {r['k']:6d} {r['rows']:4d} {r['cublas_us']:9.1f} {r['cublas_pct']:5.1f} "
             f"{r['skinny_us']:9.1f} {r['skinny_pct']:5.1f}  {tuned}"
         )
-    if a.out:
-        with open(a.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(a.out, rows)
 
 
 if __name__ == "__main__":

@@ -100,8 +100,9 @@ def hbm_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
     return 2 * nbytes / statistics.median(times)
 
 
-def step_cost(model: CausalLM, batch: int, ctx: int, tree: int, block_size: int = 16, iters: int = 30) -> float:
-    """Median seconds of one graphed paged forward: decode (tree=1) or a verify of `tree` tokens."""
+def graphed_step(model: CausalLM, batch: int, ctx: int, tree: int = 1, block_size: int = 16):
+    """One paged forward captured as a CUDA graph: decode (tree=1) or a verify of `tree` tokens per sequence
+    after `ctx` cached ones. Returns (graph, cache); the cache must live as long as the graph is replayed."""
     dev = model.lm_head.weight.device
     per_seq = -(-(ctx + tree) // block_size)
     cache = model.make_cache(batch * per_seq + 1, block_size)
@@ -128,6 +129,20 @@ def step_cost(model: CausalLM, batch: int, ctx: int, tree: int, block_size: int 
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             model.forward_paged(ids, pos, cache, meta)
+    return g, cache
+
+
+def step_cost(model: CausalLM, batch: int, ctx: int, tree: int, block_size: int = 16, iters: int = 30) -> float:
+    """Median seconds of one graphed paged forward: decode (tree=1) or a verify of `tree` tokens."""
+    g, cache = graphed_step(model, batch, ctx, tree, block_size)
+    sec = time_replays(g, iters)
+    del g, cache
+    torch.cuda.empty_cache()
+    return sec
+
+
+def time_replays(g: torch.cuda.CUDAGraph, iters: int) -> float:
+    """Median seconds of one replay of `g` over `iters` replays, each timed with CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(iters):
@@ -136,35 +151,15 @@ def step_cost(model: CausalLM, batch: int, ctx: int, tree: int, block_size: int 
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    del g, cache
-    torch.cuda.empty_cache()
     return statistics.median(times)
 
 
-def _graphed_decode(model: CausalLM, batch: int, ctx: int, block_size: int = 16):
-    dev = model.lm_head.weight.device
-    per_seq = -(-(ctx + 1) // block_size)
-    cache = model.make_cache(batch * per_seq + 1, block_size)
-    tables = torch.arange(batch * per_seq, device=dev, dtype=torch.int32).view(batch, per_seq)
-    pos = torch.full((batch,), ctx, device=dev)
-    slots = tables[:, ctx // block_size].long() * block_size + ctx % block_size
-    meta = AttnMetadata(
-        "decode",
-        torch.arange(0, batch + 1, dtype=torch.int32, device=dev),
-        torch.full((batch,), ctx + 1, dtype=torch.int32, device=dev),
-        tables,
-        slots,
-        1,
-    )
-    ids = torch.randint(0, model.arch.vocab_size, (batch,), device=dev)
-    with torch.no_grad():
-        for _ in range(2):
-            model.forward_paged(ids, pos, cache, meta)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            model.forward_paged(ids, pos, cache, meta)
-    return g, cache
+def append_jsonl(path: str | None, rows: list[dict]) -> None:
+    """Append `rows` to the JSON-lines file at `path` (nothing when path is None)."""
+    if path:
+        with open(path, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
 
 
 def kernel_table(prof, per: int) -> list[tuple[str, float, float]]:
@@ -189,7 +184,7 @@ def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, to
     """Kernel time per decode step by kernel name (torch profiler over graph replays)."""
     from torch.profiler import ProfilerActivity, profile
 
-    g, cache = _graphed_decode(model, batch, ctx)
+    g, cache = graphed_step(model, batch, ctx)
     g.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -267,10 +262,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['model']:12} {r['batch']:5d} {r['ctx']:6d} {r['tokens']:6d} {r['ms']:8.3f} {r['floor_ms']:8.3f} "
             f"{r['pct_floor']:7.1f}"
         )
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

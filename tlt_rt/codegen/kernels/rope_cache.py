@@ -20,8 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tlt_rt.models.attention import write_kv
-from tlt_rt.models.llama import rotate_pair
+from tlt_rt.models.llama import Glue
 
 __all__ = ["rope_write_kv", "rope_write_kv_reference"]
 
@@ -72,9 +71,7 @@ def _rope_write_kernel(
 
 def rope_write_kv_reference(q, k, v, positions, inv_freq, k_cache, v_cache, slots) -> torch.Tensor:
     """What the kernel computes, in torch: rotate q and k, write k and v at `slots`; returns rotated q."""
-    q, k = rotate_pair(q, k, positions, inv_freq)
-    write_kv(k, v, k_cache, v_cache, slots, resolved=True)
-    return q
+    return Glue().rope_write(q, k, v, positions, inv_freq, k_cache, v_cache, slots, resolved=True)
 
 
 def rope_write_kv(
