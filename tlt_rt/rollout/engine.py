@@ -23,16 +23,17 @@ import torch
 from tlt_rt.codegen.lower import lower
 from tlt_rt.ir.strategy import Bucket, Strategy, batch_buckets, bucket_for
 from tlt_rt.models.llama import CausalLM, fuse_projections, set_glue
+from tlt_rt.rollout import steps
 from tlt_rt.rollout.block_manager import BlockManager
 from tlt_rt.rollout.costs import CostTable
 from tlt_rt.rollout.drafting import DrafterRunner, DraftProgram
 from tlt_rt.rollout.params import Completion, SamplingParams
 from tlt_rt.rollout.policy import SDPolicy
 from tlt_rt.rollout.rng import sequence_seed
-from tlt_rt.rollout.runner import Layout, Sampler, TargetRunner
+from tlt_rt.rollout.runner import Sampler, TargetRunner
 from tlt_rt.rollout.scheduler import Scheduler
 from tlt_rt.rollout.sequence import PrefillJob, Sequence, flush_hidden
-from tlt_rt.rollout.speculative import scratch_tokens, speculative_step, step_program
+from tlt_rt.rollout.speculative import scratch_tokens, step_program
 
 log = logging.getLogger(__name__)
 DEFAULT_STRATEGIES = ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")
@@ -217,11 +218,11 @@ class Engine:
         while sched.busy:
             jobs = sched.admit()
             if jobs:
-                self._prefill(jobs, sched, sampler, stop, keep_hidden)
+                steps.prefill(self, jobs, sched, sampler, stop, keep_hidden)
                 continue
             if not sched.running:
                 raise RuntimeError("no sequence can run: the KV cache is too small for the waiting work")
-            self._decode_or_speculate(sched, sampler, stop, keep_hidden)
+            steps.decode_or_speculate(self, sched, sampler, stop, keep_hidden)
         self._gen_time += time.perf_counter() - t_start
         sched.done.sort(key=lambda s: (s.prompt_index, s.sample_index))
         if params.return_hidden:
@@ -240,190 +241,6 @@ class Engine:
             s.finish_reason or "length",
             hidden,
             {"preemptions": s.preemptions},
-        )
-
-    # ---------------------------------------------------------------------------------------- steps
-    def _prefill(self, jobs, sched: Scheduler, sampler, stop, keep_hidden) -> None:
-        t0 = time.perf_counter()
-        layout = Layout([], [], [], [], [])
-        tokens, last_rows, finishing = [], [], []
-        for job, chunk in jobs:
-            s, e = job.done, job.done + chunk
-            tokens += job.tokens[s:e]
-            layout.tables.append(self.blocks.block_table(job.seq_id))
-            layout.q_lens.append(chunk)
-            layout.seq_lens.append(e)
-            layout.positions.append(list(range(s, e)))
-            layout.cache_pos.append(list(range(s, e)))
-            if e == len(job.tokens):
-                last_rows.append(len(tokens) - 1)
-                finishing.append(job)
-        out = self.runner.forward(tokens, layout, "prefill", logits_rows=last_rows or [0])
-        offset = 0
-        for job, chunk in jobs:
-            job.hidden_chunks.append(out.hidden[offset : offset + chunk])
-            job.done += chunk
-            offset += chunk
-        groups = []
-        for row, job in enumerate(finishing):
-            sched.prefilled(job)
-            if job.seq is not None:  # a recomputed sample resumes where it was
-                seq = job.seq
-                seq.num_cached, seq.hidden_chunks = len(job.tokens), [torch.cat(job.hidden_chunks)]
-                sched.running.append(seq)
-                continue
-            groups.append((row, job))
-        if groups:
-            self._fork_groups(groups, out.logits, sched, sampler, stop, keep_hidden)
-        self._stats["prefill_steps"] += 1
-        self._stats["prefill_tokens"] += len(tokens)
-        self.timeline.append(
-            {
-                "kind": "prefill",
-                "batch": len(jobs),
-                "tokens": len(tokens),
-                "start": t0 - self._t_start,
-                "seconds": time.perf_counter() - t0,
-                "running": len(sched.running),
-            }
-        )
-
-    def _fork_groups(self, groups, logits, sched: Scheduler, sampler, stop, keep_hidden) -> None:
-        """Fork every prompt that finished prefilling into its samples; first tokens are drawn for all of them
-        in one batch (one host sync), and the drafter rows of the shared prompts are run in one forward."""
-        rows = [row for row, job in groups for _ in job.group]
-        seqs = [seq for _, job in groups for seq in job.group]
-        tok, lp = sampler.sample(logits[rows], [s.seed for s in seqs], [0] * len(seqs))
-        tok, lp = torch.stack([tok.double(), lp.double()]).tolist()  # one device-to-host copy
-        hiddens = [torch.cat(job.hidden_chunks) for _, job in groups]
-        drafted = [(job, h) for (_, job), h in zip(groups, hiddens, strict=True) if len(job.tokens) > 1]
-        if self.drafter_runner is not None and drafted:
-            # drafter rows of each shared prompt once, before its samples diverge
-            parents = [
-                Sequence(job.seq_id, -1, -1, job.tokens, 0, 1, num_cached=len(job.tokens) - 1, hidden_chunks=[h])
-                for job, h in drafted
-            ]
-            self.drafter_runner.catch_up(parents, [self.blocks.block_table(job.seq_id) for job, _ in drafted])
-        caches = [self.runner.cache] + ([self.drafter_runner.cache] if self.drafter_runner else [])
-        k = 0
-        for (_, job), hidden in zip(groups, hiddens, strict=True):
-            p = len(job.tokens)
-            draft_cached = p - 1 if self.drafter_runner is not None and p > 1 else 0
-            group = job.group
-            sched.make_room(len(group))  # each sample takes a private last block
-            copies = []
-            for seq in group:
-                copies += self.blocks.fork(job.seq_id, seq.seq_id, p - 1)
-            self.blocks.free(job.seq_id)
-            self.runner.copy_blocks(copies, caches)
-            for seq in group:
-                seq.num_cached, seq.draft_cached = p, draft_cached
-                seq.hidden_chunks = [hidden] if keep_hidden else []
-                seq.counter = 1
-                sched.running.append(seq)
-                self._emit(seq, [int(tok[k])], [lp[k]], stop, sched)
-                k += 1
-
-    def _emit(self, seq: Sequence, toks: list[int], lps: list[float], stop, sched: Scheduler) -> int:
-        """Append tokens until a stop token or a limit; returns how many were kept."""
-        kept = 0
-        for t, lp in zip(toks, lps, strict=False):
-            seq.output.append(t)
-            seq.logprobs.append(lp)
-            kept += 1
-            if t in stop:
-                seq.finish_reason = "stop"
-            elif len(seq.output) >= seq.max_new_tokens or seq.length >= self.max_context:
-                seq.finish_reason = "length"
-            if seq.finished:
-                sched.finish(seq)
-                break
-        self._stats["generated_tokens"] += kept
-        return kept
-
-    def _decode_or_speculate(self, sched: Scheduler, sampler, stop, keep_hidden) -> None:
-        running = sched.running
-        b = len(running)
-        behind = 0
-        if self.drafter_runner is not None:
-            if self.speculative == "auto":  # drafter rows the next SD step would catch up eagerly first
-                rows = self.drafter_runner.window_rows
-                behind = sum(max(0, s.num_cached - s.draft_cached - rows) for s in running)
-            strategy = self.policy.decide(b, behind)
-        else:
-            strategy = None
-        extra = 1 if strategy is None else scratch_tokens(strategy)
-        sched.reserve(extra)
-        if not running:
-            return
-        b = len(running)
-        seqs = list(running)
-        tables = [self.blocks.block_table(s.seq_id) for s in seqs]
-        t0 = time.perf_counter()
-        if strategy is None:
-            layout = Layout(
-                tables,
-                [1] * b,
-                [s.num_cached + 1 for s in seqs],
-                [[s.num_cached] for s in seqs],
-                [[s.num_cached] for s in seqs],
-            )
-            out = self.runner.forward([s.tokens[-1] for s in seqs], layout, "decode")
-            tok, lp = sampler.sample(out.logits, [s.seed for s in seqs], [s.counter for s in seqs])
-            if keep_hidden:  # queued before the host waits for the tokens, so it overlaps the step
-                # a replayed graph's output is overwritten by the next replay: keep a copy of this step's rows
-                hidden = out.hidden.clone()
-                for i, seq in enumerate(seqs):
-                    seq.add_hidden_row(hidden, i)
-            tok, lp = torch.stack([tok.double(), lp.double()]).tolist()  # one device-to-host copy
-            for i, seq in enumerate(seqs):
-                seq.counter += 1
-                seq.num_cached += 1
-                self._emit(seq, [int(tok[i])], [lp[i]], stop, sched)
-            emitted = b
-        else:
-            res = speculative_step(
-                seqs,
-                tables,
-                strategy,
-                self.runner,
-                self.drafter_runner,
-                sampler,
-                self._lowered_step(b, strategy, sampler.params),
-            )
-            acc = res.accept
-            emitted = 0
-            for i, seq in enumerate(seqs):
-                a = int(acc.accept_len[i])
-                seq.counter += 1
-                L = seq.num_cached
-                toks = acc.accepted_tokens[i, : a + 1].tolist()
-                lps = acc.logprobs[i, : a + 1].tolist()
-                kept = self._emit(seq, toks, lps, stop, sched)
-                if keep_hidden:
-                    seq.add_hidden(res.hidden[i, :kept])
-                seq.num_cached = L + kept
-                emitted += kept
-                self._accept_hist[a + 1] += 1
-            self._strategy_use[str(strategy)] += 1
-            self._stats["sd_steps"] += 1
-        if self.device.type == "cuda":
-            # this thread's stream only: a drafter trainer on its own stream (spot training in the tail) is
-            # neither waited for nor counted in the step's cost, which the SD policy compares across options
-            torch.cuda.current_stream(self.device).synchronize()
-        dt = time.perf_counter() - t0
-        self.policy.observe(b, strategy, dt, emitted / b, behind if strategy is not None else 0)
-        self._stats["steps"] += 1
-        self.timeline.append(
-            {
-                "kind": "sd" if strategy else "decode",
-                "strategy": str(strategy) if strategy else None,
-                "batch": b,
-                "tokens": emitted,
-                "start": t0 - self._t_start,
-                "seconds": dt,
-                "running": len(running),
-            }
         )
 
     # ----------------------------------------------------------------------------------------- stats
