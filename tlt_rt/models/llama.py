@@ -135,6 +135,13 @@ def apply_linear(glue: Glue, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return lin(x)
 
 
+def fuse_linears(current: FusedLinears | None, linears: list[nn.Linear]) -> FusedLinears | None:
+    """`current` while it is intact, else a fresh FusedLinears over `linears`; None where they cannot fuse."""
+    if current is not None and current.intact():
+        return current
+    return FusedLinears(linears) if _fusable(*linears) else None
+
+
 def _fusable(*linears) -> bool:
     """Plain nn.Linear layers of one dtype / device / input size (tensor-parallel shards are left alone)."""
     first = linears[0].weight
@@ -198,9 +205,9 @@ class CompiledGlue(Glue):
     kernel (`codegen.kernels.rope_cache`)."""
 
     def __init__(self, skinny: bool = False, fused_rope: bool = True) -> None:
+        self.skinny, self.fused_rope = skinny, fused_rope
         if skinny:
             self.linear = _inference_linear
-        self.fused_rope = fused_rope
         opts = {"dynamic": True, "fullgraph": True}
         self.rms_norm = torch.compile(rms_norm, **opts)
         self.add_rms_norm = torch.compile(add_rms_norm, **opts)
@@ -208,7 +215,7 @@ class CompiledGlue(Glue):
         self.swiglu = torch.compile(swiglu, **opts)
 
     def linear_swiglu(self, x, weight, bias=None):
-        if self.linear is _inference_linear and not torch.is_grad_enabled():
+        if self.skinny and not torch.is_grad_enabled():
             from tlt_rt.codegen.kernels.skinny_gemm import skinny_swiglu
 
             out = skinny_swiglu(x, weight, bias)  # one kernel with the activation as its epilogue, or None
@@ -268,9 +275,7 @@ class Attention(nn.Module):
 
     def fuse(self) -> bool:
         """Run q/k/v as one matmul in inference (see FusedLinears); False where the layers cannot be fused."""
-        if self.fused is None or not self.fused.intact():
-            lins = [self.q_proj, self.k_proj, self.v_proj]
-            self.fused = FusedLinears(lins) if _fusable(*lins) else None
+        self.fused = fuse_linears(self.fused, [self.q_proj, self.k_proj, self.v_proj])
         return self.fused is not None
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -325,9 +330,7 @@ class MLP(nn.Module):
 
     def fuse(self) -> bool:
         """Run gate and up as one matmul in inference (see FusedLinears)."""
-        if self.fused is None or not self.fused.intact():
-            lins = [self.gate_proj, self.up_proj]
-            self.fused = FusedLinears(lins) if _fusable(*lins) else None
+        self.fused = fuse_linears(self.fused, [self.gate_proj, self.up_proj])
         return self.fused is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -202,7 +202,6 @@ class SDPolicy:
         self._use: Counter = Counter()  # name -> times returned
         self._counts: Counter = Counter()  # decisions / explore / measure / switches
         self._catchup: dict[int, list[float]] = {}  # bucket -> [seconds, rows] of measured drafter catch-ups
-        self._behind = 0  # drafter rows behind at the decision being made
 
     def bucket(self, batch_size: int) -> int:
         b = self._bucket_of.get(batch_size)
@@ -224,14 +223,13 @@ class SDPolicy:
         `behind` rows short in total (rows its next speculative step must catch up first)."""
         if self.mode == "off":
             return None
-        self._behind = behind
         b = self.bucket(batch_size)
         n = self._calls[b]
         self._calls[b] += 1
         self._counts["decisions"] += 1
         unknown = [o for o in self.options if self.costs.interpolate(b, o) is None or self.costs.is_provisional(b, o)]
         if unknown:  # plain decoding comes first, so an unknown strategy held back falls to a known cost
-            choice = self._within_budget(b, unknown[0])
+            choice = self._within_budget(b, unknown[0], behind)
             if choice is unknown[0]:
                 self._counts["measure"] += 1
             else:  # held back: plain decoding is the incumbent until the strategy can be afforded
@@ -255,7 +253,7 @@ class SDPolicy:
             # plain decoding is the yardstick of every choice here and costs nothing against SD off to time
             self._counts["measure"] += 1
             return self._use_option(None)
-        return self._use_option(self._within_budget(b, choice))
+        return self._use_option(self._within_budget(b, choice, behind))
 
     def over_budget(self, bucket: int, extra: float = 0.0, step: float = 0.0) -> bool:
         """True while speculation has cost more than its budget of this bucket's decode time (auto only);
@@ -265,13 +263,14 @@ class SDPolicy:
         regret, elapsed = self._regret.get(bucket, (0.0, 0.0))
         return regret + extra > self.explore_budget * (elapsed + step)
 
-    def _expected_regret(self, bucket: int, choice: Strategy) -> tuple[float, float]:
-        """(regret, seconds) a step of `choice` is expected to add here: its cost minus plain decoding's for
-        the tokens the accept estimate (prior or measured) promises; (0, 0) while a cost is unknown."""
+    def _expected_regret(self, bucket: int, choice: Strategy, behind: int) -> tuple[float, float]:
+        """(regret, seconds) a step of `choice` is expected to add here, the drafter `behind` rows short: its
+        cost (catch-up included) minus plain decoding's for the tokens the accept estimate (prior or measured)
+        promises; (0, 0) while a cost is unknown."""
         cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
         if cost is None or plain is None:
             return 0.0, 0.0
-        cost += self.catchup_seconds(bucket, self._behind)
+        cost += self.catchup_seconds(bucket, behind)
         return cost - max(1.0, self.accept.mean(bucket, choice)) * plain, cost
 
     def catchup_seconds(self, bucket: int, rows: int) -> float:
@@ -285,13 +284,13 @@ class SDPolicy:
         plain = self.costs.interpolate(bucket, None)
         return 0.0 if plain is None else rows * CATCHUP_PRIOR * plain / bucket
 
-    def _within_budget(self, bucket: int, choice: Strategy | None) -> Strategy | None:
+    def _within_budget(self, bucket: int, choice: Strategy | None, behind: int = 0) -> Strategy | None:
         """`choice`, unless running it would put speculation over budget (what it has cost so far plus what
         this step is expected to cost) and `choice` is not proven to beat plain decoding by the accept length
         and cost measured so far; then plain decoding. Counting the step before it runs keeps a costly first
         try (an SD step at a large batch can cost several plain steps) out of a bucket until enough plain
         decoding time has passed there to pay for it."""
-        if choice is None or not self.over_budget(bucket, *self._expected_regret(bucket, choice)):
+        if choice is None or not self.over_budget(bucket, *self._expected_regret(bucket, choice, behind)):
             return choice
         accept = self.accept.measured(bucket, choice)
         cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
