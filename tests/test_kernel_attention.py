@@ -26,8 +26,9 @@ from tlt_rt.codegen.backend import TritonAttention, select_backend  # noqa: E402
 from tlt_rt.codegen.kernels.decode_attention import (  # noqa: E402
     MIN_CHUNK,
     choose_num_splits,
+    clamp_splits,
     paged_decode_attention,
-    split_plan,
+    split_counters,
 )
 from tlt_rt.codegen.kernels.tree_attention import paged_tree_attention  # noqa: E402
 from tlt_rt.models import attention  # noqa: E402
@@ -225,10 +226,37 @@ def test_choose_num_splits():
 
 @pytest.mark.parametrize("max_ctx", [1, 63, 64, 1000, 4096])
 @pytest.mark.parametrize("splits", [1, 3, 7, 64])
-def test_split_plan_covers_context(max_ctx, splits):
-    n, chunk = split_plan(splits, max_ctx, 64)
-    assert 1 <= n <= splits and chunk % 64 == 0
-    assert (n - 1) * chunk < max(max_ctx, 1) <= n * chunk  # no empty trailing split, nothing uncovered
+def test_clamp_splits_keeps_a_tile_per_split(max_ctx, splits):
+    n = clamp_splits(splits, max_ctx, 64)
+    assert 1 <= n <= splits and (n == splits or n == -(-max_ctx // 64))
+
+
+@pytest.mark.parametrize("merge", ["in-launch", "separate"])
+def test_split_merge_paths_agree_and_leave_counters_zeroed(merge, monkeypatch):
+    """The last program of a (sequence, KV head) merges the partials and zeroes its arrival counter, so the
+    next launch starts clean; without a counter buffer a second kernel merges them, to the same result."""
+    import tlt_rt.codegen.kernels.decode_attention as dec
+
+    if merge == "separate":
+        monkeypatch.setattr(dec, "split_counters", lambda device, n: None)
+    lens = [5, 130, 257]
+    k, v, tables = make_paged(lens, 2, 64, 16, torch.float32, 2, True, "plain")
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(3, 4, 64, device=DEVICE)
+    meta = AttnMetadata("decode", torch.arange(4, dtype=torch.int32, device=DEVICE), seq_lens, tables,
+                        torch.zeros(3, dtype=torch.long, device=DEVICE), 1)  # fmt: skip
+    ref = paged_attention_reference(q, k, v, meta, 0.125)
+    for _ in range(2):  # twice: a counter left non-zero by the first launch would break the second
+        check_close(paged_decode_attention(q, k, v, tables, seq_lens, 0.125, num_splits=4), ref, torch.float32)
+    t = 3
+    mask = torch.ones(3, t, t, dtype=torch.bool).tril().to(DEVICE)
+    qt = torch.randn(3 * t, 4, 64, device=DEVICE)
+    meta_t = AttnMetadata("verify", torch.arange(4, dtype=torch.int32, device=DEVICE) * t, seq_lens, tables,
+                          torch.zeros(3 * t, dtype=torch.long, device=DEVICE), t, mask)  # fmt: skip
+    ref_t = paged_attention_reference(qt, k, v, meta_t, 0.125)
+    for _ in range(2):
+        check_close(paged_tree_attention(qt, k, v, tables, seq_lens, mask, 0.125, num_splits=4), ref_t, torch.float32)
+    assert not split_counters(torch.device(DEVICE), 1).any()
 
 
 def test_rejects_bad_inputs():

@@ -31,6 +31,7 @@ from tlt_rt.models.attention import paged_attention_reference
 
 __all__ = [
     "choose_num_splits",
+    "clamp_splits",
     "paged_attention_reference",
     "paged_decode_attention",
 ]
@@ -38,6 +39,7 @@ __all__ = [
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_CHUNK = 256  # fewest context positions per split: below this the combine step costs more than it saves
 MAX_SPLITS = 64
+MERGE_TILE = 1 << 14  # fp32 partials one merge step holds in registers: rows x splits x head_dim
 # Launch meta-parameters (head_dim <= 128; 256 halves block_n). `benchmarks/bench_attention.py --tune`
 # sweeps them on a GPU; split_waves is how many waves of programs split-K aims for.
 DECODE_META = {"block_n": 64, "num_warps": 4, "num_stages": 2, "split_waves": 2}
@@ -69,6 +71,51 @@ def _attend_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.co
 
 
 @triton.jit
+def _merge_splits(
+    O_PART, LSE_PART, OUT,  # partials [..., S, D] fp32 and [..., S] (base 2), output
+    o_rows, lse_rows, out_rows, rows_ok,  # [BLOCK_R] element offsets of each (token, head) row, its mask
+    n_used,  # splits holding positions: partials 0 .. n_used-1 are read
+    stride_ps, stride_od,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M) over BLOCK_S splits at a time (online in M).
+
+    Loads bypass L1 (.cg): the partials were written by other programs of the same launch."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    m = tl.full([BLOCK_R], -1e30, dtype=tl.float32)
+    den = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, n_used, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        ok = rows_ok[:, None] & (offs_s < n_used)[None, :]
+        lse = tl.load(LSE_PART + lse_rows[:, None] + offs_s[None, :], mask=ok, other=float("-inf"),
+                      cache_modifier=".cg")  # fmt: skip
+        o = tl.load(O_PART + o_rows[:, None, None] + offs_s[None, :, None] * stride_ps + offs_d[None, None, :],
+                    mask=ok[:, :, None], other=0.0, cache_modifier=".cg")  # fmt: skip
+        m_new = tl.maximum(m, tl.max(lse, 1))  # stays finite: an empty split's -inf weighs 0
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new[:, None])
+        den = den * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(o * w[:, :, None], 1)
+        m = m_new
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(OUT + out_rows[:, None] + offs_d[None, :] * stride_od, out.to(OUT.dtype.element_ty),
+             mask=rows_ok[:, None])  # fmt: skip
+
+
+@triton.jit
+def _arrive_last(COUNTERS, idx, num_splits):
+    """True in the last of the `num_splits` programs sharing counter `idx` to get here; that one also
+    zeroes the counter. The barrier orders every thread's partial stores before the (release) count."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(COUNTERS + idx, 1, sem="acq_rel", scope="gpu")
+    last = arrived == num_splits - 1
+    if last:
+        tl.store(COUNTERS + idx, 0)
+    return last
+
+
+@triton.jit
 def _decode_attention_kernel(
     # pointers
     Q,  # [B, Hq, D]
@@ -79,6 +126,7 @@ def _decode_attention_kernel(
     OUT,  # [B, Hq, D] (used when not SPLIT)
     O_PART,  # [B, Hq, S, D] fp32 (used when SPLIT)
     LSE_PART,  # [B, Hq, S] fp32 (used when SPLIT)
+    COUNTERS,  # [>= B * Hkv] int32 arrival counters, zero between launches (used when MERGE)
     # sizes
     n_kv_heads,
     num_splits,
@@ -98,6 +146,8 @@ def _decode_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    MERGE: tl.constexpr,  # SPLIT only: the last program to finish merges (else `_combine_splits_kernel`)
+    BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):  # fmt: skip
@@ -135,14 +185,24 @@ def _decode_attention_kernel(
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
+    out_rows = b * stride_ob + heads * stride_oh
     if SPLIT:
+        n_used = tl.cdiv(seq_len, tl.maximum(chunk_len, 1))
+        write = tl.where(split < n_used, g_ok, False)  # the merge reads used splits only
+        if not MERGE:
+            write = g_ok  # the separate combine reads them all
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=g_ok)
-        tl.store(O_PART + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
-                 o, mask=g_ok[:, None])  # fmt: skip
+        o_rows = b * stride_pb + heads * stride_ph
+        lse_rows = b * stride_lb + heads * stride_lh
+        tl.store(LSE_PART + lse_rows + split, lse, mask=write)
+        tl.store(O_PART + o_rows[:, None] + split * stride_ps + offs_d[None, :], o, mask=write[:, None])
+        if MERGE:
+            if _arrive_last(COUNTERS, pid, num_splits):
+                _merge_splits(O_PART, LSE_PART, OUT, o_rows, lse_rows, out_rows, g_ok, n_used, stride_ps,
+                              stride_od, BLOCK_G, BLOCK_S, HEAD_DIM)  # fmt: skip
     else:
-        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
-                 o.to(OUT.dtype.element_ty), mask=g_ok[:, None])  # fmt: skip
+        tl.store(OUT + out_rows[:, None] + offs_d[None, :] * stride_od, o.to(OUT.dtype.element_ty),
+                 mask=g_ok[:, None])  # fmt: skip
 
 
 @triton.jit
@@ -152,6 +212,7 @@ def _combine_splits_kernel(
     LSE_PART,  # [N, Hq, S] fp32, base 2; -inf marks an empty split
     OUT,  # [N, Hq, D]
     # sizes
+    n_rows,  # N * Hq
     n_heads,
     num_splits,
     # strides
@@ -159,24 +220,16 @@ def _combine_splits_kernel(
     stride_ln, stride_lh,
     stride_on, stride_oh, stride_od,
     # meta
+    BLOCK_R: tl.constexpr,
     BLOCK_S: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
-    n = pid // n_heads
-    h = pid % n_heads
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM)
-    s_ok = offs_s < num_splits
-    lse = tl.load(LSE_PART + n * stride_ln + h * stride_lh + offs_s, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # every split empty: weights all 0, output 0
-    w = tl.exp2(lse - m)
-    denom = tl.sum(w, 0)
-    o = tl.load(O_PART + n * stride_pn + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-                mask=s_ok[:, None], other=0.0)  # fmt: skip
-    out = tl.sum(o * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
-    tl.store(OUT + n * stride_on + h * stride_oh + offs_d * stride_od, out.to(OUT.dtype.element_ty))
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    n = rows // n_heads
+    h = rows % n_heads
+    _merge_splits(O_PART, LSE_PART, OUT, n * stride_pn + h * stride_ph, n * stride_ln + h * stride_lh,
+                  n * stride_on + h * stride_oh, rows < n_rows, num_splits, stride_ps, stride_od,
+                  BLOCK_R, BLOCK_S, HEAD_DIM)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- host side
@@ -201,10 +254,34 @@ def choose_num_splits(work_items: int, max_ctx: int, sm_count: int, waves: int =
     return max(1, min(want, max_ctx // min_chunk, MAX_SPLITS))
 
 
-def split_plan(num_splits: int, max_ctx: int, block_n: int) -> tuple[int, int]:
-    """(num_splits, chunk_len): chunks are whole tiles of block_n positions, none left empty by rounding."""
-    chunk = triton.cdiv(triton.cdiv(max(max_ctx, 1), num_splits), block_n) * block_n
-    return triton.cdiv(max(max_ctx, 1), chunk), chunk
+def clamp_splits(num_splits: int, max_ctx: int, block_n: int) -> int:
+    """At most one split per tile of the longest context the block table holds, at least one."""
+    return max(1, min(num_splits, triton.cdiv(max(max_ctx, 1), block_n)))
+
+
+def merge_block_s(rows: int, num_splits: int, head_dim: int) -> int:
+    """Splits one merge step reads at a time: rows x splits x head_dim fp32 within MERGE_TILE, at least 2."""
+    return max(2, min(triton.next_power_of_2(num_splits), MERGE_TILE // (rows * head_dim)))
+
+
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def split_counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """A zeroed int32 buffer of at least `n` arrival counters on `device` for the in-launch split merge.
+
+    Kernels leave it zeroed, so it is shared by every launch on the device; launches on one device must not
+    run concurrently on two streams. None while a CUDA graph is being captured and no large enough buffer
+    exists yet (an allocation there would record its zero-fill in the graph without running it): the caller
+    then merges in a separate kernel. Earlier, smaller buffers are kept: captured graphs hold their address.
+    """
+    bufs = _COUNTERS.setdefault(device, [])
+    if bufs and bufs[-1].numel() >= n:
+        return bufs[-1]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    bufs.append(torch.zeros(max(n, 1 << 12), dtype=torch.int32, device=device))
+    return bufs[-1]
 
 
 def check_paged_inputs(kernel, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -261,15 +338,23 @@ def combine_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tens
     assert o_part.dtype == torch.float32 and o_part.stride(3) == 1, "o_part must be fp32 with contiguous D"
     assert lse_part.shape == (n, n_heads, num_splits) and lse_part.stride(2) == 1, "lse_part must be [N, Hq, S]"
     assert out.shape == (n, n_heads, head_dim), f"out must be [N, Hq, D], got {tuple(out.shape)}"
-    _combine_splits_kernel[(n * n_heads,)](
+    block_r = 16
+    _combine_splits_kernel[(triton.cdiv(n * n_heads, block_r),)](
         o_part, lse_part, out,
-        n_heads, num_splits,
+        n * n_heads, n_heads, num_splits,
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_S=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+        BLOCK_R=block_r, BLOCK_S=merge_block_s(block_r, num_splits, head_dim), HEAD_DIM=head_dim,
     )  # fmt: skip
     return out
+
+
+def split_partials(rows: int, n_heads: int, num_splits: int, head_dim: int, device, programs: int):
+    """(o_part, lse_part, counters) for a split launch of `programs` merge groups; counters None: merge apart."""
+    o_part = torch.empty(rows, n_heads, num_splits, head_dim, device=device, dtype=torch.float32)
+    lse_part = torch.empty(rows, n_heads, num_splits, device=device, dtype=torch.float32)
+    return o_part, lse_part, split_counters(device, programs)
 
 
 def paged_decode_attention(
@@ -298,18 +383,20 @@ def paged_decode_attention(
     if num_splits is None:
         # chunks follow the real lengths (see the module doc), so a split may be as short as one tile
         num_splits = choose_num_splits(b * n_kv, max_ctx, num_sms(q.device), meta["split_waves"], block_n)
-    num_splits = max(1, min(num_splits, triton.cdiv(max(max_ctx, 1), block_n)))
+    num_splits = clamp_splits(num_splits, max_ctx, block_n)
 
     out = torch.empty_like(q)
     fp32_dot = dot_in_fp32(_decode_attention_kernel, q.dtype)
     split = num_splits > 1
+    counters = None
     if split:
-        o_part = torch.empty(b, n_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
-        lse_part = torch.empty(b, n_heads, num_splits, device=q.device, dtype=torch.float32)
+        o_part, lse_part, counters = split_partials(b, n_heads, num_splits, head_dim, q.device, b * n_kv)
     else:
         o_part = lse_part = out  # unused by the kernel
+    block_g = max(16, triton.next_power_of_2(group))
     _decode_attention_kernel[(b * n_kv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, o_part, lse_part,
+        seq_lens if counters is None else counters,
         n_kv, num_splits, scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
@@ -318,10 +405,11 @@ def paged_decode_attention(
         out.stride(0), out.stride(1), out.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, PAGE_SIZE=page,
-        BLOCK_N=block_n, SPLIT=split, DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot,
+        GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
+        MERGE=counters is not None, BLOCK_S=merge_block_s(block_g, num_splits, head_dim),
+        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot,
         num_warps=meta["num_warps"], num_stages=meta["num_stages"],
     )  # fmt: skip
-    if split:
+    if split and counters is None:
         combine_splits(o_part, lse_part, out)
     return out
