@@ -35,6 +35,45 @@ def prompts_for(n: int, tok) -> list[list[int]]:
     return [format_prompt(p, tok) for p in ArithmeticTask(digits=2, num_ops=2, seed=1).sample(n)]
 
 
+def prepare_engine(engine: Engine, prompts) -> None:
+    """Every graph up front (lazy captures would land inside a timed call), then a warm-up call on the same
+    prompts: prefill shapes compile there, and the policy takes its first step costs."""
+    engine.capture()
+    engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
+    torch.cuda.synchronize()
+
+
+def timed_call(engine: Engine, prompts, params: SamplingParams) -> tuple[float, int]:
+    """(tokens/s, tokens) of one generate call."""
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    torch.cuda.synchronize()
+    n = sum(len(o.token_ids) for o in outs)
+    return n / (time.perf_counter() - t0), n
+
+
+def run_interleaved(engines: dict[str, Engine], prompts, max_new: int, repeats: int) -> dict[str, dict]:
+    """Every engine prepared, then `repeats` rounds of one timed call per engine in turn, so that a slow
+    stretch of the device (clocks, other load) falls on every configuration alike. Per configuration: the
+    median tokens/s and the median over rounds of its ratio to `off` in the same round."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
+    for eng in engines.values():
+        prepare_engine(eng, prompts)
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    n = 0
+    for _ in range(repeats):
+        for name, eng in engines.items():
+            tps, n = timed_call(eng, prompts, params)
+            rates[name].append(tps)
+    base = rates.get("off")
+    out = {}
+    for name, r in rates.items():
+        ratios = [a / b for a, b in zip(r, base, strict=True)] if base else []
+        out[name] = dict(tokens_per_s=statistics.median(r), tokens=n, rates=r,
+                         paired_ratio=statistics.median(ratios) if ratios else None)  # fmt: skip
+    return out
+
+
 def run_engine(
     engine: Engine, prompts, max_new: int, profile: int = 0, repeats: int = 3, kernels: int = 0
 ) -> tuple[float, int]:
@@ -44,28 +83,20 @@ def run_engine(
     waits show up in the call that synchronises, e.g. `.cpu()`). With `kernels` > 0 one more (untimed) call runs
     under the torch profiler and the `kernels` GPU kernels with the most time per engine step are printed."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
-    engine.capture()  # every graph up front: lazy captures would land inside the timed call
-    # warm-up on the same prompts: prefill shapes compile here, and the policy takes its first step costs
-    engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
-    torch.cuda.synchronize()
+    prepare_engine(engine, prompts)
     rates, n = [], 0
     for i in range(repeats):
         prof = cProfile.Profile() if profile and i == repeats - 1 else None
         steps0 = engine.stats()["steps"]
-        t0 = time.perf_counter()
         if prof:
             prof.enable()
-        outs = engine.generate(prompts, params)
-        torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        n = sum(len(o.token_ids) for o in outs)
-        rates.append(n / dt)
+        tps, n = timed_call(engine, prompts, params)
+        rates.append(tps)
         if prof:
             prof.disable()
             steps = engine.stats()["steps"] - steps0
-            print(
-                f"--- profile: {len(prompts)} prompts, {steps} steps, {1e3 * dt / max(steps, 1):.2f} ms/step (profiled)"
-            )
+            print(f"--- profile: {len(prompts)} prompts, {steps} steps, {1e3 * n / tps / max(steps, 1):.2f} ms/step "
+                  "(profiled)")  # fmt: skip
             pstats.Stats(prof).sort_stats("tottime").print_stats(profile)
             print("--- the engine's own functions by cumulative time")
             pstats.Stats(prof).sort_stats("cumulative").print_stats("tlt_rt", profile)
@@ -100,6 +131,29 @@ def run_hf(prompts, max_new: int, lookup: bool) -> tuple[float, int]:
     return total / t_all, total
 
 
+def engine_row(eng: Engine, name: str, batch: int, timed: dict) -> dict:
+    """One result row: the timing, the engine's step counts and the mean step ms per option it ran."""
+    st = eng.stats()
+    pol = eng.policy.stats()
+    mean_ms = {}  # mean step ms per option over the engine's steps, what the policy weighed
+    for e in eng.timeline:
+        if e["kind"] != "prefill":
+            mean_ms.setdefault(e["strategy"] or "off", []).append(1e3 * e["seconds"])
+    return dict(
+        provider="tlt",
+        config=name,
+        batch=batch,
+        **timed,
+        accept=st["mean_accept_length"],
+        sd_steps=st["sd_steps"],
+        steps=st["steps"],
+        policy={
+            k: pol[k] for k in ("strategy_use", "measure_steps", "plain_timing_steps", "explore_steps", "switches")
+        },
+        step_ms={k: statistics.fmean(v) for k, v in mean_ms.items()},
+    )
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -112,6 +166,8 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", type=int, default=0, help="print the N functions with the most host time per run")
     ap.add_argument("--kernels", type=int, default=0, help="print the N GPU kernels with the most time per step")
     ap.add_argument("--configs", nargs="+", default=None, help="rows to run: off, auto, strategies")
+    ap.add_argument("--interleave", action="store_true",
+                    help="build every row's engine first, then time one call of each in turn per repeat")  # fmt: skip
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
@@ -121,8 +177,9 @@ def main(argv=None) -> None:
         configs = [("off", "off", args.strategies)] + [(s, "on", [s]) for s in args.strategies]
         configs.append(("auto", "auto", args.strategies))
         configs = [c for c in configs if args.configs is None or c[0] in args.configs]
+        engines = {}
         for name, mode, strategies in configs:
-            eng = Engine.from_pretrained(
+            engines[name] = Engine.from_pretrained(
                 None,
                 drafter_path=args.drafter,
                 speculative=mode,
@@ -132,30 +189,18 @@ def main(argv=None) -> None:
                 max_batch=max(b, 1),
                 num_blocks=256 + 32 * b,  # 512 tokens a sequence: a bounded cache, not half of the free memory
             )
-            tps, n = run_engine(eng, prompts, args.max_new_tokens, args.profile, args.repeats, args.kernels)
-            st = eng.stats()
-            pol = eng.policy.stats()
-            mean_ms = {}  # mean step ms per option over the engine's steps, what the policy weighed
-            for e in eng.timeline:
-                if e["kind"] != "prefill":
-                    mean_ms.setdefault(e["strategy"] or "off", []).append(1e3 * e["seconds"])
-            rows.append(
-                dict(
-                    provider="tlt",
-                    config=name,
-                    batch=b,
-                    tokens_per_s=tps,
-                    tokens=n,
-                    accept=st["mean_accept_length"],
-                    sd_steps=st["sd_steps"],
-                    steps=st["steps"],
-                    policy={k: pol[k] for k in ("strategy_use", "measure_steps", "explore_steps", "switches")},
-                    step_ms={k: statistics.fmean(v) for k, v in mean_ms.items()},
-                )
-            )
-            del eng
+            if args.interleave:
+                continue
+            tps, n = run_engine(engines[name], prompts, args.max_new_tokens, args.profile, args.repeats, args.kernels)
+            rows.append(engine_row(engines.pop(name), name, b, dict(tokens_per_s=tps, tokens=n)))
             gc.collect()
             torch.cuda.empty_cache()
+        if args.interleave:
+            timed = run_interleaved(engines, prompts, args.max_new_tokens, args.repeats)
+            rows += [engine_row(eng, name, b, timed[name]) for name, eng in engines.items()]
+        del engines
+        gc.collect()
+        torch.cuda.empty_cache()
     hf_prompts = prompts_for(args.hf_prompts, tok)
     for lookup in (False, True) if args.hf_prompts else ():
         tps, n = run_hf(hf_prompts, args.max_new_tokens, lookup)
@@ -173,11 +218,13 @@ def main(argv=None) -> None:
         )
     print(f"device: {torch.cuda.get_device_name()}")
     print("tok/s: median of the timed calls; accept and sd/steps: over every call of the engine (warm-up included)")
-    print(f"{'provider':8} {'config':14} {'batch':>5} {'tok/s':>9} {'accept':>6} {'sd/steps':>9}")
+    print("x off: with --interleave the median over rounds of the ratio to off's call in the same round")
+    print(f"{'provider':8} {'config':14} {'batch':>5} {'tok/s':>9} {'x off':>6} {'accept':>6} {'sd/steps':>9}")
     for r in rows:
         acc = f"{r['accept']:.2f}" if r["accept"] else "-"
+        ratio = f"{r['paired_ratio']:.3f}" if r.get("paired_ratio") else "-"
         print(
-            f"{r['provider']:8} {r['config']:14} {r['batch']:5d} {r['tokens_per_s']:9.1f} {acc:>6} "
+            f"{r['provider']:8} {r['config']:14} {r['batch']:5d} {r['tokens_per_s']:9.1f} {ratio:>6} {acc:>6} "
             f"{r['sd_steps']:4d}/{r['steps']:<4d}"
         )
     print("step ms (mean over the engine's decode / SD steps) and the auto policy's decisions:")

@@ -26,7 +26,7 @@ for stage in "$@"; do
       [ "$stage" = fresh ] && extra=(--configs off auto)
       # shellcheck disable=SC2086
       timeout "${ENGINE_SECS:-300}" python benchmarks/engine_throughput.py --batch $batches --max-new-tokens 128 \
-          --strategies 8_4_32 6_2_12 --hf-prompts 0 --repeats 3 "${extra[@]}" --out "$out/engine-$stage.jsonl" \
+          --strategies 8_4_32 6_2_12 --hf-prompts 0 --repeats "${REPEATS:-5}" --interleave "${extra[@]}" --out "$out/engine-$stage.jsonl" \
           > "$out/engine-$stage.log" 2>&1
       echo "engine_throughput $stage rc=$?"
       sed -n '/^device:/,$p' "$out/engine-$stage.log" | cut -c1-230 ;;

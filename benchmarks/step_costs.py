@@ -217,11 +217,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--unfused", action="store_true", help="separate q/k/v and gate/up matmuls")
     ap.add_argument("--skinny", action="store_true", help="one-row matmuls of large weights through the Triton kernel")
     ap.add_argument("--no-fused-rope", action="store_true", help="rotary and the KV write as separate kernels")
+    ap.add_argument("--separate-merge", action="store_true", help="split-K partials merged by a second kernel")
     ap.add_argument("--profile", action="store_true", help="kernel time breakdown of the first decode shape")
     ap.add_argument("--label", default="", help="tag written into each row (variant under test)")
     args = ap.parse_args(argv)
     from tlt_rt.codegen.backend import select_backend
 
+    if args.separate_merge:
+        from tlt_rt.codegen.kernels import decode_attention
+
+        decode_attention.split_counters = lambda device, n: None  # the launchers then merge in a second kernel
     bw = hbm_bandwidth()
     model = build_model(args.model)
     model.attn_backend = select_backend("cuda")

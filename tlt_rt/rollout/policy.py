@@ -251,7 +251,7 @@ class SDPolicy:
                 self._counts["explore"] += 1
         if choice is not None and self.mode == "auto" and self.costs.online_readings(b, None) < PLAIN_READINGS:
             # plain decoding is the yardstick of every choice here and costs nothing against SD off to time
-            self._counts["measure"] += 1
+            self._counts["plain_timing"] += 1
             return self._use_option(None)
         return self._use_option(self._within_budget(b, choice, behind))
 
@@ -345,6 +345,7 @@ class SDPolicy:
             "decisions": self._counts["decisions"],
             "explore_steps": self._counts["explore"],
             "measure_steps": self._counts["measure"],
+            "plain_timing_steps": self._counts["plain_timing"],
             "switches": self._counts["switches"],
             "held_back_steps": self._counts["held_back"],
             "regret_share": {b: r / e for b, (r, e) in sorted(self._regret.items()) if e > 0},

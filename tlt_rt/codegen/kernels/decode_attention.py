@@ -350,13 +350,6 @@ def combine_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tens
     return out
 
 
-def split_partials(rows: int, n_heads: int, num_splits: int, head_dim: int, device, programs: int):
-    """(o_part, lse_part, counters) for a split launch of `programs` merge groups; counters None: merge apart."""
-    o_part = torch.empty(rows, n_heads, num_splits, head_dim, device=device, dtype=torch.float32)
-    lse_part = torch.empty(rows, n_heads, num_splits, device=device, dtype=torch.float32)
-    return o_part, lse_part, split_counters(device, programs)
-
-
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -390,7 +383,9 @@ def paged_decode_attention(
     split = num_splits > 1
     counters = None
     if split:
-        o_part, lse_part, counters = split_partials(b, n_heads, num_splits, head_dim, q.device, b * n_kv)
+        o_part = torch.empty(b, n_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
+        lse_part = torch.empty(b, n_heads, num_splits, device=q.device, dtype=torch.float32)
+        counters = split_counters(q.device, b * n_kv)
     else:
         o_part = lse_part = out  # unused by the kernel
     block_g = max(16, triton.next_power_of_2(group))

@@ -12,8 +12,10 @@ One program holds a tile of BLOCK_M rows of the flattened (token, head-in-group)
 all T tokens x group heads share every prefix K/V tile it reads (one M block whenever T * group <= 128).
 Split-K cuts the prefix into chunks of whole tiles sized on the device from the real prefix, as decode
 attention does; the last split that holds prefix positions (split 0 when there are none) also walks the W
-window positions under the mask. Partials are merged in the same launch by the last program to finish, as in
-decode attention (`decode_attention._merge_splits`). The reference is
+window positions under the mask. Partials are merged by a second kernel (`decode_attention.combine_splits`):
+merged inside the launch by the last program to finish, as decode attention does, the T x group rows of a
+tile made the merge one program's long serial read, and a verify step slower (H100, Qwen2.5-7B shape). The
+reference is
 `tlt_rt.models.attention.paged_attention_reference` (mode "verify").
 """
 
@@ -25,18 +27,14 @@ import triton.language as tl
 
 from tlt_rt.codegen.kernels.decode_attention import (
     LOG2E,
-    _arrive_last,
     _attend_tile,
-    _merge_splits,
     check_paged_inputs,
     choose_num_splits,
     clamp_splits,
     combine_splits,
     dot_in_fp32,
     dot_precision,
-    merge_block_s,
     num_sms,
-    split_partials,
 )
 from tlt_rt.models.attention import paged_attention_reference
 
@@ -59,7 +57,6 @@ def _tree_attention_kernel(
     OUT,  # [B*T, Hq, D] (used when not SPLIT)
     O_PART,  # [B*T, Hq, S, D] fp32 (used when SPLIT)
     LSE_PART,  # [B*T, Hq, S] fp32 (used when SPLIT)
-    COUNTERS,  # [>= B * Hkv * num_m_blocks] int32 arrival counters, zero between launches (used when MERGE)
     # sizes
     n_tree,
     n_window,
@@ -83,8 +80,6 @@ def _tree_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
-    MERGE: tl.constexpr,  # SPLIT only: the last program to finish merges (else `_combine_splits_kernel`)
-    BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):  # fmt: skip
@@ -147,19 +142,11 @@ def _tree_attention_kernel(
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     out_rows = q_rows * stride_on + heads * stride_oh
-    if SPLIT:
-        write = tl.where(split < n_used, row_ok, False)  # the merge reads used splits only
-        if not MERGE:
-            write = row_ok  # the separate combine reads them all
+    if SPLIT:  # every split writes (an empty one lse = -inf): the combine kernel reads them all
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-        o_rows = q_rows * stride_pn + heads * stride_ph
-        lse_rows = q_rows * stride_ln + heads * stride_lh
-        tl.store(LSE_PART + lse_rows + split, lse, mask=write)
-        tl.store(O_PART + o_rows[:, None] + split * stride_ps + offs_d[None, :], o, mask=write[:, None])
-        if MERGE:
-            if _arrive_last(COUNTERS, pid, num_splits):
-                _merge_splits(O_PART, LSE_PART, OUT, o_rows, lse_rows, out_rows, row_ok, n_used, stride_ps,
-                              stride_od, BLOCK_M, BLOCK_S, HEAD_DIM)  # fmt: skip
+        tl.store(LSE_PART + q_rows * stride_ln + heads * stride_lh + split, lse, mask=row_ok)
+        tl.store(O_PART + q_rows[:, None] * stride_pn + heads[:, None] * stride_ph + split * stride_ps
+                 + offs_d[None, :], o, mask=row_ok[:, None])  # fmt: skip
     else:
         tl.store(OUT + out_rows[:, None] + offs_d[None, :] * stride_od, o.to(OUT.dtype.element_ty),
                  mask=row_ok[:, None])  # fmt: skip
@@ -210,16 +197,14 @@ def paged_tree_attention(
     out = torch.empty_like(q)
     fp32_dot = dot_in_fp32(_tree_attention_kernel, q.dtype)
     split = num_splits > 1
-    programs = b * n_kv * num_m_blocks
-    counters = None
     if split:
-        o_part, lse_part, counters = split_partials(b * t, n_heads, num_splits, head_dim, q.device, programs)
+        o_part = torch.empty(b * t, n_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
+        lse_part = torch.empty(b * t, n_heads, num_splits, device=q.device, dtype=torch.float32)
     else:
         o_part = lse_part = out  # unused by the kernel
     mask_u8 = tree_mask.view(torch.uint8)
-    _tree_attention_kernel[(programs, num_splits)](
+    _tree_attention_kernel[(b * n_kv * num_m_blocks, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mask_u8, out, o_part, lse_part,
-        seq_lens if counters is None else counters,
         t, w, n_kv, num_m_blocks, num_splits, scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
@@ -230,10 +215,10 @@ def paged_tree_attention(
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
         GROUP=group, BLOCK_M=block_m, HEAD_DIM=head_dim, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
-        MERGE=counters is not None, BLOCK_S=merge_block_s(block_m, num_splits, head_dim), DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot,
+        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot,
         num_warps=meta["num_warps"] if block_m * head_dim >= meta["block_m"] * 128 else 4,
         num_stages=meta["num_stages"],
     )  # fmt: skip
-    if split and counters is None:
+    if split:
         combine_splits(o_part, lse_part, out)
     return out
