@@ -10,12 +10,15 @@ the pytest-benchmark rounds are eager (launch + synchronize included: ~0.17 ms f
     pytest benchmarks/bench_attention.py --benchmark-only      # pytest-benchmark, CUDA only
     python benchmarks/bench_attention.py                       # markdown table for benchmarks/RESULTS.md
     python benchmarks/bench_attention.py --tune                # sweep the kernels' launch meta-parameters
+    python benchmarks/bench_attention.py --tune --decode 1x1024 16x4096 --best-out best.json   # decode only
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import itertools
+import json
 import subprocess
 import sys
 
@@ -136,7 +139,13 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention.py needs a CUDA device")
     if "--tune" in sys.argv:
-        return tune()
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--tune", action="store_true")
+        ap.add_argument("--decode", nargs="+", default=None, help="decode cases BATCHxCONTEXT only")
+        ap.add_argument("--best-out", default=None, help="write the best decode meta-parameters as JSON")
+        args = ap.parse_args()
+        cases = None if args.decode is None else [(*map(int, c.split("x")), 1) for c in args.decode]
+        return tune(cases, args.best_out)
     copy_gbs = copy_bandwidth_gbs()
     print(f"# bench_attention: {torch.cuda.get_device_name()}, {datetime.date.today()}, commit {_commit()}")
     print(f"# command: python benchmarks/bench_attention.py; Qwen2.5-7B attention, {DTYPE}, page {PAGE}")
@@ -161,14 +170,16 @@ def main() -> None:
         torch.cuda.empty_cache()
 
 
-def tune() -> None:
-    """Sweep DECODE_META / TREE_META on a few shapes; prints ms per config, best first."""
-    sweeps = [
-        (decode_attention.DECODE_META, [(1, 32768, 1), (8, 8192, 1), (64, 2048, 1)],
-         dict(block_n=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3], split_waves=[1, 2, 4])),
-        (tree_attention.TREE_META, [(1, 32768, 64), (4, 8192, 48), (64, 2048, 8)],
-         dict(block_m=[64, 128], block_n=[32, 64], num_warps=[4, 8], num_stages=[2, 3], split_waves=[1, 2])),
-    ]  # fmt: skip
+def tune(decode_cases: list[tuple[int, int, int]] | None = None, best_out: str | None = None) -> None:
+    """Sweep DECODE_META / TREE_META on a few shapes; prints ms per config, best first. With `decode_cases`
+    only decode is swept, on those (batch, context, 1) cases; `best_out` receives the best decode config."""
+    decode_grid = dict(block_n=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3], split_waves=[1, 2, 4])
+    sweeps = [(decode_attention.DECODE_META, decode_cases or [(1, 32768, 1), (8, 8192, 1), (64, 2048, 1)],
+               decode_grid)]  # fmt: skip
+    if decode_cases is None:
+        sweeps.append((tree_attention.TREE_META, [(1, 32768, 64), (4, 8192, 48), (64, 2048, 8)],
+                       dict(block_m=[64, 128], block_n=[32, 64], num_warps=[4, 8], num_stages=[2, 3],
+                            split_waves=[1, 2])))  # fmt: skip
     for table, cases, grid in sweeps:
         default = dict(table)
         made = [(c, make_case(*c)) for c in cases]
@@ -183,9 +194,13 @@ def tune() -> None:
             results.append((sum(times), times, dict(table)))
         table.clear()
         table.update(default)
+        results.sort(key=lambda r: r[0])
         print(f"\n# {[c for c, _ in made]} (ms each), default {default}")
-        for total, times, cfg in sorted(results, key=lambda r: r[0])[:8]:
+        for total, times, cfg in results[:8]:
             print(f"{total:.3f}  {[round(t, 3) for t in times]}  {cfg}")
+        if best_out and table is decode_attention.DECODE_META and results:
+            with open(best_out, "w") as f:
+                json.dump(results[0][2], f)
         del made
         torch.cuda.empty_cache()
 

@@ -218,11 +218,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skinny", action="store_true", help="one-row matmuls of large weights through the Triton kernel")
     ap.add_argument("--no-fused-rope", action="store_true", help="rotary and the KV write as separate kernels")
     ap.add_argument("--separate-merge", action="store_true", help="split-K partials merged by a second kernel")
+    ap.add_argument("--decode-meta", default=None, help="JSON file of decode attention meta-parameters to use")
     ap.add_argument("--profile", action="store_true", help="kernel time breakdown of the first decode shape")
     ap.add_argument("--label", default="", help="tag written into each row (variant under test)")
     args = ap.parse_args(argv)
     from tlt_rt.codegen.backend import select_backend
 
+    if args.decode_meta:  # e.g. the best of `bench_attention.py --tune --best-out`
+        from tlt_rt.codegen.kernels import decode_attention
+
+        with open(args.decode_meta) as f:
+            decode_attention.DECODE_META.update(json.load(f))
+        print(f"decode meta-parameters: {decode_attention.DECODE_META}")
     if args.separate_merge:
         from tlt_rt.codegen.kernels import decode_attention
 
