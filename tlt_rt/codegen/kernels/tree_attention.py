@@ -12,10 +12,9 @@ One program holds a tile of BLOCK_M rows of the flattened (token, head-in-group)
 all T tokens x group heads share every prefix K/V tile it reads (one M block whenever T * group <= 128).
 Split-K cuts the prefix into chunks of whole tiles sized on the device from the real prefix, as decode
 attention does; the last split that holds prefix positions (split 0 when there are none) also walks the W
-window positions under the mask. Partials are merged by a second kernel (`decode_attention.combine_splits`):
-merged inside the launch by the last program to finish, as decode attention does, the T x group rows of a
-tile made the merge one program's long serial read, and a verify step slower (H100, Qwen2.5-7B shape). The
-reference is
+window positions under the mask. Partials are merged by a second kernel (`decode_attention.combine_splits`).
+Decode attention merges inside its launch instead; here that made one program read the T x group rows of
+every split in turn, and a verify step slower (H100, Qwen2.5-7B shape). The reference is
 `tlt_rt.models.attention.paged_attention_reference` (mode "verify").
 """
 
@@ -141,15 +140,14 @@ def _tree_attention_kernel(
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
-    out_rows = q_rows * stride_on + heads * stride_oh
     if SPLIT:  # every split writes (an empty one lse = -inf): the combine kernel reads them all
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(LSE_PART + q_rows * stride_ln + heads * stride_lh + split, lse, mask=row_ok)
         tl.store(O_PART + q_rows[:, None] * stride_pn + heads[:, None] * stride_ph + split * stride_ps
                  + offs_d[None, :], o, mask=row_ok[:, None])  # fmt: skip
     else:
-        tl.store(OUT + out_rows[:, None] + offs_d[None, :] * stride_od, o.to(OUT.dtype.element_ty),
-                 mask=row_ok[:, None])  # fmt: skip
+        tl.store(OUT + q_rows[:, None] * stride_on + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+                 o.to(OUT.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
 
 
 def paged_tree_attention(
