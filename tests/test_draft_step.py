@@ -19,7 +19,6 @@ from tlt_rt.rollout.drafting import (
     TREE_FIELDS,
     DrafterRunner,
     DraftInputs,
-    DraftProgram,
     catch_up_block,
     draft_tree,
     grow_candidates,
@@ -140,33 +139,6 @@ def test_shallow_step_after_a_deep_one_runs_the_deepest_block_without_eager_catc
         assert torch.equal(getattr(new, name), getattr(ref, name)), name
 
 
-def test_graph_program_pads_the_batch_and_writes_nothing_for_padding():
-    """DraftProgram's fill / run / result, run eagerly: a batch of 3 in a bucket of 4 gives the tree of the
-    unpadded eager draft, and the padding sequence writes no cache row."""
-    target, drafter = _drafter()
-    cases = [(13, 12), (2, 0), (6, 2)]
-    (a_seqs, tables), (b_seqs, _) = _copies(target, cases)
-    eager_runner, graph_runner = _runner(drafter, a_seqs, tables), _runner(drafter, b_seqs, tables)
-    ins = eager_runner.inputs(a_seqs, tables, table_tensor(tables, "cpu"), STRATEGY)
-    with torch.no_grad():
-        want = draft_tree(drafter, eager_runner.cache, STRATEGY, BLOCK_SIZE, ins)
-    program = DraftProgram(graph_runner, width=PER_SEQ + 2)
-    key = DraftProgram.key(4, STRATEGY)
-    static = program.static_inputs(key)
-    # stale values in the padding row must not matter
-    static["tokens"].fill_(5)
-    static["hidden"].normal_()
-    program.fill(key, static, graph_runner.inputs(b_seqs, tables, table_tensor(tables, "cpu"), STRATEGY))
-    with torch.no_grad():
-        full = program.run(key, static)
-    got = program.result(key, full, ins)
-    assert full.tree_tokens.shape == (4, STRATEGY.verify_tokens)
-    for name in TREE_FIELDS:
-        assert torch.equal(getattr(got, name), getattr(want, name)), name
-    for new, old in ((graph_runner.cache.k, eager_runner.cache.k), (graph_runner.cache.v, eager_runner.cache.v)):
-        torch.testing.assert_close(new[:, :-1], old[:, :-1], atol=1e-6, rtol=1e-6)
-
-
 def test_engine_windows_are_the_last_target_hidden_rows():
     """The windows the SD step moves on, on the device, equal the target hidden rows the sequence keeps."""
     eng = make_engine("on", ("3_3_8", "4_2_6"))
@@ -227,9 +199,10 @@ def test_triton_draft_equals_torch_draft():
         assert torch.equal(getattr(trees[0], name), getattr(trees[1], name)), name
 
 
-def test_compiled_levels_trace_whole_and_grow_the_same_tree(monkeypatch):
-    """The captured draft graph runs the level bookkeeping through torch.compile (CUDA only); traced here with
-    the eager backend and fullgraph, so a graph break or a changed result shows on CPU too."""
+def test_compiled_rerank_traces_whole_and_builds_the_same_tree(monkeypatch):
+    """The captured step runs the rerank through torch.compile (CUDA only); traced here with the eager
+    backend and fullgraph, so a graph break or a changed result shows on CPU too. The levels run uncompiled
+    and grow the candidates of the eager path."""
     import tlt_rt.rollout.drafting as drafting
 
     def compile_eager(fn, compiled, device):

@@ -159,7 +159,7 @@ def check_engine(case: str, rank: int) -> None:
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15], [42]]
     kw = dict(speculative="off", block_size=4, max_batch=4, max_prefill_tokens=8)
     ref, eng = Engine(full, **kw), Engine(tp, **kw)
-    assert eng.runner.cache.k.shape[3] == a.num_key_value_heads // WORLD
+    assert eng.runner.target.cache.k.shape[3] == a.num_key_value_heads // WORLD
     for params in (
         SamplingParams(n=2, temperature=0.0, max_new_tokens=12, stop_token_ids=[]),
         SamplingParams(n=3, temperature=0.9, top_k=20, max_new_tokens=10, stop_token_ids=[], seed=5),

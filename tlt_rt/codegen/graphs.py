@@ -1,10 +1,8 @@
 """CUDA-graph pool: one captured program per static shape key, all sharing one memory pool.
 
-A key is (kind, batch bucket, tokens per sequence, ...); its kind names the `Program` that captures it.
-The paged forward (`PagedProgram`) serves "decode" ("decode", B, 1, 1) and "verify" ("verify", B, T, W):
-a target verify of T tree tokens is ("verify", B, T, T) and is shared by every strategy with the same
-verify_tokens. The engine adds a "draft" program (rollout/drafting.py): a whole drafter step per
-(bucket, strategy). Graphs are captured largest first so that smaller ones reuse the pool's blocks;
+A key is (kind, batch bucket, ...); its kind names the `Program` that captures it. The engine registers
+one kind, "step" (rollout/step_graph.py): a whole decode step, plain or speculative, per (bucket, option,
+acceptance mode). Graphs are captured largest batch first so that smaller ones reuse the pool's blocks;
 inputs live in static buffers that a replay fills (padding rows write nowhere), and prefill and anything
 larger than the biggest bucket run eagerly.
 
@@ -21,9 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from tlt_rt.models.attention import AttnMetadata
-
-Key = tuple  # (kind: str, batch: int, tokens: int, ...)
+Key = tuple  # (kind: str, batch: int, ...)
 
 
 class Program(Protocol):
@@ -70,9 +66,9 @@ class GraphPool:
         return other
 
     def capture(self, keys: list[Key]) -> None:
-        """Capture every key, largest batch x tokens first, into the shared pool."""
+        """Capture every key, largest batch first, into the shared pool."""
         before = self._reserved()
-        for key in sorted(keys, key=lambda k: (-k[1] * k[2], k)):
+        for key in sorted(keys, key=lambda k: (-k[1], k)):
             if key in self.graphs:
                 continue
             program = self.programs[key[0]]
@@ -109,64 +105,3 @@ class GraphPool:
         program.fill(key, cap.inputs, *args)
         cap.graph.replay()
         return program.result(key, cap.outputs, *args)
-
-
-class PagedProgram:
-    """A paged model forward, `forward(input_ids, positions, cache, meta) -> ModelOutput`, as a program for
-    keys ("decode" | "verify", B, T, W); replay arguments are (ids, positions, meta)."""
-
-    def __init__(self, forward, cache, max_blocks_per_seq: int, device: torch.device):
-        self.forward = forward
-        self.cache = cache
-        self.width = max_blocks_per_seq
-        self.device = device
-
-    def static_inputs(self, key: Key) -> dict[str, torch.Tensor]:
-        mode, b, t, w = key
-        dev = self.device
-        n = b * t
-        ins = {
-            "ids": torch.zeros(n, dtype=torch.long, device=dev),
-            "positions": torch.zeros(n, dtype=torch.long, device=dev),
-            "slots": torch.full((n,), -1, dtype=torch.long, device=dev),
-            "seq_lens": torch.full((b,), w, dtype=torch.int32, device=dev),
-            "tables": torch.zeros(b, self.width, dtype=torch.int32, device=dev),
-            "cu": torch.arange(0, n + 1, t, dtype=torch.int32, device=dev),
-            "mask": torch.zeros(b, t, w, dtype=torch.bool, device=dev),
-        }
-        # padding rows see only themselves
-        ins["mask"][:, torch.arange(t), w - t + torch.arange(t)] = True
-        return ins
-
-    def run(self, key: Key, ins: dict[str, torch.Tensor]):
-        mode, _, t, _ = key
-        meta = AttnMetadata(
-            mode, ins["cu"], ins["seq_lens"], ins["tables"], ins["slots"], t, ins["mask"] if mode == "verify" else None
-        )
-        out = self.forward(ins["ids"], ins["positions"], self.cache, meta)
-        return out.logits, out.hidden
-
-    def fill(self, key: Key, ins: dict[str, torch.Tensor], ids, positions, meta: AttnMetadata) -> None:
-        n, b = ids.shape[0], meta.seq_lens.shape[0]
-        ins["ids"][:n].copy_(ids)
-        ins["positions"][:n].copy_(positions)
-        ins["slots"][:n].copy_(meta.slot_mapping)
-        ins["slots"][n:].fill_(-1)
-        ins["seq_lens"][:b].copy_(meta.seq_lens)
-        ins["seq_lens"][b:].fill_(key[3])
-        fill_tables(ins["tables"], meta.block_tables)
-        if meta.tree_mask is not None:
-            ins["mask"][:b].copy_(meta.tree_mask)
-
-    def result(self, key: Key, outputs, ids, *_):
-        logits, hidden = outputs
-        n = ids.shape[0]
-        return logits[:n], hidden[:n]
-
-
-def fill_tables(static: torch.Tensor, tables: torch.Tensor) -> None:
-    """Copy block tables [b, w] into a static [B, W] buffer; the rest (padding rows, columns) reads block 0."""
-    b, w = tables.shape
-    static[:b, :w].copy_(tables)
-    static[:b, w:].zero_()
-    static[b:].zero_()

@@ -101,9 +101,17 @@ def _emit_accept(node, device):
         tree: DraftTree = v["tree"]
         b = tree.tree_tokens.shape[0]
         dev = tree.tree_tokens.device
-        temp = torch.full((b,), float(node["temperature"]), device=dev)
-        top_k = torch.full((b,), int(node["top_k"]), dtype=torch.int32, device=dev)
-        top_p = torch.full((b,), float(node["top_p"]), device=dev)
+        # per-row settings where the caller gives them (one captured step serves every temperature of
+        # its mode); the node's attributes otherwise
+        temp = v.get("temperature")
+        if temp is None:
+            temp = torch.full((b,), float(node["temperature"]), device=dev)
+        top_k = v.get("top_k")
+        if top_k is None:
+            top_k = torch.full((b,), int(node["top_k"]), dtype=torch.int32, device=dev)
+        top_p = v.get("top_p")
+        if top_p is None:
+            top_p = torch.full((b,), float(node["top_p"]), device=dev)
         uniforms = v.get("uniforms")
         if uniforms is None:  # greedy acceptance reads none
             uniforms = torch.zeros(b, depth + 1, 2, device=dev)

@@ -18,8 +18,7 @@ Drafter rows for accepted tokens are recomputed from the target's own hidden sta
 rather than committed from the draft, so the drafter always conditions on true features.
 
 `draft_tree` (block, depth-1 levels, reranking) reads only device tensors, never syncs with the host and
-has shapes fixed by (B, strategy), so the engine captures it as one CUDA graph per (batch bucket, strategy)
-(`DraftProgram`, in the target's graph pool); on CPU or with enforce_eager it runs as is.
+has shapes fixed by (B, strategy): it is the DRAFT node of the captured step (rollout/step_graph.py).
 """
 
 from __future__ import annotations
@@ -30,9 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tlt_rt.codegen.graphs import GraphPool, Key, fill_tables
-from tlt_rt.ir.strategy import Strategy, bucket_for
+from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
+from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import KVCache
 from tlt_rt.rollout.runner import Layout, build_meta, tree_meta
 from tlt_rt.rollout.sequence import Sequence, flush_hidden
@@ -73,54 +72,30 @@ def draft_candidates(
     return grow_candidates(drafter, cache, strategy, block_size, ins, root_logits, root_hidden, compiled)
 
 
-def _level_plan(tokens, scores, parents, topk: int, slot_of, prev_front, prev_hidden, d: int):
-    """Level d's inputs from the candidates so far: its frontier [B, K], the frontier's parent hidden rows
-    [B, K, H], its tree mask [B, K, dK] over the scratch window, its tokens [B, K] and the updated map from
-    flat candidate to scratch row [B, N]."""
-    cands = Candidates(tokens, scores, parents, topk)
-    k, b = topk, tokens.shape[0]
-    front = cands.frontier()  # [B, K]
-    if prev_front is None:
-        parent_hidden = prev_hidden
-    else:
-        parent = parents.gather(1, front)
-        which = (prev_front[:, None, :] == parent[:, :, None]).float().argmax(-1)  # [B, K]
-        parent_hidden = prev_hidden.gather(1, which[..., None].expand(-1, -1, prev_hidden.shape[-1]))
-    slot_of = slot_of.scatter(1, front, (d - 1) * k + torch.arange(k, device=front.device).expand(b, k))
-    anc = cands.ancestry(front)  # [B, K, levels]
-    anc_slot = torch.where(anc >= 0, slot_of.gather(1, anc.clamp(min=0).flatten(1)).view_as(anc), -1)
-    w = d * k
-    mask = torch.zeros(b, k, w + 1, dtype=torch.bool, device=front.device)
-    mask = mask.scatter(2, torch.where(anc_slot >= 0, anc_slot, w), True)[..., :w]
-    return front, parent_hidden, mask, tokens.gather(1, front), slot_of
+def _level_meta(ins: DraftInputs, strategy: Strategy, block_size: int, trash_slot: int):
+    """Every level's attention inputs at once, [D-1, ...] so that level d reads contiguous views: positions
+    [D-1, B, K] (rotary L+d-1), seq_lens [D-1, B] (L+dK), slots [D-1, B, K] (cache positions [L+(d-1)K, L+dK),
+    padding sequences to the trash slot), and cu [B*K+1]."""
+    k, levels = strategy.topk, strategy.depth - 1
+    b, dev = ins.tokens.shape[0], ins.tokens.device
+    cached = ins.prefix_lens.long()
+    d = torch.arange(1, levels + 1, device=dev)
+    positions = (cached[None, :] + (d - 1)[:, None])[..., None].expand(levels, b, k)
+    pos = cached[None, :, None] + ((d - 1) * k)[:, None, None] + torch.arange(k, device=dev)  # [D-1, B, K]
+    blocks = ins.tables.long()[None].expand(levels, -1, -1).gather(2, pos // block_size)
+    live = (ins.valid > 0)[None, :, None]
+    slots = torch.where(live, blocks * block_size + pos % block_size, trash_slot)
+    seq_lens = (cached[None, :] + (d * k)[:, None]).int()
+    cu = torch.arange(0, b * k + 1, k, dtype=torch.int32, device=dev)
+    return positions, seq_lens, slots, cu
 
 
-def _grow(tokens, scores, parents, topk: int, front, logits):
-    """Add a level from the drafter's logits [B*K, V] at the frontier: (tokens, scores, parents)."""
-    logp = torch.log_softmax(logits.float(), -1).view(front.shape[0], topk, -1)
-    grown = Candidates(tokens, scores, parents, topk).grow(front, logp)
-    return grown.tokens, grown.scores, grown.parents
-
-
-def _start(root_logits, topk: int):
-    c = Candidates.start(torch.log_softmax(root_logits.float(), -1), topk)
-    return c.tokens, c.scores, c.parents
-
-
-_compiled: dict[str, object] = {}
-
-
-def _maybe_compiled(fn, compiled: bool, device: torch.device):
-    """`fn` itself, or (on CUDA, for the captured draft graph) its torch.compile'd version: the tree
-    bookkeeping is dozens of tiny sorts, gathers and scatters a level, each a kernel launch unfused."""
-    if not compiled or device.type != "cuda":
-        return fn
-    if fn.__name__ not in _compiled:
-        # dynamo's default recompile limit (8 a function) stays: past it the remaining variants run eagerly
-        # (still captured in the graph). Raising it to 64 made capture and the first drafter evaluation
-        # compile for minutes cold, and a variant compiled mid-rollout synchronised the device (H200)
-        _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
-    return _compiled[fn.__name__]
+def _top_children(logits: Tensor, b: int, k: int) -> tuple[Tensor, Tensor]:
+    """The k most likely children of each of the B*K frontier rows: tokens [B, K, k], log-probs [B, K, k]
+    (top-k of the raw logits less their log-sum-exp: no [B*K, V] log-softmax is written)."""
+    vals, toks = torch.topk(logits, k, dim=-1, sorted=True)
+    lse = torch.logsumexp(logits.float(), -1, keepdim=True)
+    return toks.view(b, k, k), (vals.float() - lse).view(b, k, k)
 
 
 def grow_candidates(
@@ -133,30 +108,52 @@ def grow_candidates(
     root_hidden,
     compiled: bool = False,
 ) -> Candidates:
-    """The depth-1 drafter levels from the root rows' logits [B, V] and output hidden [B, H]."""
-    k, depth = strategy.topk, strategy.depth
+    """The depth-1 drafter levels from the root rows' logits [B, V] and output hidden [B, H].
+
+    Level d's frontier (the K best candidates of the level before, by cumulative log-prob, ties to the lower
+    index) runs as K drafter rows. Its tree mask [B, K, dK] is its parents' rows widened by its own slot,
+    and its input features are the drafter outputs of its parents: both are gathers by the parent's place in
+    the frontier, so no ancestry walk is needed. `compiled` is accepted for symmetry with `draft_tree`."""
+    k, levels = strategy.topk, strategy.depth - 1
     b, dev = ins.tokens.shape[0], ins.tokens.device
-    start, plan, grow = (_maybe_compiled(f, compiled, dev) for f in (_start, _level_plan, _grow))
-    cached = ins.prefix_lens.long()
-    live = (ins.valid > 0)[:, None].expand(b, k)  # padding sequences write nowhere
-    tokens, scores, parents = start(root_logits, k)
-    # flat candidate -> its row in the scratch window, sized for every candidate the step will have
-    slot_of = torch.full((b, strategy.num_candidates), -1, dtype=torch.long, device=dev)
-    prev_front, prev_hidden = None, root_hidden[:, None].expand(b, k, -1)
-    for d in range(1, depth):
-        front, parent_hidden, mask, level_tokens, slot_of = plan(
-            tokens, scores, parents, k, slot_of, prev_front, prev_hidden, d
-        )
-        # level d's k rows: rotary position L+d-1, cache positions [L+(d-1)k, L+dk)
-        meta = tree_meta(ins.tables, cached + d * k, k, mask, block_size, write=live)
-        positions = (cached + d - 1)[:, None].expand(b, k).reshape(-1)
-        out = drafter.forward_paged(level_tokens.reshape(-1), parent_hidden.reshape(b * k, -1), positions, cache, meta)
-        tokens, scores, parents = grow(tokens, scores, parents, k, front, out.logits)
-        prev_front, prev_hidden = front, out.hidden.view(b, k, -1)
-    return Candidates(tokens, scores, parents, k)
+    lp, toks = torch.topk(root_logits, k, dim=-1, sorted=True)  # level 0: the root's K best children
+    lp = lp.float() - torch.logsumexp(root_logits.float(), -1, keepdim=True)
+    tokens, scores = [toks], [lp]
+    parents = [torch.full_like(toks, -1)]
+    if levels == 0:
+        return Candidates(toks, lp, parents[0], k)
+    positions, seq_lens, slots, cu = _level_meta(ins, strategy, block_size, cache.num_blocks * cache.block_size - 1)
+    eye = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
+    front_flat = torch.arange(k, device=dev).expand(b, k)  # level 0 is sorted: its frontier is itself
+    front_tok, front_score, feats, mask = toks, lp, root_hidden[:, None].expand(b, k, -1), eye
+    start = 0  # flat index of the frontier's level
+    for d in range(1, levels + 1):
+        meta = AttnMetadata("verify", cu, seq_lens[d - 1], ins.tables, slots[d - 1].reshape(-1), k, mask,
+                            slots_resolved=True)  # fmt: skip
+        out = drafter.forward_paged(front_tok.reshape(-1), feats.reshape(b * k, -1), positions[d - 1].reshape(-1),
+                                    cache, meta)  # fmt: skip
+        child_tok, child_lp = _top_children(out.logits, b, k)  # [B, K, K]
+        level_tok = child_tok.reshape(b, k * k)
+        level_score = (front_score[:, :, None] + child_lp).reshape(b, k * k)
+        tokens.append(level_tok)
+        scores.append(level_score)
+        parents.append(front_flat[:, :, None].expand(b, k, k).reshape(b, k * k))
+        if d == levels:
+            break
+        # the next frontier: the level's K best (stable: ties to the lower index), and its parents' places
+        sel = torch.sort(level_score, dim=-1, descending=True, stable=True).indices[:, :k]
+        parent = sel // k  # [B, K] place of each new frontier node's parent in the current frontier
+        start = k if d == 1 else start + k * k
+        front_flat = start + sel
+        front_tok, front_score = level_tok.gather(1, sel), level_score.gather(1, sel)
+        feats = out.hidden.view(b, k, -1).gather(1, parent[..., None].expand(-1, -1, out.hidden.shape[-1]))
+        inherited = mask.gather(1, parent[..., None].expand(-1, -1, mask.shape[-1]))
+        mask = torch.cat([inherited, eye], 2)  # [B, K, (d+1)K]: ancestors' slots and its own
+    return Candidates(torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(parents, 1), k)
 
 
 TREE_FIELDS = [f.name for f in dataclasses.fields(DraftTree)]
+_compiled: dict[str, object] = {}
 
 
 def _tree_tensors(tokens, scores, parents, topk: int, root_tokens, prefix_lens, verify_tokens: int):
@@ -164,9 +161,20 @@ def _tree_tensors(tokens, scores, parents, topk: int, root_tokens, prefix_lens, 
     return tuple(getattr(tree, name) for name in TREE_FIELDS)
 
 
+def _maybe_compiled(fn, compiled: bool, device: torch.device):
+    """`fn` itself, or (on CUDA, inside the captured step) its torch.compile'd version."""
+    if not compiled or device.type != "cuda":
+        return fn
+    if fn.__name__ not in _compiled:
+        # dynamo's default recompile limit (8 a function) stays: past it the remaining variants run eagerly
+        # (still inside the captured step); raising it made capture compile for minutes cold
+        _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
+    return _compiled[fn.__name__]
+
+
 def fused_build_tree(cands: Candidates, root_tokens: Tensor, prefix_lens: Tensor, verify_tokens: int) -> DraftTree:
-    """`build_tree` through torch.compile on CUDA (see `_maybe_compiled`): its ~100 small sorts, gathers and
-    scatters become a handful of kernels inside the captured draft graph; the same tree (tested)."""
+    """`build_tree` through torch.compile on CUDA: its ~100 small sorts, gathers and scatters become a
+    handful of kernels inside the captured step; the same tree (tested)."""
     fn = _maybe_compiled(_tree_tensors, True, cands.tokens.device)
     return DraftTree(
         *fn(cands.tokens, cands.scores, cands.parents, cands.topk, root_tokens, prefix_lens, verify_tokens)
@@ -177,65 +185,10 @@ def draft_tree(
     drafter, cache: KVCache, strategy: Strategy, block_size: int, ins: DraftInputs, compiled: bool = False
 ) -> DraftTree:
     """The whole drafter step: catch-up block, depth-1 levels, rerank into the verify tree (`compiled`:
-    the rerank through `fused_build_tree`, as the captured draft graph runs it)."""
+    the rerank through `fused_build_tree`, as the captured step runs it)."""
     cands = draft_candidates(drafter, cache, strategy, block_size, ins, compiled)
     build = fused_build_tree if compiled else build_tree
     return build(cands, ins.tokens[:, -1], ins.prefix_lens, strategy.verify_tokens)
-
-
-class DraftProgram:
-    """`draft_tree` as a `codegen.graphs.Program` for keys ("draft", B, verify_tokens, depth, topk).
-
-    Its outputs are read after the verify graph of the same pool replays, so they are copied into buffers
-    allocated outside the pool; padding sequences (valid 0) write only to the trash slot."""
-
-    def __init__(self, runner: DrafterRunner, width: int):
-        self.runner = runner
-        self.width = width
-
-    @staticmethod
-    def key(batch: int, strategy: Strategy) -> Key:
-        return ("draft", batch, strategy.verify_tokens, strategy.depth, strategy.topk)
-
-    def static_inputs(self, key: Key) -> dict[str, Tensor]:
-        _, b, t, depth, k = key
-        w = self.runner.drafter.fc.weight
-        dev, r, long = w.device, self.runner.block_rows(Strategy(depth, k, t)), torch.long
-        ins = {
-            "tokens": torch.zeros(b, r, dtype=long, device=dev),
-            "hidden": torch.zeros(b, r, w.shape[0], dtype=w.dtype, device=dev),
-            "valid": torch.zeros(b, dtype=long, device=dev),
-            "prefix_lens": torch.zeros(b, dtype=long, device=dev),
-            "tables": torch.zeros(b, self.width, dtype=torch.int32, device=dev),
-        }
-        out_shapes = {"tree_mask": (b, t, t), "paths": (b, t, depth + 1), "children": (b, t, k)}
-        for name in TREE_FIELDS:
-            dtype = torch.bool if name == "tree_mask" else long
-            ins["out." + name] = torch.zeros(out_shapes.get(name, (b, t)), dtype=dtype, device=dev)
-        return ins
-
-    def run(self, key: Key, ins: dict[str, Tensor]) -> DraftTree:
-        _, _, t, depth, k = key
-        r = self.runner
-        args = DraftInputs(ins["tokens"], ins["hidden"], ins["valid"], ins["prefix_lens"], ins["tables"])
-        tree = draft_tree(r.drafter, r.cache, Strategy(depth, k, t), r.block_size, args, compiled=True)
-        for name in TREE_FIELDS:
-            ins["out." + name].copy_(getattr(tree, name))
-        return DraftTree(**{name: ins["out." + name] for name in TREE_FIELDS})
-
-    def fill(self, key: Key, ins: dict[str, Tensor], d: DraftInputs) -> None:
-        b = d.tokens.shape[0]
-        ins["tokens"][:b].copy_(d.tokens)
-        ins["hidden"][:b].copy_(d.hidden)
-        ins["valid"][:b].copy_(d.valid)
-        ins["valid"][b:].zero_()
-        ins["prefix_lens"][:b].copy_(d.prefix_lens)
-        ins["prefix_lens"][b:].zero_()
-        fill_tables(ins["tables"], d.tables)
-
-    def result(self, key: Key, tree: DraftTree, d: DraftInputs) -> DraftTree:
-        b = d.tokens.shape[0]
-        return DraftTree(**{name: getattr(tree, name)[:b] for name in TREE_FIELDS})
 
 
 class DrafterRunner:
@@ -251,24 +204,11 @@ class DrafterRunner:
         self.cache: KVCache = drafter.make_cache(num_blocks + 1, block_size)  # + the trash block
         self.device = drafter.fc.weight.device
         self.window_rows = window_rows
-        self.pool: GraphPool | None = None
-        self.buckets: list[int] = []
-        self.width = 0
         self._recent: tuple[tuple[int, ...], Tensor] | None = None  # (sequence ids, their windows) of the last step
-
-    def use_graphs(self, pool: GraphPool, buckets: list[int], width: int) -> None:
-        """Capture and replay draft steps in `pool` for batches up to buckets[-1] and tables up to `width`."""
-        self.pool, self.buckets, self.width = pool, buckets, width
-        pool.register(("draft",), DraftProgram(self, width))
 
     def block_rows(self, strategy: Strategy) -> int:
         """Rows of the catch-up block a step of `strategy` runs: the deepest strategy's depth + 1 (window_rows)."""
         return max(strategy.depth + 1, self.window_rows)
-
-    def graph_key(self, batch: int, strategy: Strategy, table_width: int) -> Key | None:
-        if self.pool is None or batch > self.buckets[-1] or table_width > self.width:
-            return None
-        return DraftProgram.key(bucket_for(batch, self.buckets), strategy)
 
     @torch.no_grad()
     def catch_up(self, seqs: list[Sequence], tables: list[list[int]], ends: list[int] | None = None):
@@ -325,16 +265,6 @@ class DrafterRunner:
         for i, (s, end) in enumerate(zip(seqs, ends, strict=True)):
             s.window, s.window_end = windows[i], end
         self._recent = (tuple(s.seq_id for s in seqs), windows)
-
-    @torch.no_grad()
-    def draft_tree(self, strategy: Strategy, ins: DraftInputs) -> DraftTree:
-        """Replay the (bucket, strategy) graph when there is one, else run eagerly."""
-        key = self.graph_key(ins.tokens.shape[0], strategy, ins.tables.shape[1])
-        if key is None:
-            return draft_tree(self.drafter, self.cache, strategy, self.block_size, ins)
-        if not self.pool.has(key):
-            self.pool.capture([key])
-        return self.pool.replay(key, ins)
 
     @torch.no_grad()
     def draft(

@@ -13,6 +13,7 @@ never been preempted; sampled speculation stays exactly distributed but may take
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
@@ -20,20 +21,21 @@ from collections import Counter
 
 import torch
 
-from tlt_rt.codegen.lower import lower
-from tlt_rt.ir.strategy import Bucket, Strategy, batch_buckets, bucket_for
+from tlt_rt.codegen.backend import select_backend
+from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for
+from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM, fuse_projections, set_glue
-from tlt_rt.rollout import steps
+from tlt_rt.rollout import prepare
 from tlt_rt.rollout.block_manager import BlockManager
-from tlt_rt.rollout.costs import CostTable
-from tlt_rt.rollout.drafting import DrafterRunner, DraftProgram
+from tlt_rt.rollout.model_runner import ModelRunner
 from tlt_rt.rollout.params import Completion, SamplingParams
 from tlt_rt.rollout.policy import SDPolicy
+from tlt_rt.rollout.prefill import prefill
+from tlt_rt.rollout.profiling import load_costs
 from tlt_rt.rollout.rng import sequence_seed
-from tlt_rt.rollout.runner import Sampler, TargetRunner
 from tlt_rt.rollout.scheduler import Scheduler
 from tlt_rt.rollout.sequence import PrefillJob, Sequence, flush_hidden
-from tlt_rt.rollout.speculative import scratch_tokens, step_program
+from tlt_rt.rollout.speculative import scratch_tokens
 
 log = logging.getLogger(__name__)
 DEFAULT_STRATEGIES = ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")
@@ -80,41 +82,42 @@ class Engine:
         self.strategies = [s if isinstance(s, Strategy) else Strategy.parse(s) for s in strategies]
         if not self.strategies and speculative != "off":
             raise ValueError("speculative decoding needs at least one strategy")
-        from tlt_rt.codegen.backend import select_backend
-
+        # the engine chooses the kernels of the model it is given: attention backend, compiled glue, fused
+        # projections (the learner sharing the model computes the same function through them)
         target.attn_backend = select_backend(self.device, attn_backend)
-        self._glue = target.compile_glue() if self.device.type == "cuda" and not enforce_eager else None
+        self.glue = target.compile_glue() if self.device.type == "cuda" and not enforce_eager else None
         target.fuse_projections()
         if num_blocks <= 0:
-            num_blocks = self._auto_blocks()
+            num_blocks = auto_num_blocks(target, block_size)
         self.blocks = BlockManager(num_blocks, block_size)
         self.buckets = batch_buckets(max_batch)
         self.enforce_eager = enforce_eager
-        graph_buckets = None if enforce_eager else self.buckets
         self.speculative = speculative
         self.max_blocks_per_seq = -(-(self.max_context + self._max_scratch_for(speculative)) // block_size) + 1
-        self.runner = TargetRunner(target, num_blocks, block_size, graph_buckets, self.max_blocks_per_seq)
-        self.drafter_runner: DrafterRunner | None = None
+        rows = 0
         if speculative != "off":
             if drafter is None:
-                from tlt_rt.models.drafter import Drafter
-
                 warnings.warn(
                     "no drafter given: using a freshly initialised one (accept lengths will be low)", stacklevel=2
                 )
                 drafter = Drafter(target.arch, target).to(self.device, target.lm_head.weight.dtype).eval()
             drafter.attn_backend = target.attn_backend
             fuse_projections(drafter)
-            if self._glue is not None:
-                set_glue(drafter, self._glue)
+            if self.glue is not None:
+                set_glue(drafter, self.glue)
             rows = max(s.depth for s in self.strategies) + 1  # the deepest strategy's catch-up block
-            self.drafter_runner = DrafterRunner(drafter, num_blocks, block_size, window_rows=rows)
-            if self.runner.run.pool is not None:  # whole draft steps share the target's graph pool
-                self.drafter_runner.use_graphs(self.runner.run.pool, self.buckets, self.max_blocks_per_seq)
+        else:
+            drafter = None
+        self.runner = ModelRunner(
+            target, drafter, num_blocks, block_size, self.max_blocks_per_seq,
+            None if enforce_eager else self.buckets, window_rows=rows,
+        )  # fmt: skip
+        # its own stream: a drafter trainer on another stream neither waits for a step nor enters its timing
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.policy = SDPolicy(
             self.strategies,
             self.buckets,
-            self._load_costs(),
+            load_costs(self),
             mode=speculative,
             epsilon=epsilon,
             hysteresis=hysteresis,
@@ -127,7 +130,11 @@ class Engine:
         self._next_id = 0
         self._gen_time = 0.0
         self._t_start = time.perf_counter()
-        self._lowered: dict = {}
+
+    @property
+    def drafter_runner(self):
+        """The drafter's runner (its model and paged cache), None with speculation off."""
+        return self.runner.drafter
 
     # ------------------------------------------------------------------------------------------ set-up
     @classmethod
@@ -151,21 +158,6 @@ class Engine:
             drafter = load_eagle(drafter_path, target)
         return cls(target, drafter=drafter, speculative=speculative, **options)
 
-    def _load_costs(self) -> CostTable:
-        """The cost table `tlt_rt.compile` measured for this model, dtype and device, else an empty one."""
-        from tlt_rt.compile import cost_path, engine_cost_key
-
-        key = engine_cost_key(self)
-        path = cost_path(key)
-        table = CostTable.load(path, key) if path.is_file() else None
-        if table is None:
-            return CostTable(key)
-        log.info("loaded step costs from %s", path)
-        return table
-
-    def _auto_blocks(self) -> int:
-        return auto_num_blocks(self.target, self.block_size)
-
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id
@@ -186,7 +178,7 @@ class Engine:
             raise ValueError(f"the KV cache ({self.blocks.num_blocks} blocks) cannot hold one prompt ({need} blocks)")
 
     def _max_scratch(self) -> int:
-        return self._max_scratch_for("off" if self.drafter_runner is None else self.speculative)
+        return self._max_scratch_for("off" if self.runner.drafter is None else self.speculative)
 
     def _max_scratch_for(self, speculative: str) -> int:
         if speculative == "off":
@@ -200,9 +192,8 @@ class Engine:
         prompts = [[int(t) for t in p] for p in prompts]
         self._validate(prompts, params)
         stop = set(params.stop_token_ids if params.stop_token_ids is not None else self.target.arch.eos_token_ids)
-        sampler = Sampler(params, self.device)
-        keep_hidden = params.return_hidden or self.drafter_runner is not None
-        sched = Scheduler(self.blocks, self.max_batch, self.max_prefill_tokens, self._stats)
+        keep_hidden = params.return_hidden or self.runner.drafter is not None
+        sched = Scheduler(self.blocks, self.max_batch, self.max_prefill_tokens, self._stats, stop, self.max_context)
         seen: Counter = Counter()
         for i, p in enumerate(prompts):
             occurrence = seen[tuple(p)]
@@ -215,19 +206,75 @@ class Engine:
             for k in range(0, len(group), self.max_batch):
                 sched.waiting.append(PrefillJob(self._new_id(), list(p), group=group[k : k + self.max_batch]))
         self._t_start = t_start = time.perf_counter()
-        while sched.busy:
-            jobs = sched.admit()
-            if jobs:
-                steps.prefill(self, jobs, sched, sampler, stop, keep_hidden)
-                continue
-            if not sched.running:
-                raise RuntimeError("no sequence can run: the KV cache is too small for the waiting work")
-            steps.decode_or_speculate(self, sched, sampler, stop, keep_hidden)
+        with self.on_stream():
+            while sched.busy:  # schedule -> run -> postprocess
+                jobs = sched.admit()
+                if jobs:
+                    t0 = time.perf_counter()
+                    n = prefill(self.runner, sched, jobs, params, keep_hidden)
+                    self._record("prefill", None, len(jobs), n, t0, len(sched.running))
+                elif sched.running:
+                    self._decode_step(sched, params, keep_hidden)
+                else:
+                    raise RuntimeError("no sequence can run: the KV cache is too small for the waiting work")
+            if params.return_hidden:
+                flush_hidden(sched.done)
         self._gen_time += time.perf_counter() - t_start
         sched.done.sort(key=lambda s: (s.prompt_index, s.sample_index))
-        if params.return_hidden:
-            flush_hidden(sched.done)
         return [self._completion(s, params) for s in sched.done]
+
+    def _decode_step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool) -> None:
+        """One plain or speculative step of every running sample, as the SD policy decides."""
+        strategy, behind = None, 0
+        if self.runner.drafter is not None:
+            if self.speculative == "auto":  # drafter rows the next SD step would catch up eagerly first
+                rows = self.runner.drafter.window_rows
+                behind = sum(max(0, s.num_cached - s.draft_cached - rows) for s in sched.running)
+            strategy = self.policy.decide(len(sched.running), behind)
+        sched.reserve(1 if strategy is None else scratch_tokens(strategy))
+        if not sched.running:
+            return
+        seqs = list(sched.running)
+        tables = [self.blocks.block_table(s.seq_id) for s in seqs]
+        t0 = time.perf_counter()
+        out = self.runner.step(seqs, tables, strategy, params, keep_hidden)
+        emitted = sched.postprocess(seqs, out)
+        dt = time.perf_counter() - t0
+        b = len(seqs)
+        self.policy.observe(b, strategy, dt, emitted / b, behind if strategy is not None else 0)
+        self._stats["steps"] += 1
+        if strategy is not None:
+            self._stats["sd_steps"] += 1
+            self._strategy_use[str(strategy)] += 1
+            for a in out.accept_len:
+                self._accept_hist[a + 1] += 1
+        self._record("sd" if strategy else "decode", strategy, b, emitted, t0, len(sched.running), dt)
+
+    def _record(self, kind, strategy, batch, tokens, t0, running, seconds=None) -> None:
+        self.timeline.append(
+            {
+                "kind": kind,
+                "strategy": str(strategy) if strategy else None,
+                "batch": batch,
+                "tokens": tokens,
+                "start": t0 - self._t_start,
+                "seconds": time.perf_counter() - t0 if seconds is None else seconds,
+                "running": running,
+            }
+        )
+
+    @contextlib.contextmanager
+    def on_stream(self):
+        """Run the enclosed work on the engine's own CUDA stream, ordered after the caller's stream (weights
+        it updated) and before what the caller queues next (results it reads)."""
+        if self.stream is None:
+            yield
+            return
+        caller = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(caller)
+        with torch.cuda.stream(self.stream):
+            yield
+        caller.wait_stream(self.stream)
 
     def _completion(self, s: Sequence, params: SamplingParams) -> Completion:
         hidden = None
@@ -259,57 +306,35 @@ class Engine:
             "mean_accept_length": (sum(k * v for k, v in hist.items()) / n_sd) if n_sd else None,
             "strategy_use": dict(self._strategy_use),
             "tokens_per_second": self._stats["generated_tokens"] / self._gen_time if self._gen_time else 0.0,
-            "kv_cache_bytes": self.runner.cache.nbytes(),
+            "kv_cache_bytes": self.runner.target.cache.nbytes(),
             "graph_memory": self.graph_memory(),
             "policy": self.policy.stats(),
         }
 
-    def _lowered_step(self, batch: int, strategy: Strategy, params: SamplingParams):
-        """The StepProgram of `strategy` lowered for this batch's bucket, built once per (bucket, params)."""
-        bucket = self.bucket(batch) if batch <= self.buckets[-1] else batch
-        key = (bucket, str(strategy), params.temperature, params.top_k, params.top_p)
-        if key not in self._lowered:
-            a = self.target.arch
-            b = Bucket(bucket, strategy, self.max_blocks_per_seq, self.block_size, a.vocab_size, a.hidden_size)
-            self._lowered[key] = lower(step_program(strategy, params), b, self.device)
-        return self._lowered[key]
+    def graph_keys(self, batch_sizes: list[int] | None = None, modes=("greedy", "sampled")) -> list:
+        """Keys of the captured steps: one per (bucket, option, acceptance mode), where an option is plain
+        decoding or a strategy and a mode greedy, sampled or filtered (rollout/step_graph.py)."""
+        return self.runner.graph_keys(batch_sizes or self.buckets, self.strategies, modes)
 
-    def graph_keys(self, batch_sizes: list[int] | None = None) -> tuple[list, list]:
-        """Keys of the target forward graphs and of the draft-step graphs for every (bucket, option). Verify
-        graphs are keyed by verify_tokens alone, so strategies that share it share the graph; a draft graph
-        (catch-up, levels, reranking) is one per (bucket, strategy)."""
-        target, draft = [], []
-        for b in batch_sizes or self.buckets:
-            target.append(("decode", b, 1, 1))
-            if self.drafter_runner is None:
-                continue
-            for s in self.strategies:
-                target.append(("verify", b, s.verify_tokens, s.verify_tokens))
-                draft.append(DraftProgram.key(b, s))
-        return sorted(set(target)), sorted(set(draft))
-
-    def capture(self, batch_sizes: list[int] | None = None, profile: bool = True) -> dict:
-        """Capture every graph ahead of generation, largest first, into the one shared pool; profile missing
-        step costs and compile first-use kernels (`rollout.prepare.capture`)."""
-        from tlt_rt.rollout.prepare import capture
-
-        return capture(self, batch_sizes, profile)
+    def capture(self, batch_sizes: list[int] | None = None, profile: bool = True, modes=("greedy", "sampled")) -> dict:
+        """Capture every step ahead of generation, largest first, into the one shared pool; profile missing
+        step costs (`rollout.prepare.capture`)."""
+        with self.on_stream():
+            return prepare.capture(self, batch_sizes, profile, modes)
 
     def warm_up(self) -> None:
-        """Compile what a first speculative step would compile (`rollout.prepare.warm_up`)."""
-        from tlt_rt.rollout.prepare import warm_up
-
-        warm_up(self)
+        """Compile what a first step would compile mid-rollout (`rollout.prepare.warm_up`)."""
+        with self.on_stream():
+            prepare.warm_up(self)
 
     def profile_costs(self, save: bool = False, iters: int = 5) -> None:
         """Time every (bucket, option) step into the policy's cost table (`rollout.prepare.profile_costs`)."""
-        from tlt_rt.rollout.prepare import profile_costs
-
-        profile_costs(self, save, iters)
+        with self.on_stream():
+            prepare.profile_costs(self, save, iters)
 
     def graph_memory(self) -> dict:
-        """Captured graphs (target forwards and draft steps) and the bytes their shared pool holds."""
-        pool = self.runner.run.pool
+        """Captured steps and the bytes their shared pool holds."""
+        pool = self.runner.pool
         if pool is None:
             return {"graphs": 0, "pool_bytes": 0}
         return {"graphs": len(pool.graphs), "pool_bytes": pool.pool_bytes}

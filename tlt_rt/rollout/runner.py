@@ -1,9 +1,8 @@
-"""How one engine step runs on the device: batch layout, attention metadata, forwards and sampling.
+"""The target side of a step: batch layout, attention metadata, the eager forward and the first-token draw.
 
-The scheduler (engine.py) decides what runs; this module turns its choice into tensors. Sampling uses the
-same filtered distribution and inverse-CDF rule as tree acceptance (`codegen/kernels/accept.py`), with
-uniforms from each sequence's own counter-based stream, so plain and speculative steps draw identically
-distributed tokens.
+The scheduler decides what runs; this module turns its choice into tensors. Every token is drawn by the
+tree-acceptance rule (`codegen/kernels/accept.py`): a plain step and the first token after a prefill are an
+acceptance of depth 0, with uniforms from each sequence's own counter-based stream.
 """
 
 from __future__ import annotations
@@ -13,10 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tlt_rt.codegen.kernels.sampling import filtered_probs
-from tlt_rt.ir.strategy import bucket_for
+from tlt_rt.codegen.kernels.accept import accept_tree
 from tlt_rt.models.attention import AttnMetadata
-from tlt_rt.models.llama import CausalLM, KVCache, ModelOutput
+from tlt_rt.models.llama import CausalLM, KVCache
 from tlt_rt.rollout.params import SamplingParams
 from tlt_rt.rollout.rng import host_uniforms
 
@@ -81,103 +79,42 @@ def tree_meta(
     return AttnMetadata("verify", cu, seq_lens.int(), tables, slots.flatten(), q_len, tree_mask)
 
 
-class Sampler:
-    """Draws one token per row from the target's filtered distribution, or the argmax when greedy."""
-
-    def __init__(self, params: SamplingParams, device):
-        self.params = params
-        self.device = device
-
-    def row_params(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        p = self.params
-        return (
-            torch.full((b,), float(p.temperature), device=self.device),
-            torch.full((b,), int(p.top_k), dtype=torch.int32, device=self.device),
-            torch.full((b,), float(p.top_p), device=self.device),
-        )
-
-    def log_dist(self, logits: torch.Tensor) -> torch.Tensor:
-        """[B, V] log of the filtered distribution (log_softmax of raw logits when greedy)."""
-        if self.params.greedy or not self.params.filtering:
-            scale = 1.0 if self.params.greedy else 1.0 / self.params.temperature
-            return torch.log_softmax(logits.float() * scale, dim=-1)
-        t, k, p = self.row_params(logits.shape[0])
-        return filtered_probs(logits[:, None], t, k, p)[:, 0].log()
-
-    def sample(self, logits: torch.Tensor, seeds: list[int], counters: list[int]):
-        """logits [B, V] -> (tokens [B], logprobs [B]). Inverse CDF over token ids with one uniform, drawn
-        from each sequence's (seed, counter) stream on the host."""
-        logp = self.log_dist(logits)
-        if self.params.greedy:
-            tok = logits.argmax(-1)
-        else:
-            probs = logp.exp()
-            cdf = probs.cumsum(-1)
-            u = torch.from_numpy(host_uniforms(seeds, counters, 2)[:, 1:2]).to(cdf.device) * cdf[:, -1:]
-            tok = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(logits.shape[-1] - 1)
-            # a boundary landing on a zero-probability token moves to the previous kept one
-            tok = torch.where(probs.gather(1, tok[:, None]).squeeze(1) > 0, tok, logp.argmax(-1))
-        return tok, logp.gather(1, tok[:, None]).squeeze(1)
-
-
-class PagedForward:
-    """A paged forward that replays a captured CUDA graph for decode/verify shapes and runs eagerly otherwise.
-
-    fn(ids, positions, cache, meta, logits_rows) -> ModelOutput. Graphs are captured lazily on first use of a
-    shape (or all at once through `Engine.capture`) into its `GraphPool`, which the engine shares with the
-    draft-step graphs.
-    """
-
-    def __init__(self, fn, cache: KVCache, device, buckets: list[int] | None, max_blocks: int):
-        self.fn = fn
-        self.cache = cache
-        self.buckets = buckets or []
-        self.width = max_blocks
-        self.pool = None
-        if self.buckets and torch.device(device).type == "cuda":
-            from tlt_rt.codegen.graphs import GraphPool, PagedProgram
-
-            program = PagedProgram(lambda i, p, c, m: fn(i, p, c, m, None), cache, max_blocks, torch.device(device))
-            self.pool = GraphPool(torch.device(device))
-            self.pool.register(("decode", "verify"), program)
-
-    def key(self, meta: AttnMetadata):
-        b = meta.num_seqs
-        if self.pool is None or meta.mode == "prefill" or b > self.buckets[-1]:
-            return None
-        if meta.block_tables.shape[1] > self.width:
-            return None
-        return (meta.mode, bucket_for(b, self.buckets), meta.max_q_len, meta.window)
-
-    def __call__(self, ids, positions, meta: AttnMetadata, logits_rows=None) -> ModelOutput:
-        key = None if logits_rows is not None else self.key(meta)
-        if key is None:
-            return self.fn(ids, positions, self.cache, meta, logits_rows)
-        if not self.pool.has(key):
-            self.pool.capture([key])
-        logits, hidden = self.pool.replay(key, ids, positions, meta)
-        return ModelOutput(logits, hidden)
+def draw(logits: torch.Tensor, params: SamplingParams, seeds: list[int], counters: list[int]):
+    """logits [B, V] -> (tokens [B], logprobs [B]) on the device: an acceptance of depth 0 (the bonus alone),
+    the rule and kernel every speculative and plain step draws with, from each sequence's (seed, counter)
+    stream. Used for the first token of each sample after its prompt's prefill."""
+    b, dev = logits.shape[0], logits.device
+    u = torch.from_numpy(host_uniforms(seeds, counters, 2)).to(dev).view(b, 1, 2)
+    tokens = torch.zeros(b, 1, dtype=torch.long, device=dev)
+    parents = torch.full((b, 1), -1, dtype=torch.long, device=dev)
+    temp = torch.full((b,), float(params.temperature), device=dev)
+    top_k = torch.full((b,), int(params.top_k), dtype=torch.int32, device=dev)
+    top_p = torch.full((b,), float(params.top_p), device=dev)
+    out = accept_tree(logits[:, None], tokens, parents, temp, top_k, top_p, u, 0, all_greedy=params.greedy,
+                      filtering=params.filtering, backend="triton" if dev.type == "cuda" else "torch")  # fmt: skip
+    return out.bonus, out.logprobs[:, 0]
 
 
 class TargetRunner:
-    """Owns the target model, its paged cache and the forwards the engine needs."""
+    """Owns the target model, its paged cache and its eager forward."""
 
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, buckets=None, max_blocks: int = 0):
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int):
         self.model = model
         self.device = model.lm_head.weight.device
         self.block_size = block_size
         self.cache: KVCache = model.make_cache(num_blocks + 1, block_size)  # + the trash block
-        self.run = PagedForward(
-            lambda i, p, c, m, rows: model.forward_paged(i, p, c, m, logits_indices=rows),
-            self.cache, self.device, buckets, max_blocks,
-        )  # fmt: skip
 
     @torch.no_grad()
     def forward(self, tokens: list[int], layout: Layout, mode: str, logits_rows=None, tree_mask=None):
         meta, positions = build_meta(layout, mode, self.block_size, self.device, tree_mask)
         ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
         rows = None if logits_rows is None else torch.tensor(logits_rows, dtype=torch.long).to(self.device)
-        return self.run(ids, positions, meta, logits_rows=rows)
+        return self.model.forward_paged(ids, positions, self.cache, meta, logits_indices=rows)
+
+    def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Flat cache slots [B] of one cache position per sequence; tables [B, W] int32, positions [B]."""
+        bs = self.block_size
+        return tables.long().gather(1, (positions // bs)[:, None]).squeeze(1) * bs + positions % bs
 
     def copy_blocks(self, copies: list[tuple[int, int]], caches: list[KVCache]) -> None:
         """Apply copy-on-fork block copies to every cache that shares the block tables."""

@@ -1,9 +1,11 @@
-"""What runs next: prefill chunks first (first come, first served), then every running sample.
+"""What runs next, and what a step's results mean for the requests.
 
 One Scheduler lives for one `Engine.generate` call. It owns the queues and the block bookkeeping of
-admission, completion and preemption; the engine turns its choices into forwards. When blocks run out the
-youngest running sample is preempted: its blocks are freed and it waits at the front of the queue to be
-recomputed from its tokens.
+admission, completion and preemption, and postprocesses every step: it appends the emitted tokens, applies
+stop tokens and length limits, finishes samples and frees their blocks. Prefill chunks go first (first
+come, first served), then every running sample steps together. When blocks run out the youngest running
+sample is preempted: its blocks are freed and it waits at the front of the queue to be recomputed from its
+tokens.
 """
 
 from __future__ import annotations
@@ -15,8 +17,18 @@ from tlt_rt.rollout.sequence import PrefillJob, Sequence
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_batch: int, max_prefill_tokens: int, stats: Counter):
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_batch: int,
+        max_prefill_tokens: int,
+        stats: Counter,
+        stop: set[int] = frozenset(),
+        max_context: int = 1 << 62,
+    ):
         self.blocks = blocks
+        self.stop = stop
+        self.max_context = max_context
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
         self.stats = stats
@@ -82,3 +94,39 @@ class Scheduler:
                 i += 1
             else:
                 self.preempt_youngest()
+
+    # ---- postprocessing ------------------------------------------------------------------------------------
+    def emit(self, seq: Sequence, toks: list[int], lps: list[float]) -> int:
+        """Append tokens until a stop token or a limit; returns how many were kept."""
+        kept = 0
+        for t, lp in zip(toks, lps, strict=False):
+            seq.output.append(t)
+            seq.logprobs.append(lp)
+            kept += 1
+            if t in self.stop:
+                seq.finish_reason = "stop"
+            elif len(seq.output) >= seq.max_new_tokens or seq.length >= self.max_context:
+                seq.finish_reason = "length"
+            if seq.finished:
+                self.finish(seq)
+                break
+        self.stats["generated_tokens"] += kept
+        return kept
+
+    def postprocess(self, seqs: list[Sequence], out) -> int:
+        """Apply one decode step's `StepOut` (rollout/model_runner.py) to its sequences; returns the tokens
+        kept. Each sample's root and accepted tokens enter its cache, their hidden rows its history."""
+        emitted = 0
+        roots = None if out.hidden is None else out.hidden[:, 0]  # one view: pending rows are grouped by it
+        for i, seq in enumerate(seqs):
+            seq.counter += 1
+            cached = seq.num_cached
+            kept = self.emit(seq, out.tokens[i], out.logprobs[i])
+            if out.hidden is not None:
+                if kept == 1:  # one row: a reference, copied out with the others when next read
+                    seq.add_hidden_row(roots, i)
+                else:
+                    seq.add_hidden(out.hidden[i, :kept])
+            seq.num_cached = cached + kept
+            emitted += kept
+        return emitted

@@ -1,0 +1,166 @@
+"""How a step runs: the model runner owns the target and drafter runners, the CUDA-graph pool and the
+captured steps. It offers two calls:
+
+    out = runner.prefill(tokens, layout, logits_rows)       # eager chunked prefill -> ModelOutput
+    res = runner.step(seqs, tables, strategy, params)       # one plain (strategy None) or SD step -> StepOut
+
+A step is one captured graph per (batch bucket, option, acceptance mode) (rollout/step_graph.py), so the
+device runs it without the host in between, and its results reach the host in one copy that waits for
+the runner's own stream only. What the step means for the requests (append tokens, stops, finishes,
+blocks) is the scheduler's business (`Scheduler.postprocess`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tlt_rt.codegen.graphs import GraphPool, Key
+from tlt_rt.ir.strategy import Strategy, bucket_for
+from tlt_rt.models.llama import CausalLM, ModelOutput
+from tlt_rt.rollout.costs import option_name
+from tlt_rt.rollout.drafting import DrafterRunner
+from tlt_rt.rollout.params import SamplingParams
+from tlt_rt.rollout.rng import host_uniforms
+from tlt_rt.rollout.runner import Layout, TargetRunner
+from tlt_rt.rollout.sequence import Sequence
+from tlt_rt.rollout.step_graph import StepArgs, StepGraphs, StepValues, accept_mode
+
+MODES = ("greedy", "sampled", "filtered")
+
+
+@dataclass
+class StepOut:
+    """One step's results on the host, per sequence: a+1 tokens (a accepted drafts, then the bonus)."""
+
+    accept_len: list[int]
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    hidden: Tensor | None  # [B, D+1, H] on the device (a copy): target hidden at the root and accepted nodes
+
+
+class ModelRunner:
+    """The target (and drafter) with their paged caches, the graph pool and the captured steps."""
+
+    def __init__(
+        self,
+        target: CausalLM,
+        drafter,
+        num_blocks: int,
+        block_size: int,
+        max_blocks_per_seq: int,
+        buckets: list[int] | None,
+        window_rows: int = 0,
+    ):
+        self.device = target.lm_head.weight.device
+        self.block_size = block_size
+        self.width = max_blocks_per_seq
+        self.trash_block = num_blocks  # caches hold num_blocks + 1 blocks, the last one trash
+        self.target = TargetRunner(target, num_blocks, block_size)
+        self.drafter = None if drafter is None else DrafterRunner(drafter, num_blocks, block_size, window_rows)
+        self.buckets = list(buckets or [])
+        self.pool = GraphPool(self.device) if self.buckets and self.device.type == "cuda" else None
+        self.compiled = self.pool is not None  # the draft rerank through torch.compile inside captured steps
+        self.steps = StepGraphs(self)
+        if self.pool is not None:
+            self.pool.register(("step",), self.steps)
+
+    # ---- prefill ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, tokens: list[int], layout: Layout, logits_rows: list[int]) -> ModelOutput:
+        """Eager chunked prefill of packed prompts (shapes vary too much to capture)."""
+        return self.target.forward(tokens, layout, "prefill", logits_rows=logits_rows)
+
+    # ---- graphs ----------------------------------------------------------------------------------------
+    def key(self, batch: int, option: str, mode: str, table_width: int) -> Key | None:
+        """The captured step serving this batch, or None (eager)."""
+        if self.pool is None or batch > self.buckets[-1] or table_width > self.width:
+            return None
+        return ("step", bucket_for(batch, self.buckets), option, mode)
+
+    def graph_keys(self, batches: list[int], strategies: list[Strategy], modes=("greedy", "sampled")) -> list[Key]:
+        options = [option_name(None)] + ([str(s) for s in strategies] if self.drafter is not None else [])
+        return [("step", b, o, m) for b in batches for o in options for m in modes]
+
+    def capture(self, keys: list[Key]) -> None:
+        if self.pool is not None:
+            self.pool.capture(keys)
+
+    # ---- one step --------------------------------------------------------------------------------------
+    def step_args(
+        self, seqs: list[Sequence], tables: list[list[int]], strategy: Strategy | None, params: SamplingParams
+    ) -> StepArgs:
+        """The packed inputs of a step (step_graph.py); SD steps bring the drafter within reach first."""
+        b = len(seqs)
+        if strategy is None:
+            depth, window = 0, None
+            lead = [[s.num_cached, 0, s.tokens[-1]] for s in seqs]
+        else:
+            depth, r = strategy.depth, self.drafter.block_rows(strategy)
+            window = self.drafter.prepare(seqs, tables, r)[:, -r:]
+            lead = [[s.num_cached, min(s.num_cached, r), *s.last_tokens(r)] for s in seqs]
+        w = max(len(t) for t in tables)
+        ints = torch.tensor([a + t + [0] * (w - len(t)) for a, t in zip(lead, tables, strict=True)], dtype=torch.long)
+        u = host_uniforms([s.seed for s in seqs], [s.counter for s in seqs], 2 * (depth + 1))
+        settings = np.array([params.temperature, params.top_k, params.top_p], dtype=np.float32)
+        floats = torch.from_numpy(np.concatenate([u, np.broadcast_to(settings, (b, 3))], 1))
+        return StepArgs(ints, floats, window)
+
+    def run_args(self, option: str, mode: str, args: StepArgs) -> StepValues:
+        """Replay the captured step for these inputs (capturing it on first use), else run it eagerly."""
+        b, c = args.ints.shape
+        r = 1 if option == option_name(None) else self.drafter.block_rows(Strategy.parse(option))
+        key = self.key(b, option, mode, c - 2 - r)
+        if key is None:
+            return self.steps.eager(option, mode, args)
+        if not self.pool.has(key):
+            self.pool.capture([key])
+        return self.pool.replay(key, args)
+
+    @torch.no_grad()
+    def step(
+        self,
+        seqs: list[Sequence],
+        tables: list[list[int]],
+        strategy: Strategy | None,
+        params: SamplingParams,
+        keep_hidden: bool = False,
+    ) -> StepOut:
+        """One plain or speculative step of every sequence; results come back to the host in one copy."""
+        depth = 0 if strategy is None else strategy.depth
+        out = self.run_args(option_name(strategy), accept_mode(params), self.step_args(seqs, tables, strategy, params))
+        # a replayed graph's outputs are overwritten by its next replay: keep a copy, queued before the wait
+        hidden = out.hidden.clone() if keep_hidden else None
+        rows = out.host.cpu().tolist()  # the one device-to-host copy; waits for this stream alone
+        accept_len = [int(row[0]) for row in rows]
+        tokens = [[int(t) for t in row[1 : 2 + a]] for row, a in zip(rows, accept_len, strict=True)]
+        logprobs = [row[2 + depth : 3 + depth + a] for row, a in zip(rows, accept_len, strict=True)]
+        if strategy is not None:
+            ends = [s.num_cached + a + 1 for s, a in zip(seqs, accept_len, strict=True)]
+            self.drafter.keep_windows(seqs, out.window, ends)
+        return StepOut(accept_len, tokens, logprobs, hidden)
+
+    # ---- profiling -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def synthetic_step(self, batch: int, strategy: Strategy | None, mode: str, ctx: int):
+        """A callable running one step of `batch` sequences of `ctx` cached tokens, as `step` does (fill,
+        replay or eager run, the host copy). Its writes land in the first blocks of the cache: call it only
+        while no request is live (between generate calls)."""
+        depth = 0 if strategy is None else strategy.depth
+        r = 1 if strategy is None else self.drafter.block_rows(strategy)
+        tokens = ctx + max(depth * (strategy.topk if strategy else 1), 1) + 1
+        w = min(self.width, -(-tokens // self.block_size))
+        tables = (torch.arange(batch * w) % self.trash_block).view(batch, w)
+        lead = torch.tensor([ctx, 0] + [0] * r).expand(batch, -1)  # ctx_len 0: drafter writes go to the trash
+        floats = torch.zeros(batch, 2 * (depth + 1) + 3)
+        floats[:, -3:] = torch.tensor([1.0, -1.0, 1.0])
+        window = None
+        if strategy is not None:
+            h = self.target.model.arch.hidden_size
+            window = torch.zeros(batch, r, h, dtype=self.target.model.lm_head.weight.dtype, device=self.device)
+        args = StepArgs(torch.cat([lead, tables], 1), floats, window)
+        option = option_name(strategy)
+        return lambda: self.run_args(option, mode, args).host.cpu()

@@ -1,0 +1,86 @@
+"""A prefill step: chunks of waiting prompts through the target, then the fork of every prompt that finished
+into its samples (shared prompt blocks, one private last block each, first tokens drawn in one batch)."""
+
+from __future__ import annotations
+
+import torch
+
+from tlt_rt.rollout.params import SamplingParams
+from tlt_rt.rollout.runner import Layout, draw
+from tlt_rt.rollout.scheduler import Scheduler
+from tlt_rt.rollout.sequence import PrefillJob, Sequence
+
+
+def prefill(runner, sched: Scheduler, jobs: list[tuple[PrefillJob, int]], params: SamplingParams, keep_hidden: bool):
+    """Run one prefill step of `jobs` ((job, chunk) pairs from `Scheduler.admit`); returns the tokens run."""
+    layout = Layout([], [], [], [], [])
+    tokens, last_rows, finishing = [], [], []
+    for job, chunk in jobs:
+        s, e = job.done, job.done + chunk
+        tokens += job.tokens[s:e]
+        layout.tables.append(sched.blocks.block_table(job.seq_id))
+        layout.q_lens.append(chunk)
+        layout.seq_lens.append(e)
+        layout.positions.append(list(range(s, e)))
+        layout.cache_pos.append(list(range(s, e)))
+        if e == len(job.tokens):
+            last_rows.append(len(tokens) - 1)
+            finishing.append(job)
+    out = runner.prefill(tokens, layout, last_rows or [0])
+    offset = 0
+    for job, chunk in jobs:
+        job.hidden_chunks.append(out.hidden[offset : offset + chunk])
+        job.done += chunk
+        offset += chunk
+    groups = []
+    for row, job in enumerate(finishing):
+        sched.prefilled(job)
+        if job.seq is not None:  # a recomputed sample resumes where it was
+            seq = job.seq
+            seq.num_cached, seq.hidden_chunks = len(job.tokens), [torch.cat(job.hidden_chunks)]
+            sched.running.append(seq)
+            continue
+        groups.append((row, job))
+    if groups:
+        fork_groups(runner, sched, groups, out.logits, params, keep_hidden)
+    sched.stats["prefill_steps"] += 1
+    sched.stats["prefill_tokens"] += len(tokens)
+    return len(tokens)
+
+
+def fork_groups(runner, sched: Scheduler, groups, logits, params: SamplingParams, keep_hidden: bool) -> None:
+    """Fork every prompt that finished prefilling into its samples; first tokens are drawn for all of them
+    in one batch (one host sync), and the drafter rows of the shared prompts are run in one forward."""
+    rows = [row for row, job in groups for _ in job.group]
+    seqs = [seq for _, job in groups for seq in job.group]
+    tok, lp = draw(logits[rows], params, [s.seed for s in seqs], [0] * len(seqs))
+    tok, lp = torch.stack([tok.double(), lp.double()]).tolist()  # one device-to-host copy
+    hiddens = [torch.cat(job.hidden_chunks) for _, job in groups]
+    drafted = [(job, h) for (_, job), h in zip(groups, hiddens, strict=True) if len(job.tokens) > 1]
+    drafter = runner.drafter
+    if drafter is not None and drafted:
+        # drafter rows of each shared prompt once, before its samples diverge
+        parents = [
+            Sequence(job.seq_id, -1, -1, job.tokens, 0, 1, num_cached=len(job.tokens) - 1, hidden_chunks=[h])
+            for job, h in drafted
+        ]
+        drafter.catch_up(parents, [sched.blocks.block_table(job.seq_id) for job, _ in drafted])
+    caches = [runner.target.cache] + ([drafter.cache] if drafter is not None else [])
+    k = 0
+    for (_, job), hidden in zip(groups, hiddens, strict=True):
+        p = len(job.tokens)
+        draft_cached = p - 1 if drafter is not None and p > 1 else 0
+        group = job.group
+        sched.make_room(len(group))  # each sample takes a private last block
+        copies = []
+        for seq in group:
+            copies += sched.blocks.fork(job.seq_id, seq.seq_id, p - 1)
+        sched.blocks.free(job.seq_id)
+        runner.target.copy_blocks(copies, caches)
+        for seq in group:
+            seq.num_cached, seq.draft_cached = p, draft_cached
+            seq.hidden_chunks = [hidden] if keep_hidden else []
+            seq.counter = 1
+            sched.running.append(seq)
+            sched.emit(seq, [int(tok[k])], [lp[k]])
+            k += 1

@@ -1,0 +1,220 @@
+"""One decode step, plain or speculative, as one program: captured as a single CUDA graph per key.
+
+A step is the strategy's lowered StepProgram (codegen/lower.py: draft, verify, accept, commit; plain
+decoding is `StepProgram.plain_decode`, a verify of the root alone and an acceptance of depth 0) plus
+what comes after it on the device: the target hidden states of the root and the accepted path are
+gathered, the drafter's catch-up windows move on by the accepted length, and everything the host needs
+is packed into one tensor that reaches it in one copy. Nothing inside syncs with the host, and every
+shape is fixed by the key, so the whole of it is one graph replay:
+
+    key = ("step", B, option, mode)    option "off" (plain decoding) or a strategy ("8_4_32"),
+                                       mode "greedy" | "sampled" | "filtered" (top-k / top-p)
+
+Inputs are two packed buffers filled from the host in one copy each, and the windows (device):
+
+    ints   [B, 2 + R + W] int64   prefix_len, ctx_len, ctx tokens (R rows; the last is the root), block table
+    floats [B, 2(D+1) + 3] f32    the acceptance walk's uniforms, then temperature, top_k, top_p
+    window [B, R, H]              target hidden rows of the catch-up block (SD only)
+
+Padding rows (batch rows past the live batch) get the trash block as their whole block table, so every
+write of theirs, verify and commit included, lands in the trash block. Sampling settings are per-row
+inputs, so one graph serves every temperature of a mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tlt_rt.codegen.lower import LoweredStep, lower
+from tlt_rt.ir.program import StepProgram
+from tlt_rt.ir.strategy import Bucket, Strategy
+from tlt_rt.ir.tree import DraftTree
+from tlt_rt.models.attention import AttnMetadata
+from tlt_rt.rollout.costs import OFF
+from tlt_rt.rollout.drafting import DraftInputs, draft_tree
+from tlt_rt.rollout.params import SamplingParams
+from tlt_rt.rollout.runner import tree_meta
+
+Key = tuple
+
+
+def accept_mode(params: SamplingParams) -> str:
+    if params.greedy:
+        return "greedy"
+    return "filtered" if params.filtering else "sampled"
+
+
+def mode_program(strategy: Strategy | None, mode: str) -> StepProgram:
+    """The StepProgram a mode's graph runs. Its acceptance attributes fix only the kernel variant (greedy,
+    sampled, filtered); the values come from the per-row inputs."""
+    kw = {} if mode == "greedy" else {"temperature": 1.0, "top_p": 0.5 if mode == "filtered" else 1.0}
+    accept = "greedy" if mode == "greedy" else "sampled"
+    if strategy is None:
+        return StepProgram.plain_decode(accept, **kw)
+    return StepProgram.speculative(strategy, accept, **kw)
+
+
+def parse_option(option: str) -> Strategy | None:
+    return None if option == OFF else Strategy.parse(option)
+
+
+class DirectModels:
+    """`codegen.lower.StepModels` over the runner's models, run directly (inside a capture or eagerly)."""
+
+    def __init__(self, runner, prefix_lens: Tensor, tables: Tensor):
+        self.runner, self.prefix_lens, self.tables = runner, prefix_lens, tables  # [B] int64, [B, W] int32
+
+    def draft(self, strategy: Strategy, prefix_lens, ctx_tokens, ctx_hidden, ctx_len) -> DraftTree:
+        d = self.runner.drafter
+        ins = DraftInputs(ctx_tokens, ctx_hidden, ctx_len, prefix_lens, self.tables)
+        return draft_tree(d.drafter, d.cache, strategy, d.block_size, ins, compiled=self.runner.compiled)
+
+    def verify(self, tree: DraftTree):
+        t = self.runner.target
+        b, T = tree.tree_tokens.shape
+        if T == 1:  # plain decode: the decode attention path
+            lens = self.prefix_lens + 1
+            slots = t.slots(self.tables, self.prefix_lens)
+            cu = torch.arange(b + 1, dtype=torch.int32, device=lens.device)
+            meta = AttnMetadata("decode", cu, lens.int(), self.tables, slots, 1)
+        else:
+            meta = tree_meta(self.tables, self.prefix_lens + T, T, tree.tree_mask, t.block_size)
+        out = t.model.forward_paged(tree.tree_tokens.flatten(), tree.positions.flatten(), t.cache, meta)
+        return out.logits.view(b, T, -1), out.hidden.view(b, T, -1), self.tables
+
+    def kv_layers(self):
+        c = self.runner.target.cache
+        return [(c.k[i], c.v[i]) for i in range(c.num_layers)]
+
+
+@dataclass
+class StepArgs:
+    """One step's inputs for b live sequences (see the module docstring)."""
+
+    ints: Tensor  # [b, 2 + R + w] int64 on the host, w <= the runner's table width
+    floats: Tensor  # [b, 2(D+1) + 3] float32 on the host
+    window: Tensor | None  # [b, R, H] on the device
+
+
+@dataclass
+class StepValues:
+    """A step's device outputs (the batch's rows)."""
+
+    host: Tensor  # [b, 1 + 2(D+1)] float64: accept length, tokens (accepted, then the bonus), log-probs
+    hidden: Tensor  # [b, D+1, H] target hidden at the root and each accepted node
+    window: Tensor | None  # [b, R, H] the moved catch-up windows
+
+
+def layout(runner, option: str) -> tuple[int, int]:
+    """(R: catch-up rows, D: depth) of an option."""
+    s = parse_option(option)
+    if s is None:
+        return 1, 0
+    return runner.drafter.block_rows(s), s.depth
+
+
+class StepGraphs:
+    """The whole step as a `codegen.graphs.Program` for keys ("step", B, option, mode); also runs eagerly."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self._lowered: dict[tuple, LoweredStep] = {}
+
+    def lowered(self, batch: int, option: str, mode: str) -> LoweredStep:
+        key = (batch, option, mode)
+        if key not in self._lowered:
+            r, s = self.runner, parse_option(option)
+            a = r.target.model.arch
+            bucket = Bucket(batch, s, r.width, r.block_size, a.vocab_size, a.hidden_size)
+            self._lowered[key] = lower(mode_program(s, mode), bucket, r.device)
+        return self._lowered[key]
+
+    # ---- the program itself -----------------------------------------------------------------------------
+    def compute(self, batch: int, option: str, mode: str, ints: Tensor, floats: Tensor, window: Tensor | None):
+        """The step on device tensors: (host [B, 1+2(D+1)] f64, hidden [B, D+1, H], moved window or None)."""
+        r, dlen = layout(self.runner, option)
+        prefix, ctx_len = ints[:, 0], ints[:, 1]
+        ctx_tokens, tables = ints[:, 2 : 2 + r], ints[:, 2 + r :].int()
+        u = floats[:, : 2 * (dlen + 1)].view(-1, dlen + 1, 2)
+        values = {
+            "last_tokens": ctx_tokens[:, -1],
+            "prefix_lens": prefix,
+            "block_table": tables,
+            "uniforms": u,
+            "temperature": floats[:, -3],
+            "top_k": floats[:, -2].int(),
+            "top_p": floats[:, -1],
+        }
+        if window is not None:
+            values.update(ctx_tokens=ctx_tokens, ctx_hidden=window[:, -r:], ctx_len=ctx_len)
+        v = self.lowered(batch, option, mode)(DirectModels(self.runner, prefix, tables), values)
+        acc_len, nodes_acc = v["accept_len"], v["accepted_nodes"]
+        # target hidden at the root and along the accepted path: positions L .. L+a
+        nodes = torch.cat([torch.zeros_like(nodes_acc[:, :1]), nodes_acc[:, :dlen]], 1).clamp(min=0)
+        hidden = v["hidden"]
+        hid = hidden.gather(1, nodes[..., None].expand(-1, -1, hidden.shape[-1]))
+        moved = None
+        if window is not None:  # rows [a+1, a+1+W) of window ++ hid end at position L+a+1
+            w, h = window.shape[1], window.shape[2]
+            shift = (acc_len + 1)[:, None] + torch.arange(w, device=window.device)
+            moved = torch.cat([window, hid.to(window.dtype)], 1).gather(1, shift[..., None].expand(-1, -1, h))
+        host = torch.cat([acc_len[:, None].double(), v["accepted_tokens"].double(), v["logprobs"].double()], 1)
+        return host, hid, moved
+
+    # ---- codegen.graphs.Program ---------------------------------------------------------------------------
+    def static_inputs(self, key: Key) -> dict[str, Tensor]:
+        _, b, option, _ = key
+        run = self.runner
+        r, dlen = layout(run, option)
+        dev, h = run.device, run.target.model.arch.hidden_size
+        dtype = run.target.model.lm_head.weight.dtype
+        ins = {
+            "ints": torch.zeros(b, 2 + r + run.width, dtype=torch.long, device=dev),
+            "floats": torch.zeros(b, 2 * (dlen + 1) + 3, dtype=torch.float32, device=dev),
+            # outputs live outside the pool: they are read after other graphs of the pool replay
+            "out.host": torch.zeros(b, 1 + 2 * (dlen + 1), dtype=torch.float64, device=dev),
+            "out.hidden": torch.zeros(b, dlen + 1, h, dtype=dtype, device=dev),
+        }
+        ins["ints"][:, 2 + r :] = run.trash_block
+        ins["floats"][:, -1] = 1.0  # top_p of padding rows
+        ins["floats"][:, -2] = -1.0  # top_k
+        if dlen:
+            ins["window"] = torch.zeros(b, r, h, dtype=dtype, device=dev)
+            ins["out.window"] = torch.zeros(b, r, h, dtype=dtype, device=dev)
+        return ins
+
+    def run(self, key: Key, ins: dict[str, Tensor]) -> StepValues:
+        _, b, option, mode = key
+        host, hid, moved = self.compute(b, option, mode, ins["ints"], ins["floats"], ins.get("window"))
+        ins["out.host"].copy_(host)
+        ins["out.hidden"].copy_(hid)
+        if moved is not None:
+            ins["out.window"].copy_(moved)
+        return StepValues(ins["out.host"], ins["out.hidden"], ins.get("out.window"))
+
+    def fill(self, key: Key, ins: dict[str, Tensor], args: StepArgs) -> None:
+        b, c = args.ints.shape
+        r, _ = layout(self.runner, key[2])
+        ints = ins["ints"]
+        ints[:b, :c].copy_(args.ints, non_blocking=True)
+        if b < ints.shape[0]:  # padding rows: nothing cached, every write to the trash block
+            ints[b:, : 2 + r].zero_()
+            ints[b:, 2 + r :].fill_(self.runner.trash_block)
+        ins["floats"][:b].copy_(args.floats, non_blocking=True)
+        if args.window is not None:
+            ins["window"][:b].copy_(args.window)
+
+    def result(self, key: Key, out: StepValues, args: StepArgs) -> StepValues:
+        b = args.ints.shape[0]
+        return StepValues(out.host[:b], out.hidden[:b], None if out.window is None else out.window[:b])
+
+    def eager(self, option: str, mode: str, args: StepArgs) -> StepValues:
+        """The same step run eagerly on the live batch (CPU, enforce_eager, or a batch past every bucket)."""
+        dev = self.runner.device
+        ints, floats = args.ints.to(dev), args.floats.to(dev)
+        b = ints.shape[0]
+        host, hid, moved = self.compute(b, option, mode, ints, floats, args.window)
+        return StepValues(host, hid, moved)
