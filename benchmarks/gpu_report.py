@@ -18,7 +18,7 @@ Sections:
               shrinks as in a real rollout, at the price of one re-prefill per segment boundary, paid equally
               by SD off, always-on (best strategy of the strategies section) and auto.
   memory      (CUDA only) graph pool bytes of one engine capturing every (bucket, strategy) into its one
-              shared pool (target forwards and draft steps), against capturing each graph key into its own pool.
+              shared pool (whole decode steps, plain and speculative), against capturing each graph key into its own pool.
 """
 
 from __future__ import annotations
@@ -633,10 +633,10 @@ def section_memory(rep: Report) -> None:
         drafter = Drafter(target.arch, target).to(rep.device, target.lm_head.weight.dtype).eval()
         eng = Engine(target, drafter=drafter, speculative="auto", strategies=a.strategies,
                      max_batch=a.memory_max_batch, num_blocks=256)  # fmt: skip
-        tkeys, dkeys = eng.graph_keys()
-        sep = separate_pool_bytes(eng.runner.run.pool, tkeys + dkeys)
+        keys = eng.graph_keys()
+        sep = separate_pool_bytes(eng.runner.pool, keys)
         shared = eng.capture()["pool_bytes"]
-        graphs = len(tkeys) + len(dkeys)
+        graphs = len(keys)
         rows.append(dict(model=name, pool="target + draft", graphs=graphs, shared=shared, separate=sep))
         del eng, drafter
         gc.collect()
@@ -647,7 +647,7 @@ def section_memory(rep: Report) -> None:
         "### CUDA-graph pool memory",
         "",
         f"Every (bucket up to {a.memory_max_batch}, strategy in {a.strategies}) graph of one engine captured into "
-        "the engine's one shared pool (`engine.capture()`: target forwards and draft steps), against each graph "
+        "the engine's one shared pool (`engine.capture()`: whole decode steps, plain and speculative), against each graph "
         "key captured into its own pool "
         "(sum of pool bytes, freed between keys). Drafters are freshly initialised (memory does not depend on "
         "weights).",

@@ -51,7 +51,7 @@ def test_graphs_and_kernels_match_eager_torch(speculative):
 def test_capture_all_buckets_then_generate():
     _, graphed = _engines(speculative="auto", strategies=("3_3_8", "4_2_6"), max_batch=8)
     mem = graphed.capture()
-    assert mem["graphs"] == len(graphed.graph_keys()[0]) + len(graphed.graph_keys()[1])
+    assert mem["graphs"] == len(graphed.graph_keys())
     outs = graphed.generate([[1, 2, 3]], SamplingParams(n=8, temperature=0.9, max_new_tokens=16, stop_token_ids=[]))
     assert len(outs) == 8 and all(len(o.token_ids) == 16 for o in outs)
 
@@ -87,19 +87,19 @@ def test_smollm2_bf16_answers():
     assert torch.cuda.is_available()
 
 
-def test_draft_graphs_match_plain_and_eager_decoding():
-    """Whole draft steps replayed from their captured graphs (padded batches, prompts shorter than the
-    catch-up block) give the greedy tokens of plain decoding and of the eager engine."""
+def test_step_graphs_match_plain_and_eager_decoding():
+    """Whole steps replayed from their captured graphs (padded batches, prompts shorter than the catch-up
+    block) give the greedy tokens of plain decoding and of the eager engine; nothing is captured lazily."""
     params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
     strategies = ("3_3_8", "4_2_6")
     eager, graphed = _engines(speculative="on", strategies=strategies, max_batch=16)
     off = _engines(speculative="off", strategies=strategies, max_batch=16)[1]
     mem = graphed.capture()
-    target_keys, draft_keys = graphed.graph_keys()
-    assert len(draft_keys) == len(graphed.buckets) * len(strategies)
-    assert all(k[0] == "draft" for k in draft_keys)
-    assert mem["graphs"] == len(target_keys) + len(draft_keys) and mem["pool_bytes"] > 0
-    pool = graphed.runner.run.pool
+    keys = graphed.graph_keys()
+    assert len(keys) == len(graphed.buckets) * (1 + len(strategies)) * 2  # x (off + strategies) x 2 modes
+    assert all(k[0] == "step" for k in keys)
+    assert mem["graphs"] == len(keys) and mem["pool_bytes"] > 0
+    pool = graphed.runner.pool
     replays = []
     replay = pool.replay
     pool.replay = lambda key, *args: replays.append(key) or replay(key, *args)
@@ -107,33 +107,41 @@ def test_draft_graphs_match_plain_and_eager_decoding():
     assert tokens == [o.token_ids for o in eager.generate(PROMPTS, params)]
     assert tokens == [o.token_ids for o in off.generate(PROMPTS, params)]
     assert graphed.stats()["sd_steps"] > 0
-    assert sum(k[0] == "draft" for k in replays) == graphed.stats()["sd_steps"]
+    assert sum(k[2] != "off" for k in replays) == graphed.stats()["sd_steps"]
+    assert len(replays) == graphed.stats()["steps"]
     assert graphed.graph_memory()["graphs"] == mem["graphs"]  # nothing captured lazily
 
 
-def test_draft_graph_replay_equals_eager_draft():
-    from tlt_rt.ir.strategy import Strategy
-    from tlt_rt.rollout.drafting import TREE_FIELDS, DraftInputs, draft_tree
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_step_graph_replay_equals_eager_step(temperature):
+    """One captured SD step (batch 3 padded to bucket 4) against the same step run eagerly on a copy of the
+    caches: the same host results, moved windows and hidden rows."""
+    from tlt_rt.rollout.model_runner import ModelRunner
+    from tlt_rt.rollout.step_graph import StepArgs, accept_mode
 
-    _, graphed = _engines(speculative="on", strategies=("4_2_6",), max_batch=8)
-    runner, s = graphed.drafter_runner, Strategy.parse("4_2_6")
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    b, r, h = 3, s.depth + 1, GPU_TINY.hidden_size
-    lens = torch.tensor([2, 40, 77], device="cuda")
-    tables = torch.arange(b * 8, dtype=torch.int32, device="cuda").view(b, 8)
-    ins = DraftInputs(
-        torch.randint(0, GPU_TINY.vocab_size, (b, r), generator=gen, device="cuda"),
-        torch.randn(b, r, h, generator=gen, device="cuda"),
-        lens.clamp(max=r),
-        lens,
-        tables,
-    )
-    got = runner.draft_tree(s, ins)  # captures the bucket-4 graph, then replays it
-    assert runner.pool.has(("draft", 4, 6, 4, 2))
-    with torch.no_grad():
-        want = draft_tree(runner.drafter, runner.cache, s, runner.block_size, ins)
-    for name in TREE_FIELDS:
-        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    torch.manual_seed(0)
+    target, drafter = _pair()
+    runs = []
+    for buckets in ([1, 2, 4], None):
+        runner = ModelRunner(target, drafter, 64, 16, 8, buckets, window_rows=5)
+        for c in (runner.target.cache, runner.drafter.cache):
+            c.k.normal_(generator=torch.Generator("cuda").manual_seed(1))
+            c.v.normal_(generator=torch.Generator("cuda").manual_seed(2))
+        runs.append(runner)
+    gen = torch.Generator().manual_seed(3)
+    b, r, h = 3, 5, GPU_TINY.hidden_size
+    lens = torch.tensor([2, 40, 77])
+    ints = torch.cat([lens[:, None], lens.clamp(max=r)[:, None], torch.randint(0, GPU_TINY.vocab_size, (b, r),
+                      generator=gen), torch.arange(b * 8).view(b, 8)], 1)  # fmt: skip
+    floats = torch.cat([torch.rand(b, 2 * 4, generator=gen), torch.tensor([[temperature, -1.0, 1.0]] * b)], 1)
+    window = torch.randn(b, r, h, generator=gen).cuda()
+    params = SamplingParams(temperature=temperature)
+    outs = [rn.run_args("3_3_8", accept_mode(params), StepArgs(ints, floats, window)) for rn in runs]
+    assert runs[0].pool.has(("step", 4, "3_3_8", accept_mode(params)))
+    (got, want) = outs
+    torch.testing.assert_close(got.host, want.host)
+    torch.testing.assert_close(got.window, want.window)
+    torch.testing.assert_close(got.hidden, want.hidden)
 
 
 @pytest.mark.parametrize("speculative", ["off", "on"])

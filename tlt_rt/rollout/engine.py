@@ -112,8 +112,9 @@ class Engine:
             target, drafter, num_blocks, block_size, self.max_blocks_per_seq,
             None if enforce_eager else self.buckets, window_rows=rows,
         )  # fmt: skip
-        # its own stream: a drafter trainer on another stream neither waits for a step nor enters its timing
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # its own stream, of high priority: a drafter trainer on another stream neither waits for a step nor
+        # enters its timing, and the engine's kernels are scheduled first when both have work ready
+        self.stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
         self.policy = SDPolicy(
             self.strategies,
             self.buckets,

@@ -47,9 +47,9 @@ def generate_data(
 
 def accept_length(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> float:
     """Mean tokens emitted per speculative step on `prompts` (the engine must speculate on every step)."""
-    before = dict(engine._accept_hist)
+    before = engine.stats()["accept_length_hist"]
     engine.generate(prompts, params)
-    hist = {k: v - before.get(k, 0) for k, v in engine._accept_hist.items()}
+    hist = {k: v - before.get(k, 0) for k, v in engine.stats()["accept_length_hist"].items()}
     n = sum(hist.values())
     return sum(k * v for k, v in hist.items()) / n if n else float("nan")
 

@@ -1,0 +1,190 @@
+"""What a speculative step costs in plain steps, on one engine, in interleaved rounds (GPU).
+
+    python benchmarks/step_ratio.py --batch 1 32 --strategies 8_4_32 6_2_12 [--trainer] [--kernels]
+
+One engine (SmolLM2 bf16, speculation on, every step captured) generates greedily for `--batch` prompts
+with stops off, and its policy is replaced by a fixed rotation: plain, then each strategy, then plain
+again, ... so every option runs on the same live batch at nearly the same context, one step after the
+other. A step's time is its wall time in the engine's timeline (inputs, replay, the host copy and the
+postprocessing). Per batch: the median step of each option and its ratio to plain decoding.
+
+--trainer: each round runs twice, without and with a drafter trainer busy beside the engine (a thread on
+its own CUDA stream running forward, backward and an optimizer step of a one-layer drafter, over and
+over); prints each option's step time with the trainer against without. --kernels: the GPU kernels
+(count and time) of one step of each option, from the torch profiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_throughput import prompts_for  # noqa: E402
+from step_costs import append_jsonl, kernel_table  # noqa: E402
+
+from tlt_rt.ir.strategy import Strategy  # noqa: E402
+from tlt_rt.models.default import load_tokenizer  # noqa: E402
+from tlt_rt.models.drafter import Drafter  # noqa: E402
+from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
+
+
+class Rotation:
+    """A stand-in SD policy: plain, then each strategy in turn, whatever the costs."""
+
+    def __init__(self, options):
+        self.options, self.i = options, 0
+
+    def decide(self, batch_size: int, behind: int = 0):
+        option = self.options[self.i % len(self.options)]
+        self.i += 1
+        return option
+
+    def observe(self, *args, **kwargs) -> None:
+        pass
+
+
+class BusyTrainer:
+    """A drafter training loop on its own stream in a thread, as spot training runs beside a rollout."""
+
+    def __init__(self, engine: Engine, tokens: int = 2048):
+        target = engine.target
+        self.drafter = Drafter(target.arch, target).to("cuda", torch.bfloat16).train()
+        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=1e-5)
+        v, h = target.arch.vocab_size, target.arch.hidden_size
+        self.ids = torch.randint(0, v, (1, tokens), device="cuda")
+        self.hidden = torch.randn(1, tokens, h, device="cuda", dtype=torch.bfloat16)
+        self.stop, self.steps, self.thread = threading.Event(), 0, None
+
+    def _run(self) -> None:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            while not self.stop.is_set():
+                out = self.drafter(self.ids, self.drafter.features(self.hidden))
+                loss = torch.nn.functional.cross_entropy(out.logits[0].float(), self.ids[0])
+                loss.backward()
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+                stream.synchronize()
+                self.steps += 1
+
+    def __enter__(self):
+        self.stop.clear()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        while self.steps == 0:  # running before the rollout starts
+            self.stop.wait(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def step_times(engine: Engine, prompts, max_new: int) -> dict[str, list[float]]:
+    start = len(engine.timeline)
+    engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new, stop_token_ids=[]))
+    out: dict[str, list[float]] = {}
+    for e in engine.timeline[start:]:
+        if e["kind"] != "prefill":
+            out.setdefault(e["strategy"] or "off", []).append(e["seconds"])
+    return out
+
+
+def kernels_per_step(engine: Engine, prompts, options) -> dict[str, tuple[int, float]]:
+    """(launches, kernel us) of one step of each option (the sixth of a generate call), torch profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out, step = {}, engine.runner.step
+    for option in options:
+        engine.policy = Rotation([option])
+        seen, profs = [0], []
+
+        def one_profiled(*a, **k):
+            seen[0] += 1
+            if seen[0] != 6:
+                return step(*a, **k)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                res = step(*a, **k)
+                torch.cuda.synchronize()
+            profs.append(prof)
+            return res
+
+        engine.runner.step = one_profiled
+        engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=10, stop_token_ids=[]))
+        engine.runner.step = step
+        rows = kernel_table(profs[0], 1)
+        out[str(option) if option else "off"] = (round(sum(r[2] for r in rows)), sum(r[1] for r in rows))
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--strategies", nargs="+", default=["8_4_32", "6_2_12"])
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--drafter", default=None, help="an exported drafter folder (default: freshly initialised)")
+    ap.add_argument("--trainer", action="store_true", help="also time every round with a drafter trainer beside")
+    ap.add_argument("--kernels", action="store_true", help="GPU kernels per step of each option")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    tok = load_tokenizer(None)
+    strategies = [Strategy.parse(s) for s in args.strategies]
+    options = [None, *strategies]
+    names = ["off", *args.strategies]
+    rows = []
+    for b in args.batch:
+        prompts = prompts_for(b, tok)
+        engine = Engine.from_pretrained(None, drafter_path=args.drafter, speculative="on", dtype="bfloat16",
+                                        device="cuda", strategies=args.strategies, max_batch=max(b, 1),
+                                        num_blocks=256 + 32 * b)  # fmt: skip
+        engine.capture(profile=False, modes=("greedy",))
+        engine.policy = Rotation(options)
+        step_times(engine, prompts, 16)  # prefill shapes compile here
+        trainer = BusyTrainer(engine) if args.trainer else None
+        times = {(n, t): [] for n in names for t in (False, True)}
+        for _ in range(args.rounds):
+            for busy in (False, True) if trainer else (False,):
+                engine.policy = Rotation(options)
+                if busy:
+                    with trainer:
+                        got = step_times(engine, prompts, args.max_new_tokens)
+                else:
+                    got = step_times(engine, prompts, args.max_new_tokens)
+                for n, ts in got.items():
+                    times[(n, busy)] += ts
+        row = {"batch": b, "device": torch.cuda.get_device_name()}
+        for n in names:
+            row[f"{n}_ms"] = 1e3 * statistics.median(times[(n, False)])
+            if trainer:
+                row[f"{n}_busy_ms"] = 1e3 * statistics.median(times[(n, True)])
+        if args.kernels:
+            for n, (launches, us) in kernels_per_step(engine, prompts, options).items():
+                row[f"{n}_kernels"], row[f"{n}_kernel_us"] = launches, us
+        rows.append(row)
+        del engine, trainer
+        torch.cuda.empty_cache()
+    print(f"device: {torch.cuda.get_device_name()}; median step ms, interleaved in one engine per batch")
+    for r in rows:
+        plain = r["off_ms"]
+        cells = [f"off {plain:.3f}"] + [f"{n} {r[n + '_ms']:.3f} ({r[n + '_ms'] / plain:.2f}x)" for n in names[1:]]
+        print(f"batch {r['batch']:4d}: " + ", ".join(cells))
+        if args.trainer:
+            print("    with a trainer beside / without: "
+                  + ", ".join(f"{n} {r[n + '_busy_ms'] / r[n + '_ms']:.3f}" for n in names))  # fmt: skip
+        if args.kernels:
+            print("    kernels per step (launches, us): "
+                  + ", ".join(f"{n} {r[n + '_kernels']} / {r[n + '_kernel_us']:.0f}" for n in names))  # fmt: skip
+    append_jsonl(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
