@@ -106,7 +106,7 @@ def kernels_per_step(engine: Engine, prompts, options) -> dict[str, tuple[int, f
         engine.policy = Rotation([option])
         seen, profs = [0], []
 
-        def one_profiled(*a, **k):
+        def one_profiled(*a, seen=seen, profs=profs, **k):
             seen[0] += 1
             if seen[0] != 6:
                 return step(*a, **k)
