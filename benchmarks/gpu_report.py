@@ -18,7 +18,8 @@ Sections:
               shrinks as in a real rollout, at the price of one re-prefill per segment boundary, paid equally
               by SD off, always-on (best strategy of the strategies section) and auto.
   memory      (CUDA only) graph pool bytes of one engine capturing every (bucket, strategy) into its one
-              shared pool (whole decode steps, plain and speculative), against capturing each graph key into its own pool.
+              shared pool (whole decode steps, plain and speculative), against capturing each graph key into
+              its own pool.
 """
 
 from __future__ import annotations
@@ -647,8 +648,8 @@ def section_memory(rep: Report) -> None:
         "### CUDA-graph pool memory",
         "",
         f"Every (bucket up to {a.memory_max_batch}, strategy in {a.strategies}) graph of one engine captured into "
-        "the engine's one shared pool (`engine.capture()`: whole decode steps, plain and speculative), against each graph "
-        "key captured into its own pool "
+        "the engine's one shared pool (`engine.capture()`: whole decode steps, plain and speculative), against "
+        "each graph key captured into its own pool "
         "(sum of pool bytes, freed between keys). Drafters are freshly initialised (memory does not depend on "
         "weights).",
         "",

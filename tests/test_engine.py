@@ -244,9 +244,10 @@ def test_warm_up_writes_only_to_the_trash_blocks():
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=6, stop_token_ids=[])
     first = eng.generate(PROMPTS, params)
     n = eng.blocks.num_blocks
-    caches = [eng.runner.target.cache.k, eng.runner.target.cache.v, eng.drafter_runner.cache.k, eng.drafter_runner.cache.v]
+    target, drafter = eng.runner.target.cache, eng.runner.drafter.cache
+    caches = [target.k, target.v, drafter.k, drafter.v]
     before = [c[:, :n].clone() for c in caches]
-    eng._glue = Glue()  # as on CUDA, where the glue is compiled: warm it for one row and for several
+    eng.glue = Glue()  # as on CUDA, where the glue is compiled: warm it for one row and for several
     eng.warm_up()
     assert all(torch.equal(c[:, :n], b) for c, b in zip(caches, before, strict=True))
     assert _tokens(eng.generate(PROMPTS, params)) == _tokens(first)
