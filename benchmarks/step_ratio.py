@@ -36,13 +36,13 @@ from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 
 
 class Rotation:
-    """A stand-in SD policy: plain, then each strategy in turn, whatever the costs."""
+    """A stand-in SD policy: `run` steps of plain decoding, then `run` of each strategy in turn, and again."""
 
-    def __init__(self, options):
-        self.options, self.i = options, 0
+    def __init__(self, options, run: int = 1):
+        self.options, self.run, self.i = options, run, 0
 
     def decide(self, batch_size: int, behind: int = 0):
-        option = self.options[self.i % len(self.options)]
+        option = self.options[(self.i // self.run) % len(self.options)]
         self.i += 1
         return option
 
@@ -88,17 +88,26 @@ class BusyTrainer:
 
 
 def step_times(engine: Engine, prompts, max_new: int) -> dict[str, list[float]]:
+    """Step seconds per option of one generate call; the first step of each run of an option is left out
+    (after a switch the drafter's windows are rebuilt from the kept hidden rows, a cost of the switch)."""
     start = len(engine.timeline)
     engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new, stop_token_ids=[]))
     out: dict[str, list[float]] = {}
+    prev = None
     for e in engine.timeline[start:]:
-        if e["kind"] != "prefill":
-            out.setdefault(e["strategy"] or "off", []).append(e["seconds"])
+        if e["kind"] == "prefill":
+            prev = None
+            continue
+        name = e["strategy"] or "off"
+        if name == prev:
+            out.setdefault(name, []).append(e["seconds"])
+        prev = name
     return out
 
 
-def kernels_per_step(engine: Engine, prompts, options) -> dict[str, tuple[int, float]]:
-    """(launches, kernel us) of one step of each option (the sixth of a generate call), torch profiler."""
+def kernels_per_step(engine: Engine, prompts, options, show: int = 0) -> dict[str, tuple[int, float]]:
+    """(launches, kernel us) of one step of each option (the sixth of a generate call), torch profiler;
+    `show` > 0 prints that many kernels of each with the most launches."""
     from torch.profiler import ProfilerActivity, profile
 
     out, step = {}, engine.runner.step
@@ -120,7 +129,10 @@ def kernels_per_step(engine: Engine, prompts, options) -> dict[str, tuple[int, f
         engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=10, stop_token_ids=[]))
         engine.runner.step = step
         rows = kernel_table(profs[0], 1)
-        out[str(option) if option else "off"] = (round(sum(r[2] for r in rows)), sum(r[1] for r in rows))
+        name = str(option) if option else "off"
+        out[name] = (round(sum(r[2] for r in rows)), sum(r[1] for r in rows))
+        for k, us, n in sorted(rows, key=lambda r: -r[2])[:show]:
+            print(f"  {name:8} {n:4.0f} x {us:7.1f} us  {k[:110]}")
     return out
 
 
@@ -132,7 +144,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--drafter", default=None, help="an exported drafter folder (default: freshly initialised)")
     ap.add_argument("--trainer", action="store_true", help="also time every round with a drafter trainer beside")
-    ap.add_argument("--kernels", action="store_true", help="GPU kernels per step of each option")
+    ap.add_argument("--kernels", type=int, default=-1,
+                    help="GPU kernels per step of each option; N > 0 also prints the N most launched")  # fmt: skip
+    ap.add_argument("--run", type=int, default=6, help="steps of one option before the next")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -149,11 +163,18 @@ def main(argv=None) -> None:
         engine.capture(profile=False, modes=("greedy",))
         engine.policy = Rotation(options)
         step_times(engine, prompts, 16)  # prefill shapes compile here
+        # plain decoding on an engine without speculation, timed in the same rounds: the reference the
+        # SD-capable engine's plain steps (which keep hidden rows for the drafter) are compared with
+        plain = Engine.from_pretrained(None, speculative="off", dtype="bfloat16", device="cuda", max_batch=max(b, 1),
+                                       num_blocks=256 + 32 * b)  # fmt: skip
+        plain.capture(profile=False, modes=("greedy",))
+        step_times(plain, prompts, 16)
         trainer = BusyTrainer(engine) if args.trainer else None
-        times = {(n, t): [] for n in names for t in (False, True)}
+        times = {(n, t): [] for n in [*names, "off-engine"] for t in (False, True)}
         for _ in range(args.rounds):
+            times[("off-engine", False)] += step_times(plain, prompts, args.max_new_tokens)["off"]
             for busy in (False, True) if trainer else (False,):
-                engine.policy = Rotation(options)
+                engine.policy = Rotation(options, args.run)
                 if busy:
                     with trainer:
                         got = step_times(engine, prompts, args.max_new_tokens)
@@ -162,25 +183,26 @@ def main(argv=None) -> None:
                 for n, ts in got.items():
                     times[(n, busy)] += ts
         row = {"batch": b, "device": torch.cuda.get_device_name()}
+        row["off-engine_ms"] = 1e3 * statistics.median(times[("off-engine", False)])
         for n in names:
             row[f"{n}_ms"] = 1e3 * statistics.median(times[(n, False)])
             if trainer:
                 row[f"{n}_busy_ms"] = 1e3 * statistics.median(times[(n, True)])
-        if args.kernels:
-            for n, (launches, us) in kernels_per_step(engine, prompts, options).items():
+        if args.kernels >= 0:
+            for n, (launches, us) in kernels_per_step(engine, prompts, options, args.kernels).items():
                 row[f"{n}_kernels"], row[f"{n}_kernel_us"] = launches, us
         rows.append(row)
-        del engine, trainer
+        del engine, trainer, plain
         torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()}; median step ms, interleaved in one engine per batch")
     for r in rows:
         plain = r["off_ms"]
         cells = [f"off {plain:.3f}"] + [f"{n} {r[n + '_ms']:.3f} ({r[n + '_ms'] / plain:.2f}x)" for n in names[1:]]
-        print(f"batch {r['batch']:4d}: " + ", ".join(cells))
+        print(f"batch {r['batch']:4d}: " + ", ".join(cells) + f"; off engine {r['off-engine_ms']:.3f}")
         if args.trainer:
             print("    with a trainer beside / without: "
                   + ", ".join(f"{n} {r[n + '_busy_ms'] / r[n + '_ms']:.3f}" for n in names))  # fmt: skip
-        if args.kernels:
+        if args.kernels >= 0:
             print("    kernels per step (launches, us): "
                   + ", ".join(f"{n} {r[n + '_kernels']} / {r[n + '_kernel_us']:.0f}" for n in names))  # fmt: skip
     append_jsonl(args.out, rows)
