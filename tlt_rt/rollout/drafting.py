@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tlt_rt.codegen.kernels.topk_lse import topk_logprobs, topk_logprobs_reference
 from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
 from tlt_rt.models.attention import AttnMetadata
@@ -80,7 +81,7 @@ def _level_meta(ins: DraftInputs, strategy: Strategy, block_size: int, trash_slo
     b, dev = ins.tokens.shape[0], ins.tokens.device
     cached = ins.prefix_lens.long()
     d = torch.arange(1, levels + 1, device=dev)
-    positions = (cached[None, :] + (d - 1)[:, None])[..., None].expand(levels, b, k)
+    positions = (cached[None, :] + (d - 1)[:, None])[..., None].expand(levels, b, k).contiguous()
     pos = cached[None, :, None] + ((d - 1) * k)[:, None, None] + torch.arange(k, device=dev)  # [D-1, B, K]
     blocks = ins.tables.long()[None].expand(levels, -1, -1).gather(2, pos // block_size)
     live = (ins.valid > 0)[None, :, None]
@@ -90,12 +91,12 @@ def _level_meta(ins: DraftInputs, strategy: Strategy, block_size: int, trash_slo
     return positions, seq_lens, slots, cu
 
 
-def _top_children(logits: Tensor, b: int, k: int) -> tuple[Tensor, Tensor]:
-    """The k most likely children of each of the B*K frontier rows: tokens [B, K, k], log-probs [B, K, k]
-    (top-k of the raw logits less their log-sum-exp: no [B*K, V] log-softmax is written)."""
-    vals, toks = torch.topk(logits, k, dim=-1, sorted=True)
-    lse = torch.logsumexp(logits.float(), -1, keepdim=True)
-    return toks.view(b, k, k), (vals.float() - lse).view(b, k, k)
+def _top_children(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k most likely children of each row of drafter logits [R, V]: log-probs [R, k] f32 and tokens [R, k]
+    (on CUDA one Triton top-k + log-sum-exp in two launches; no [R, V] log-softmax is written)."""
+    if logits.is_cuda:
+        return topk_logprobs(logits, k)
+    return topk_logprobs_reference(logits, k)
 
 
 def grow_candidates(
@@ -116,40 +117,39 @@ def grow_candidates(
     the frontier, so no ancestry walk is needed. `compiled` is accepted for symmetry with `draft_tree`."""
     k, levels = strategy.topk, strategy.depth - 1
     b, dev = ins.tokens.shape[0], ins.tokens.device
-    lp, toks = torch.topk(root_logits, k, dim=-1, sorted=True)  # level 0: the root's K best children
-    lp = lp.float() - torch.logsumexp(root_logits.float(), -1, keepdim=True)
-    tokens, scores = [toks], [lp]
-    parents = [torch.full_like(toks, -1)]
+    lp, toks = _top_children(root_logits, k)  # level 0: the root's K best children, sorted
     if levels == 0:
-        return Candidates(toks, lp, parents[0], k)
+        return Candidates(toks, lp, torch.full_like(toks, -1), k)
+    tokens, scores, fronts = [toks], [lp], []
     positions, seq_lens, slots, cu = _level_meta(ins, strategy, block_size, cache.num_blocks * cache.block_size - 1)
     eye = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
     front_flat = torch.arange(k, device=dev).expand(b, k)  # level 0 is sorted: its frontier is itself
     front_tok, front_score, feats, mask = toks, lp, root_hidden[:, None].expand(b, k, -1), eye
-    start = 0  # flat index of the frontier's level
     for d in range(1, levels + 1):
-        meta = AttnMetadata("verify", cu, seq_lens[d - 1], ins.tables, slots[d - 1].reshape(-1), k, mask,
+        meta = AttnMetadata("verify", cu, seq_lens[d - 1], ins.tables, slots[d - 1].view(-1), k, mask,
                             slots_resolved=True)  # fmt: skip
-        out = drafter.forward_paged(front_tok.reshape(-1), feats.reshape(b * k, -1), positions[d - 1].reshape(-1),
+        out = drafter.forward_paged(front_tok.reshape(-1), feats.reshape(b * k, -1), positions[d - 1].view(-1),
                                     cache, meta)  # fmt: skip
-        child_tok, child_lp = _top_children(out.logits, b, k)  # [B, K, K]
-        level_tok = child_tok.reshape(b, k * k)
-        level_score = (front_score[:, :, None] + child_lp).reshape(b, k * k)
+        child_lp, child_tok = _top_children(out.logits, k)  # [B*K, K]
+        level_tok = child_tok.view(b, k * k)
+        level_score = (front_score[:, :, None] + child_lp.view(b, k, k)).view(b, k * k)
         tokens.append(level_tok)
         scores.append(level_score)
-        parents.append(front_flat[:, :, None].expand(b, k, k).reshape(b, k * k))
+        fronts.append(front_flat)
         if d == levels:
             break
         # the next frontier: the level's K best (stable: ties to the lower index), and its parents' places
         sel = torch.sort(level_score, dim=-1, descending=True, stable=True).indices[:, :k]
         parent = sel // k  # [B, K] place of each new frontier node's parent in the current frontier
-        start = k if d == 1 else start + k * k
-        front_flat = start + sel
+        front_flat = sel + (k + (d - 1) * k * k)  # level d starts at flat index K + (d-1)K^2
         front_tok, front_score = level_tok.gather(1, sel), level_score.gather(1, sel)
         feats = out.hidden.view(b, k, -1).gather(1, parent[..., None].expand(-1, -1, out.hidden.shape[-1]))
         inherited = mask.gather(1, parent[..., None].expand(-1, -1, mask.shape[-1]))
         mask = torch.cat([inherited, eye], 2)  # [B, K, (d+1)K]: ancestors' slots and its own
-    return Candidates(torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(parents, 1), k)
+    # a level's K*K candidates are frontier-major: candidate j's parent is the level's frontier node j // K
+    parents = torch.stack(fronts, 1)[..., None].expand(b, levels, k, k).reshape(b, levels * k * k)
+    parents = torch.cat([torch.full_like(toks, -1), parents], 1)
+    return Candidates(torch.cat(tokens, 1), torch.cat(scores, 1), parents, k)
 
 
 TREE_FIELDS = [f.name for f in dataclasses.fields(DraftTree)]
