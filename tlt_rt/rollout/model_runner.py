@@ -104,9 +104,13 @@ class ModelRunner:
             lead = [[s.num_cached, min(s.num_cached, r), *s.last_tokens(r)] for s in seqs]
         w = max(len(t) for t in tables)
         ints = torch.tensor([a + t + [0] * (w - len(t)) for a, t in zip(lead, tables, strict=True)], dtype=torch.long)
-        u = host_uniforms([s.seed for s in seqs], [s.counter for s in seqs], 2 * (depth + 1))
-        settings = np.array([params.temperature, params.top_k, params.top_p], dtype=np.float32)
-        floats = torch.from_numpy(np.concatenate([u, np.broadcast_to(settings, (b, 3))], 1))
+        floats = np.empty((b, 2 * (depth + 1) + 3), dtype=np.float32)
+        if params.greedy:  # greedy acceptance reads no uniform
+            floats[:, :-3] = 0.0
+        else:
+            floats[:, :-3] = host_uniforms([s.seed for s in seqs], [s.counter for s in seqs], 2 * (depth + 1))
+        floats[:, -3:] = (params.temperature, params.top_k, params.top_p)
+        floats = torch.from_numpy(floats)
         return StepArgs(ints, floats, window)
 
     def run_args(self, option: str, mode: str, args: StepArgs) -> StepValues:

@@ -98,18 +98,20 @@ class Scheduler:
     # ---- postprocessing ------------------------------------------------------------------------------------
     def emit(self, seq: Sequence, toks: list[int], lps: list[float]) -> int:
         """Append tokens until a stop token or a limit; returns how many were kept."""
-        kept = 0
-        for t, lp in zip(toks, lps, strict=False):
-            seq.output.append(t)
-            seq.logprobs.append(lp)
-            kept += 1
-            if t in self.stop:
-                seq.finish_reason = "stop"
-            elif len(seq.output) >= seq.max_new_tokens or seq.length >= self.max_context:
-                seq.finish_reason = "length"
-            if seq.finished:
-                self.finish(seq)
+        out, n = seq.output, len(toks)
+        # the last token the limits allow, then cut at the first stop token before it
+        room = min(seq.max_new_tokens - len(out), self.max_context - len(seq.prompt) - len(out))
+        kept = min(n, max(room, 1))
+        reason = "length" if kept == room else None
+        for i in range(kept):
+            if toks[i] in self.stop:
+                kept, reason = i + 1, "stop"
                 break
+        out.extend(toks[:kept])
+        seq.logprobs.extend(lps[:kept])
+        if reason is not None:
+            seq.finish_reason = reason
+            self.finish(seq)
         self.stats["generated_tokens"] += kept
         return kept
 
