@@ -27,7 +27,7 @@ from tlt_rt.rollout import steps
 from tlt_rt.rollout.block_manager import BlockManager
 from tlt_rt.rollout.costs import CostTable
 from tlt_rt.rollout.drafting import DrafterRunner, DraftProgram
-from tlt_rt.rollout.params import Completion, SamplingParams
+from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
 from tlt_rt.rollout.policy import SDPolicy
 from tlt_rt.rollout.rng import sequence_seed
 from tlt_rt.rollout.runner import Sampler, TargetRunner
@@ -196,6 +196,7 @@ class Engine:
     # -------------------------------------------------------------------------------------- generate
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[Completion]:
         """Sample `params.n` continuations of every prompt; returns them ordered by (prompt, sample)."""
+        prompts, params = check_prompts(prompts, params, self.target.arch.vocab_size)
         params = params or SamplingParams()
         prompts = [[int(t) for t in p] for p in prompts]
         self._validate(prompts, params)
