@@ -42,20 +42,20 @@ def load_pt(path: str | Path, mmap: bool = False) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        detail = str(e).split("\n")[0] if "Unsupported global" not in str(e) else _unsupported_global(str(e))
         raise CheckpointError(
-            f"{path}: refused to load: it holds pickled Python objects ({detail}), and unpickling them could run "
-            "code; tlt_rt checkpoints hold only tensors and plain containers"
+            f"{path}: refused to load: it holds pickled Python objects ({_offending_global(str(e))}), and "
+            "unpickling them could run code; tlt_rt checkpoints hold only tensors and plain containers"
         ) from e
     except (RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(f"{path}: cannot be read as a checkpoint file: {str(e).splitlines()[0]}") from e
 
 
-def _unsupported_global(text: str) -> str:
+def _offending_global(text: str) -> str:
+    """The line of torch's weights-only error that names what was refused (the rest advises switching the check off)."""
     for line in text.splitlines():
-        if "Unsupported global" in line:
-            return line.strip().removeprefix("WeightsUnpickler error: ")
-    return "an unsupported global"
+        if "GLOBAL" in line or "Unsupported" in line:
+            return line.strip().removeprefix("WeightsUnpickler error: ").rstrip(".")
+    return "not plain tensors and containers"
 
 
 def verify_pt_files(folder: str | Path) -> None:

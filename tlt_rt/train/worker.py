@@ -29,6 +29,7 @@ from tlt_rt.train.checkpoint import load_pt, rng_state, set_rng_state
 from tlt_rt.train.coordinator import TailTrainer, tail_training_on
 from tlt_rt.train.learner import Learner, MiniBatch, SamplingFilter
 from tlt_rt.train.metrics import stats_delta
+from tlt_rt.train.sd_explain import explain_policy
 
 BUCKET_BYTES = 64 << 20  # gradient all-reduce bucket
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens", "chat_template",
@@ -198,6 +199,7 @@ class Worker:
             "completions": [(o.prompt_index, o.sample_index, o.token_ids, o.logprobs, o.finish_reason) for o in outs],
             "timeline": timeline,
             "stats": stats_delta(self.engine.stats(), before),
+            "sd_policy": explain_policy(getattr(self.engine, "policy", None), timeline),
             "start": start,
             "end": end,
             "num_seqs": n_seqs,
