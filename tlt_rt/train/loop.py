@@ -277,7 +277,7 @@ class Trainer:
             "policy_version": self.pool.version,
             "step_seconds": t_end - t0,
             "worker_restarts": self.pool.restarts,
-            "sd_policy": next((res["sd_policy"] for res in results if res.get("sd_policy")), None),
+            "sd_policy": _merge_sd_policy([res.get("sd_policy") for res in results]),
         }
         return rec
 
@@ -337,13 +337,25 @@ class _Both:
             h.update(n)
 
 
+def _merge_sd_policy(parts: list[dict | None]) -> dict | None:
+    """The workers' SD policy readings in one: per batch bucket, the first worker's that decoded there."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    buckets: dict[str, dict] = {}
+    for p in parts:
+        for b, row in p["buckets"].items():
+            buckets.setdefault(b, row)
+    return {"mode": parts[0]["mode"], "buckets": dict(sorted(buckets.items(), key=lambda kv: int(kv[0])))}
+
+
 def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
 def _summary(r: dict) -> str:
     return (
-        f"step {r['step']}: reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "
+        f"reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "
         f"{r['response_len_p50']:.0f}/{r['response_len_max']} | rollout {r['rollout_seconds']:.1f}s tail "
         f"{r['tail_share']:.0%} SD {r['sd_share']:.0%} accept {_fmt(r['accept_length'], '.2f')} "
         f"{r['tokens_per_second']:.0f} tok/s | drafter {r['spot_steps']} steps loss {_fmt(r['drafter_loss'], '.3f')} "

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from tlt_rt.train.sd_explain import sd_reason
+from tlt_rt.train.sd_explain import sd_why
 
 
 def duration(seconds: float) -> str:
@@ -108,13 +108,15 @@ def run_summary(records: list[dict], run_dir: Path, checkpoint: Path | None, spe
     harvested = sum(r.get("harvested_worker_seconds", 0.0) for r in records)
     last = records[-1]
     lines = [
-        f"done: {len(records)} step(s) (steps {records[0]['step'] + 1}-{last['step'] + 1}) in {duration(seconds)}",
+        f"done: {len(records)} step(s) in {duration(seconds)}"
+        + (f" (resumed at step {records[0]['step'] + 1})" if records[0]["step"] else ""),
         f"  reward    {_span(records, 'reward_mean')}   accuracy {_span(records, 'accuracy')}",
         f"  rollout   {duration(rollout)} of {duration(total)} step time ({rollout / total:.0%})"
         if total
         else f"  rollout   {duration(rollout)}",
-        f"  SD        {sd_share:.0%} of decode time; accept length {accept}",
-        f"            {sd_reason({**last, 'sd_share': sd_share}, speculative)}",
+        f"  SD        {sd_share:.0%} of decode time ({last.get('sd_share') or 0.0:.0%} in the last step); "
+        f"accept length {accept}",
+        f"  why       {sd_why(last, speculative)}",
         f"  drafter   {spot} training step(s) on idle workers / the tail, {harvested:.1f} idle worker-seconds used",
         f"  run       {run_dir}  (metrics.jsonl, timelines.jsonl, config.yaml)",
         f"  checkpoint {checkpoint if checkpoint is not None else '(none yet)'}",

@@ -38,24 +38,34 @@ def explain_policy(policy: Any, timeline: Sequence[dict]) -> dict | None:
     return {"mode": policy.mode, "buckets": out}
 
 
-def sd_reason(record: dict, speculative: str) -> str:
-    """One line: how much of decoding was speculative, and the numbers that decided it."""
+def sd_why(record: dict, speculative: str) -> str:
+    """The numbers behind the policy's choice at the smallest batch decoded (the tail, where speculation
+    pays first): the best strategy's cost in plain steps, its accept length and the speedup they imply."""
     if speculative == "off":
-        return "SD off (rollout.speculative=off)"
+        return "rollout.speculative=off"
     why = record.get("sd_policy") or {}
-    share = record.get("sd_share") or 0.0
     rows = [(int(b), r) for b, r in (why.get("buckets") or {}).items() if r.get("strategy")]
     if not rows:
-        if share > 0:
-            return f"SD {share:.0%} of decode time"
-        return "SD unused: the policy has no step costs for a strategy yet (it measures plain decoding first)"
-    bucket, r = min(rows)  # the smallest batch: the tail, where speculation pays first
-    source = "measured" if r["measured"] else "prior, not yet measured"
+        return "the policy has no step cost for a strategy yet (it times plain decoding first)"
+    bucket, r = min(rows)
+    source = "measured" if r["measured"] else "estimated: too few speculative steps to measure"
     numbers = (
         f"at batch <= {bucket} the best strategy {r['strategy']} costs {r['cost_ratio']:.1f} plain steps and emits "
         f"{r['accept']:.2f} tokens ({source}): {r['speedup']:.2f}x plain decoding"
     )
-    if share > 0:
-        return f"SD {share:.0%} of decode time; {numbers}"
+    if (record.get("sd_share") or 0.0) > 0:
+        return numbers
     verdict = "so the policy kept plain decoding" if r["speedup"] <= 1 else "but it is held back until measured"
-    return f"SD unused: {numbers}, {verdict}"
+    return f"{numbers}, {verdict}"
+
+
+def sd_reason(record: dict, speculative: str) -> str:
+    """One line: how much of decoding was speculative, and the numbers that decided it."""
+    if speculative == "off":
+        return "SD off (rollout.speculative=off)"
+    share = record.get("sd_share") or 0.0
+    return (
+        f"SD {share:.0%} of decode time; {sd_why(record, speculative)}"
+        if share
+        else f"SD unused: {sd_why(record, speculative)}"
+    )
