@@ -98,12 +98,16 @@ def test_rewards_by_name_and_import_path():
 
 
 # ----------------------------------------------------------------------------- one CPU step each
-def test_verl_parquet_trains_one_step(ray_cluster, tiny, tmp_path):  # noqa: F811
+def test_verl_parquet_trains_one_step(ray_cluster, tiny, tmp_path, capsys):  # noqa: F811
     data = write_verl(tmp_path / "gsm8k.parquet")
     records = train(tiny_config(tiny, tmp_path, "verl", "rl.steps=1", "cluster.num_workers=1", "task.kind=parquet",
                                 f"task.path={data}", "task.reward=tests.test_formats:length_reward"))  # fmt: skip
     assert len(records) == 1 and records[0]["samples_trained"] > 0  # the length reward differs within groups
     assert 0 < records[0]["reward_mean"] <= 1
+    out = capsys.readouterr().out  # the step line, why SD ran or not, and the closing summary
+    assert "[step 1/1 |" in out and "done: 1 step(s)" in out and "SD " in out and "why " in out
+    assert f"report    python -m tlt_rt.report {tmp_path / 'verl'}" in out
+    assert f"checkpoint {tmp_path / 'verl' / 'checkpoints' / 'step_000001'}" in out
 
 
 def test_trl_dataset_trains_one_step(ray_cluster, tiny, tmp_path):  # noqa: F811
