@@ -89,3 +89,20 @@ def test_resume_from_a_pickled_checkpoint_is_refused_by_the_cli(tmp_path):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("error: ") and "learner.pt: refused to load" in lines[0]
     assert "pwned" not in proc.stdout
+
+
+def test_resume_from_a_truncated_policy_is_refused(capsys, tmp_path):
+    from tlt_rt.models import save_target
+    from tlt_rt.models.arch import ArchConfig
+    from tlt_rt.models.llama import CausalLM
+    from tlt_rt.train.__main__ import main as train_main
+
+    step = _fake_run(tmp_path, "cut", payload=False)
+    arch = ArchConfig(model_type="llama", vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=64)  # fmt: skip
+    weights = save_target(CausalLM(arch), step / "policy") / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    assert train_main([f"output_dir={tmp_path}", "name=cut", "resume=true", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: checkpoint {step} cannot be resumed: {weights}: ")
+    assert "truncated safetensors file" in err

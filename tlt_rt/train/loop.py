@@ -127,6 +127,8 @@ class Trainer:
             raise ConfigError("resume", f"is true but there is no run {self.run_dir} to resume")
         if last is not None:
             ckpt.verify_pt_files(last)  # before any worker unpickles them
+        elif cfg.resume:
+            tqdm.write(f"resume=true: {self.run_dir} has no complete checkpoint yet; starting from step 1")
         self.pool: WorkerPool | None = None
         self.metrics: MetricsWriter | None = None
         self.placement_groups: list = []

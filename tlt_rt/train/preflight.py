@@ -74,7 +74,7 @@ def check_loggers(cfg: TLTConfig) -> None:
 
 def check_resume(cfg: TLTConfig) -> None:
     """resume=true needs the run folder (a misspelt name must not quietly start a new run); its latest
-    checkpoint's .pt files must load without running code."""
+    checkpoint's .pt files must load without running code and its policy folder must be whole."""
     if not cfg.resume:
         return
     run_dir = Path(cfg.output_dir) / cfg.name
@@ -86,7 +86,13 @@ def check_resume(cfg: TLTConfig) -> None:
         raise ConfigError("resume", f"is true but there is no run {run_dir} to resume{hint}")
     last = ckpt.latest_checkpoint(run_dir)
     if last is not None:
+        from tlt_rt.models.loader import check_model_folder
+
         ckpt.verify_pt_files(last)
+        try:
+            check_model_folder(last / "policy")
+        except (FileNotFoundError, ValueError) as e:
+            raise ckpt.CheckpointError(f"checkpoint {last} cannot be resumed: {e}") from e
 
 
 def preflight(cfg: TLTConfig, dry_run: bool = False) -> None:
