@@ -164,11 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         cfg = load_config(TLTConfig, path, overrides)
         dry_run = "--dry-run" in flags
-        preflight(cfg, dry_run)  # files, imports and a resumed run's checkpoint, before anything is made
+        notes = preflight(cfg, dry_run)  # files, imports and a resumed run's checkpoint, before anything is made
         if dry_run:
             text = plan(cfg)  # a layout that cannot be placed is a config error too
             print(f"config {path or '(defaults)'}: valid")
-            print(text)
+            print("\n".join([text, *notes]))
             return 0
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -40,13 +40,21 @@ def check_model(cfg: TLTConfig, dry_run: bool = False) -> None:
         raise ConfigError("model.path", str(e)) from e
 
 
-def check_dataset(cfg: TLTConfig) -> int:
-    """The dataset file reads into problems; returns how many (0 for the generated arithmetic task)."""
+def planned_elsewhere(cfg: TLTConfig) -> bool:
+    """A dry run for another machine: the model is not here and model.arch gives its shape."""
+    return cfg.model.arch is not None and cfg.model.path != "smollm2" and not Path(cfg.model.path).expanduser().exists()
+
+
+def check_dataset(cfg: TLTConfig, dry_run: bool = False) -> int:
+    """The dataset file reads into problems; returns how many (0 for the generated arithmetic task, -1 for a
+    dry run planned for another machine, whose dataset is not here either)."""
     from tlt_rt.train.data import load_dataset_file
 
     t = cfg.task
     if t.kind == "arithmetic":
         return 0
+    if dry_run and planned_elsewhere(cfg) and not Path(t.path).expanduser().exists():
+        return -1
     try:
         return len(load_dataset_file(t.path, t.question_field, t.answer_field))
     except (FileNotFoundError, ValueError) as e:
@@ -95,10 +103,12 @@ def check_resume(cfg: TLTConfig) -> None:
             raise ckpt.CheckpointError(f"checkpoint {last} cannot be resumed: {e}") from e
 
 
-def preflight(cfg: TLTConfig, dry_run: bool = False) -> None:
-    """Every check above, cheapest first."""
+def preflight(cfg: TLTConfig, dry_run: bool = False) -> list[str]:
+    """Every check above, cheapest first; returns notes on what a dry run could not check here."""
     check_reward(cfg)
     check_loggers(cfg)
     check_resume(cfg)
     check_model(cfg, dry_run)
-    check_dataset(cfg)
+    if check_dataset(cfg, dry_run) < 0:
+        return [f"note: task.path {cfg.task.path} is not on this machine either (not checked)"]
+    return []
