@@ -31,7 +31,8 @@ def check_model(cfg: TLTConfig, dry_run: bool = False) -> None:
     if not p.exists():
         if dry_run and cfg.model.arch is not None:
             return
-        raise ConfigError("model.path", f"{p} does not exist")
+        hint = "; for a dry run of a checkpoint that is not on this machine set model.arch (see --help-config)"
+        raise ConfigError("model.path", f"{p} does not exist{hint if dry_run else ''}")
     if p.suffix == ".gguf":
         return  # converted (and checked) on first load; a dry run must not dequantise it
     try:
