@@ -206,8 +206,8 @@ def test_missing_field_names_field_line_and_keys(tmp_path):
     path = _write_jsonl(tmp_path / "d.jsonl", [{"question": "a", "answer": "1"}, {"question": "b", "sol": "2"}])
     with pytest.raises(DatasetError, match=r"line 2: missing field 'answer'; available keys: question, sol"):
         load_dataset_file(path)
-    (tmp_path / "d.json").write_text(json.dumps([{"prompt": "x", "answer": "1"}]))
-    with pytest.raises(DatasetError, match=r"record 0: missing field 'question'; available keys: answer, prompt"):
+    (tmp_path / "d.json").write_text(json.dumps([{"query": "x", "answer": "1"}]))
+    with pytest.raises(DatasetError, match=r"record 0: missing field 'question'; available keys: answer, query"):
         load_dataset_file(tmp_path / "d.json")
 
 

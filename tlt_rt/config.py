@@ -197,7 +197,67 @@ def type_name(tp: Any) -> str:
     return "path" if tp is Path else getattr(tp, "__name__", repr(tp))
 
 
+# Other trainers' names for our knobs (verl, TRL, vLLM), matched on the unknown key's dotted tails, so an
+# unknown `actor_rollout_ref.rollout.n` or `num_generations` is answered with ours.
+FOREIGN_KEYS: dict[str, tuple[str, ...]] = {
+    "rollout.n": ("rl.group_size", "verl's"),
+    "num_generations": ("rl.group_size", "TRL's"),
+    "clip_ratio_high": ("rl.clip_high", "verl's"),
+    "epsilon_high": ("rl.clip_high", "TRL's"),
+    "clip_ratio_low": ("rl.clip_low", "verl's"),
+    "clip_ratio": ("rl.clip_low", "verl's"),
+    "epsilon": ("rl.clip_low", "TRL's"),
+    "kl_loss_coef": ("rl.kl_coef", "verl's"),
+    "beta": ("rl.kl_coef", "TRL's"),
+    "loss_agg_mode": ("rl.loss_agg", "verl's"),
+    "loss_type": ("rl.loss_agg", "TRL's"),
+    "max_tokens": ("rollout.max_new_tokens", "vLLM's"),
+    "max_completion_length": ("rollout.max_new_tokens", "TRL's"),
+    "response_length": ("rollout.max_new_tokens", "verl's"),
+    "max_response_length": ("rollout.max_new_tokens", "verl's"),
+    "max_prompt_length": ("model.max_context", "verl's and TRL's", "ours bounds prompt + response"),
+    "learning_rate": ("rl.lr", "TRL's"),
+    "optim.lr": ("rl.lr", "verl's"),
+    "train_batch_size": ("rl.prompts_per_step", "verl's"),
+    "ppo_mini_batch_size": ("rl.mini_batches", "verl's", "ours counts them: train_batch_size / ppo_mini_batch_size"),
+    "ppo_micro_batch_size_per_gpu": ("rl.micro_batch", "verl's"),
+    "total_training_steps": ("rl.steps", "verl's"),
+    "max_steps": ("rl.steps", "TRL's"),
+    "grad_clip": ("rl.max_grad_norm", "verl's"),
+    "norm_adv_by_std_in_grpo": ("rl.normalize_adv_std", "verl's"),
+    "scale_rewards": ("rl.normalize_adv_std", "TRL's"),
+    "tensor_model_parallel_size": ("cluster.tensor_parallel", "verl's"),
+    "n_gpus_per_node": ("cluster.gpus_per_node", "verl's"),
+    "nnodes": ("cluster.nodes", "verl's"),
+    "model_name_or_path": ("model.path", "TRL's"),
+    "train_files": ("task.path", "verl's"),
+    "dataset_name": ("task.path", "TRL's"),
+    "prompt_key": ("task.question_field", "verl's"),
+    "reward_funcs": ("task.reward", "TRL's"),
+    "report_to": ("logging.loggers", "TRL's"),
+    "logger": ("logging.loggers", "verl's"),
+    "torch_dtype": ("model.dtype", "transformers' deprecated"),
+}
+
+
+def _foreign(full_key: str, ours: set[str]) -> str | None:
+    """A hint for a key spelt as another trainer spells it, matching its dotted tails (longest first)."""
+    parts = full_key.lower().split(".")
+    for i in range(len(parts)):
+        tail = ".".join(parts[i:])
+        if tail in FOREIGN_KEYS:
+            key, who, *note = FOREIGN_KEYS[tail]
+            return f"did you mean '{key}'? ('{tail}' is {who} name for it{'; ' + note[0] if note else ''})"
+        if i > 0 and tail in ours:  # our key under another trainer's prefix (actor_rollout_ref.rollout.top_k)
+            return f"did you mean '{tail}'?"
+    return None
+
+
 def _unknown(full_key: str, candidates: Sequence[str], valid_here: Sequence[str]) -> ConfigError:
+    ours = {doc.key for doc in config_fields(TLTConfig)}
+    hint = _foreign(full_key, ours) if all(c in ours for c in candidates) else None  # only inside TLTConfig
+    if hint is not None:
+        return ConfigError(full_key, f"unknown key; {hint}")
     # compare case-folded so that MAX_BATCH still finds max_batch
     folded = {c.lower(): c for c in candidates}
     close = difflib.get_close_matches(full_key.lower(), list(folded), n=1, cutoff=0.6)
@@ -451,6 +511,9 @@ def parse_cli(argv: Sequence[str]) -> tuple[str | None, list[str], list[str]]:
 # Each section belongs to one component (models/, train/data, rollout/, train/ drafter, train/ GRPO,
 # train/ Ray); checks use keys relative to the section, the loader adds the section's name.
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+DEFAULT_INSTRUCTION = (
+    'Solve the problem step by step. End your reply with "The answer is N." where N is the final number.'
+)
 
 
 @register
@@ -501,9 +564,29 @@ class TaskConfig:
         True, help="Arithmetic: phrase problems in words rather than bare expressions (longer reasoning)."
     )
     seed: int = option(0, help="Seed for generating and shuffling prompts, so runs see the same data.")
-    question_field: str = option("question", help="jsonl/parquet: record field holding the prompt text.")
+    question_field: str = option(
+        "question",
+        help="jsonl/parquet: record field holding the prompt: text, or a chat message list (verl's and TRL's "
+        "conversational `prompt`). Dotted names reach into nested records. With the default, a record without "
+        "'question' falls back to 'prompt' (verl, TRL).",
+    )
     answer_field: str = option(
-        "answer", help="jsonl/parquet: record field holding the reference answer the reward checks against."
+        "answer",
+        help="jsonl/parquet: record field holding the reference answer the reward checks against; dotted names "
+        "reach into nested records. With the default, a record without 'answer' falls back to "
+        "'reward_model.ground_truth' (verl), then 'solution' and 'ground_truth' (TRL / open-r1).",
+    )
+    instruction: str | None = option(
+        DEFAULT_INSTRUCTION,
+        help="Appended (on its own line) to every text question; null or '' = none. Chat-message prompts "
+        "(verl/TRL datasets) carry their own instructions and are used as they are.",
+    )
+    reward: str = option(
+        "numeric",
+        help="How a response is scored against the reference answer: 'numeric' (the final number or \\boxed{} "
+        "answer, compared by value); 'math_verify' (the math-verify library that TRL, verl and open-r1 use; "
+        "pip install 'tlt_rt[math]'); or 'module:function', your own function(response: str, answer: str) -> "
+        "float, imported by that path.",
     )
 
     def __post_init__(self) -> None:
@@ -513,6 +596,11 @@ class TaskConfig:
         check_min(self, "num_ops", 1)
         check(bool(self.question_field), "question_field", "must not be empty")
         check(bool(self.answer_field), "answer_field", "must not be empty")
+        check(
+            self.reward in ("numeric", "math_verify") or re.fullmatch(r"[\w.]+:\w+", self.reward) is not None,
+            "reward",
+            f"must be 'numeric', 'math_verify' or 'module:function', got {self.reward!r}",
+        )
 
 
 @register
@@ -758,6 +846,30 @@ class ClusterConfig:
 
 @register
 @dataclasses.dataclass
+class LoggingConfig:
+    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = option(
+        ["jsonl"],
+        help="Where step metrics go: 'jsonl' (RUN/metrics.jsonl, always written: resume and the report read it), "
+        "'tensorboard' (RUN/tb; pip install tensorboard) and 'wandb' (pip install wandb; offline by default).",
+    )
+    wandb_project: str = option("tlt_rt", help="wandb project name.")
+    wandb_mode: Literal["offline", "online"] = option(
+        "offline", help="wandb mode: 'offline' writes under RUN/wandb (wandb sync uploads later); 'online' uploads."
+    )
+    progress_every_s: float = option(
+        30.0,
+        help="Seconds between plain progress lines (step k of N, time left) while a step runs; they also reach "
+        "redirected logs, where progress bars are off. 0 = only the line after each step.",
+    )
+
+    def __post_init__(self) -> None:
+        check("jsonl" in self.loggers, "loggers", "must include jsonl: resume and the report read metrics.jsonl")
+        check(len(set(self.loggers)) == len(self.loggers), "loggers", "has duplicates")
+        check_min(self, "progress_every_s", 0.0)
+
+
+@register
+@dataclasses.dataclass
 class TLTConfig:
     name: str = option("tlt", help="Run name; outputs go to output_dir/name.")
     output_dir: str = option("runs", help="Folder for checkpoints, logs and cost tables.")
@@ -768,7 +880,8 @@ class TLTConfig:
     drafter: DrafterConfig = option(factory=DrafterConfig, help="The draft model and its online training.")
     rl: RLConfig = option(factory=RLConfig, help="The GRPO learner.")
     cluster: ClusterConfig = option(factory=ClusterConfig, help="Workers and devices.")
-    tensorboard: bool = option(True, help="Also write TensorBoard event files when tensorboard is installed.")
+    logging: LoggingConfig = option(factory=LoggingConfig, help="Metrics loggers and progress lines.")
+    tensorboard: bool = option(False, help="Same as listing tensorboard in logging.loggers (kept for old configs).")
 
     def __post_init__(self) -> None:
         check(

@@ -33,7 +33,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 def _safetensor_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise ValueError(f"{index}: not a valid safetensors index ({e})") from e
         files = sorted({folder / f for f in weight_map.values()})
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
@@ -50,6 +53,36 @@ def _safetensor_files(folder: Path) -> list[Path]:
     )
 
 
+def check_safetensors(path: Path) -> None:
+    """Raise a ValueError naming `path` when it is not a whole safetensors file (reads the header only)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or 8 + n > size:
+            raise ValueError(f"{path}: truncated or not a safetensors file ({size} bytes, no whole header)")
+        try:
+            header = json.loads(f.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+            raise ValueError(f"{path}: not a safetensors file (unreadable header: {e})") from e
+    if 8 + n + end > size:
+        raise ValueError(
+            f"{path}: truncated safetensors file: {size} bytes, its header needs {8 + n + end}; "
+            "copy or download it again"
+        )
+
+
+def check_model_folder(path: str | Path | None) -> Path:
+    """Check a model reference without loading weights: config.json parses and every safetensors file is
+    whole. Returns the folder; raises FileNotFoundError / ValueError naming the file at fault."""
+    folder = resolve_model_path(path)
+    ArchConfig.from_file(folder / "config.json")
+    for f in _safetensor_files(folder):
+        check_safetensors(f)
+    return folder
+
+
 def load_state_into(model: torch.nn.Module, files: list[Path], strict: bool = True) -> None:
     """Copy tensors from safetensors files into `model`'s parameters, checking every name and shape."""
     params = dict(model.named_parameters())
@@ -57,6 +90,7 @@ def load_state_into(model: torch.nn.Module, files: list[Path], strict: bool = Tr
     seen: set[str] = set()
     tied = getattr(getattr(model, "arch", None), "tie_word_embeddings", False)
     for f in files:
+        check_safetensors(f)
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():
                 if name.endswith(_IGNORED_SUFFIXES):
@@ -126,17 +160,27 @@ def resolve_model_path(path: str | Path | None) -> Path:
     return p
 
 
-def save_target(model: CausalLM, folder: str | Path, tokenizer=None) -> Path:
-    """Write `model` as a HF folder (config.json + model.safetensors) that transformers can also read."""
+def save_target(model: CausalLM, folder: str | Path, tokenizer=None, max_shard_size: int | str = "5GB") -> Path:
+    """Write `model` as a HF folder that transformers can also read: config.json and model.safetensors, or
+    shards of at most `max_shard_size` with model.safetensors.index.json (the hub library's layout)."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = model.arch.to_hf()
-    cfg["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
+    cfg["dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if model.arch.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    for old in [*folder.glob("model*.safetensors"), folder / "model.safetensors.index.json"]:
+        old.unlink(missing_ok=True)  # a previous save's shards would shadow or mix with these
+    split = split_torch_state_dict_into_shards(state, max_shard_size=max_shard_size)
+    for filename, names in split.filename_to_tensors.items():
+        save_file({k: state[k] for k in names}, str(folder / filename), metadata={"format": "pt"})
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     return folder

@@ -28,7 +28,7 @@ from tlt_rt.models.llama import CausalLM, fuse_projections, set_glue
 from tlt_rt.rollout import prepare
 from tlt_rt.rollout.block_manager import BlockManager
 from tlt_rt.rollout.model_runner import ModelRunner
-from tlt_rt.rollout.params import Completion, SamplingParams
+from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
 from tlt_rt.rollout.policy import SDPolicy
 from tlt_rt.rollout.prefill import prefill
 from tlt_rt.rollout.profiling import load_costs
@@ -189,6 +189,7 @@ class Engine:
     # -------------------------------------------------------------------------------------- generate
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[Completion]:
         """Sample `params.n` continuations of every prompt; returns them ordered by (prompt, sample)."""
+        prompts, params = check_prompts(prompts, params, self.target.arch.vocab_size)
         params = params or SamplingParams()
         prompts = [[int(t) for t in p] for p in prompts]
         self._validate(prompts, params)

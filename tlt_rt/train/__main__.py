@@ -16,7 +16,9 @@ from pathlib import Path
 
 from tlt_rt.config import ConfigError, TLTConfig, describe, load_config, parse_cli
 from tlt_rt.models.arch import ArchConfig
+from tlt_rt.train.checkpoint import CheckpointError
 from tlt_rt.train.placement import PlacementError, plan_layout
+from tlt_rt.train.preflight import preflight
 
 # Published shapes (each model's config.json), so a plan needs no download.
 KNOWN_SHAPES: dict[str, dict] = {
@@ -161,11 +163,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(describe(TLTConfig), end="")
             return 0
         cfg = load_config(TLTConfig, path, overrides)
-        if "--dry-run" in flags:
+        dry_run = "--dry-run" in flags
+        notes = preflight(cfg, dry_run)  # files, imports and a resumed run's checkpoint, before anything is made
+        if dry_run:
             text = plan(cfg)  # a layout that cannot be placed is a config error too
             print(f"config {path or '(defaults)'}: valid")
-            print(text)
+            print("\n".join([text, *notes]))
             return 0
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -173,9 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         train(cfg)
-    except (RunExistsError, NotImplementedError, ConfigError, PlacementError) as e:
+    except (RunExistsError, NotImplementedError, ConfigError, PlacementError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: the last complete checkpoint is kept; resume=true continues from it", file=sys.stderr)
+        return 130
     return 0
 
 

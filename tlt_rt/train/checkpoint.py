@@ -8,6 +8,9 @@
         state.json       next step, prompt cursor, driver RNG, learner version
         COMPLETE         written last: a folder without it is ignored
 
+The .pt files hold tensors and plain containers only and are read with `torch.load(weights_only=True)`:
+a checkpoint from someone else (a shared run folder, a download) cannot run code when it is resumed.
+
 Workers write their parts directly, so output_dir must be on a file system every worker sees.
 Not saved: the drafter's training buffer (hidden states of recent steps; refilled by the next rollouts).
 """
@@ -15,6 +18,7 @@ Not saved: the drafter's training buffer (hidden states of recent steps; refille
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -25,6 +29,39 @@ import torch
 
 CHECKPOINTS = "checkpoints"
 MARKER = "COMPLETE"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot or must not be loaded; the message names the file."""
+
+
+def load_pt(path: str | Path, mmap: bool = False) -> Any:
+    """A .pt file of tensors and plain containers; a file that pickles anything else is refused, since
+    unpickling it could run code."""
+    path = Path(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path}: refused to load: it holds pickled Python objects ({_offending_global(str(e))}), and "
+            "unpickling them could run code; tlt_rt checkpoints hold only tensors and plain containers"
+        ) from e
+    except (RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot be read as a checkpoint file: {str(e).splitlines()[0]}") from e
+
+
+def _offending_global(text: str) -> str:
+    """The line of torch's weights-only error that names what was refused (the rest advises switching the check off)."""
+    for line in text.splitlines():
+        if "GLOBAL" in line or "Unsupported" in line:
+            return line.strip().removeprefix("WeightsUnpickler error: ").rstrip(".")
+    return "not plain tensors and containers"
+
+
+def verify_pt_files(folder: str | Path) -> None:
+    """Check, without reading the tensor data (mmap), that every .pt file under `folder` loads safely."""
+    for f in sorted(Path(folder).rglob("*.pt")):
+        load_pt(f, mmap=True)
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:
@@ -88,7 +125,10 @@ def set_python_rng_state(state: list) -> None:
 
 
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every RNG's state as tensors and plain containers (loadable with weights_only=True)."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)]
+    state = {"torch": torch.get_rng_state(), "python": python_rng_state(), "numpy": numpy_state}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -96,7 +136,8 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    set_python_rng_state(state["python"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_INSTRUCTION = (
-    'Solve the problem step by step. End your reply with "The answer is N." where N is the final number.'
-)
+from tlt_rt.config import DEFAULT_INSTRUCTION
 
 
 @dataclass
@@ -26,6 +24,9 @@ class Problem:
     question: str
     answer: str
     meta: dict = field(default_factory=dict)
+    messages: list[dict[str, str]] | None = None
+    """The prompt as chat messages, when the dataset gave it so (verl, TRL conversational); `question` is
+    then its last user message."""
 
 
 # ---- the arithmetic generator ---------------------------------------------------------------------------
@@ -233,6 +234,8 @@ def _render_story(rng: random.Random, operands: list[int], steps: list[str]) -> 
 
 
 def _messages(problem: Problem, system: str | None, instruction: str | None) -> list[dict[str, str]]:
+    if problem.messages is not None:  # a dataset's own chat carries its own instructions
+        return [dict(m) for m in problem.messages]
     content = f"{problem.question}\n{instruction}" if instruction else problem.question
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": content})
@@ -240,6 +243,9 @@ def _messages(problem: Problem, system: str | None, instruction: str | None) -> 
 
 
 def _plain_prompt(problem: Problem, system: str | None, instruction: str | None) -> str:
+    if problem.messages is not None:
+        turns = "\n\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in problem.messages)
+        return f"{turns}\n\nAssistant:"
     head = f"{system}\n\n" if system else ""
     ask = f"\n{instruction}" if instruction else ""
     return f"{head}Question: {problem.question}{ask}\nAnswer:"
@@ -294,11 +300,22 @@ def reference_answer(raw: Any) -> str:
     return plain if _NUMBER.fullmatch(plain) else text
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise DatasetError(
+            f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}, line {line}); "
+            "re-encode it as UTF-8, e.g. iconv -f latin1 -t utf-8"
+        ) from e
+
+
 def _read_records(path: Path) -> list[tuple[str, Any]]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         records = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
             if not line.strip():
                 continue
             try:
@@ -308,7 +325,7 @@ def _read_records(path: Path) -> list[tuple[str, Any]]:
         return records
     if suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(_read_text(path))
         except json.JSONDecodeError as e:
             raise DatasetError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
         if not isinstance(data, list):
@@ -318,35 +335,85 @@ def _read_records(path: Path) -> list[tuple[str, Any]]:
         try:
             import pyarrow.parquet as pq
         except ImportError as e:
-            raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow (or tlt_rt[dev])") from e
-        return [(f"row {i}", rec) for i, rec in enumerate(pq.read_table(path).to_pylist())]
+            raise DatasetError(f"{path}: reading parquet needs pyarrow: pip install pyarrow (or tlt_rt[data])") from e
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow raises its own ArrowInvalid / OSError family: name the file
+            raise DatasetError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from e
+        return [(f"row {i}", rec) for i, rec in enumerate(table.to_pylist())]
     raise DatasetError(f"{path}: unsupported dataset format {suffix!r}; use .jsonl, .json or .parquet")
+
+
+# the defaults' fallbacks: verl's parquet (`prompt` messages, `reward_model.ground_truth`) and TRL's
+# (`prompt`, with `solution` / `ground_truth` / `answer` columns)
+QUESTION_FALLBACKS = ("prompt",)
+ANSWER_FALLBACKS = ("reward_model.ground_truth", "solution", "ground_truth")
+
+
+def _get(record: dict, name: str) -> Any:
+    """`record[name]`, or for a dotted name the nested value (`reward_model.ground_truth`); None if absent."""
+    if name in record:
+        return record[name]
+    value: Any = record
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _first(record: dict, names: Sequence[str]) -> tuple[str, Any]:
+    for name in names:
+        value = _get(record, name)
+        if value is not None:
+            return name, value
+    return names[0], None
+
+
+def _chat(value: Any) -> list[dict[str, str]] | None:
+    """A chat message list ([{role, content}, ...]) as plain dicts, or None when `value` is not one."""
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+               for m in value):  # fmt: skip
+        return None
+    return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
 def load_dataset_file(
     path: str | Path, question_field: str = "question", answer_field: str = "answer"
 ) -> list[Problem]:
-    """Problems from a .jsonl, .json (a list of objects) or .parquet file of question/answer records."""
+    """Problems from a .jsonl, .json (a list of objects) or .parquet file of question/answer records.
+
+    The question may be text or a chat message list; with the default field names, verl's and TRL's
+    layouts load as they are (see QUESTION_FALLBACKS / ANSWER_FALLBACKS)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dataset file not found: {path}")
     records = _read_records(path)
     if not records:
         raise DatasetError(f"{path}: the dataset is empty")
+    q_names = [question_field, *(QUESTION_FALLBACKS if question_field == "question" else ())]
+    a_names = [answer_field, *(ANSWER_FALLBACKS if answer_field == "answer" else ())]
     problems = []
     for index, (where, record) in enumerate(records):
         if not isinstance(record, dict):
             raise DatasetError(f"{path}, {where}: expected an object, got {type(record).__name__}")
-        for name in (question_field, answer_field):
-            if record.get(name) is None:
+        (q_name, question), (_, raw) = _first(record, q_names), _first(record, a_names)
+        for names, value in ((q_names, question), (a_names, raw)):
+            if value is None:
                 keys = ", ".join(sorted(map(str, record))) or "none"
-                raise DatasetError(f"{path}, {where}: missing field {name!r}; available keys: {keys}")
-        question = record[question_field]
-        if not isinstance(question, str):
-            raise DatasetError(f"{path}, {where}: field {question_field!r} must be text")
-        raw = record[answer_field]
+                also = f" (also tried {', '.join(repr(n) for n in names[1:])})" if len(names) > 1 else ""
+                raise DatasetError(f"{path}, {where}: missing field {names[0]!r}; available keys: {keys}{also}")
+        messages = _chat(question)
+        if messages is not None:
+            users = [m["content"] for m in messages if m["role"] == "user"]
+            question = users[-1] if users else messages[-1]["content"]
+        elif not isinstance(question, str):
+            raise DatasetError(f"{path}, {where}: field {q_name!r} must be text or a list of chat messages "
+                               f"({{'role': ..., 'content': ...}}), got {type(question).__name__}")  # fmt: skip
         meta = {"source": str(path), "index": index, "raw_answer": raw}
-        problems.append(Problem(question=question, answer=reference_answer(raw), meta=meta))
+        problems.append(Problem(question=question, answer=reference_answer(raw), meta=meta, messages=messages))
     return problems
 
 

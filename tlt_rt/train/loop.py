@@ -6,8 +6,10 @@ then write metrics and a checkpoint. Tensor-parallel engines and the FSDP learne
 
 from __future__ import annotations
 
+import math
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -21,8 +23,11 @@ from tlt_rt.train.coordinator import Coordinator, WorkerPool
 from tlt_rt.train.data import ArithmeticTask, PromptSource, format_prompt, load_dataset_file
 from tlt_rt.train.grpo import equal_reward_groups, group_advantages
 from tlt_rt.train.learner import LearnSample, MiniBatch
+from tlt_rt.train.loggers import open_loggers
 from tlt_rt.train.metrics import MetricsWriter, percentile, rollout_metrics, spot_metrics, worker_timeline
-from tlt_rt.train.reward import reward
+from tlt_rt.train.progress import Progress, run_summary
+from tlt_rt.train.reward import resolve_reward
+from tlt_rt.train.sd_explain import sd_reason
 from tlt_rt.train.sharded import ShardedWorkerPool, uses_sharded_workers
 
 
@@ -118,44 +123,70 @@ class Trainer:
         last = ckpt.latest_checkpoint(self.run_dir) if cfg.resume else None
         if not cfg.resume and ((self.run_dir / "metrics.jsonl").exists() or ckpt.list_checkpoints(self.run_dir)):
             raise RunExistsError(f"{self.run_dir} already holds a run: pass resume=true to continue it, or name=NEW")
+        if cfg.resume and not self.run_dir.is_dir():
+            raise ConfigError("resume", f"is true but there is no run {self.run_dir} to resume")
+        if last is not None:
+            ckpt.verify_pt_files(last)  # before any worker unpickles them
+        elif cfg.resume:
+            tqdm.write(f"resume=true: {self.run_dir} has no complete checkpoint yet; starting from step 1")
+        self.pool: WorkerPool | None = None
+        self.metrics: MetricsWriter | None = None
+        self.placement_groups: list = []
+        self._owns_ray = False
+        self._made_dir = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        try:
+            self._start(cfg, last, load_tokenizer)
+        except BaseException:
+            self.close()
+            if self._made_dir:  # nothing of value is in it yet: leave no half-made run folder behind
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
+
+    def _start(self, cfg: TLTConfig, last: Path | None, load_tokenizer) -> None:
+        c = cfg.cluster
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.source = make_source(cfg)
+        self.reward_fn = resolve_reward(cfg.task.reward)
+        (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
         self.start_step, state = 0, None
         if last is not None:
             state = ckpt.load_state(last)
             self.start_step = int(state["step"])
             self.source.load_state_dict(state["prompts"])
             ckpt.set_python_rng_state(state["python_rng"])
-        self.pool: WorkerPool | None = None
-        self.metrics: MetricsWriter | None = None
-        self.placement_groups: list = []
         self._owns_ray = init_ray(cfg)
-        try:
-            # one placement group per TP group, planned over the live nodes; each worker takes one bundle
-            layout = placement.plan_layout(c, placement.ray_nodes())
-            self.placement_groups = placement.create_placement_groups(layout, c.placement_timeout_s, cfg.name)
-            policy = str(last / "policy") if last is not None else None
-            pool_cls = ShardedWorkerPool if uses_sharded_workers(cfg) else placement.PlacedWorkerPool
-            self.pool = pool_cls(cfg, self.run_dir, policy, layout, self.placement_groups)
-            if last is not None:
-                self.pool.load_checkpoint(last)
-                self.pool.version = int(state["version"])
-                tqdm.write(f"resumed {self.run_dir} at step {self.start_step} from {last}")
-        except BaseException:
-            self.close()
-            raise
+        # one placement group per TP group, planned over the live nodes; each worker takes one bundle
+        layout = placement.plan_layout(c, placement.ray_nodes())
+        self.placement_groups = placement.create_placement_groups(layout, c.placement_timeout_s, cfg.name)
+        policy = str(last / "policy") if last is not None else None
+        pool_cls = ShardedWorkerPool if uses_sharded_workers(cfg) else placement.PlacedWorkerPool
+        self.pool = pool_cls(cfg, self.run_dir, policy, layout, self.placement_groups)
+        if last is not None:
+            self.pool.load_checkpoint(last)
+            self.pool.version = int(state["version"])
+            tqdm.write(f"resumed {self.run_dir} at step {self.start_step} from {last}")
         self.coordinator = Coordinator(self.pool, spot=cfg.drafter.train_online)
-        self.metrics = MetricsWriter(self.run_dir, self.start_step, cfg.tensorboard)
+        lg = cfg.logging
+        loggers = open_loggers([*lg.loggers, *(["tensorboard"] if cfg.tensorboard else [])], self.run_dir, cfg.name,
+                               lg.wandb_project, lg.wandb_mode)  # fmt: skip
+        self.metrics = MetricsWriter(self.run_dir, self.start_step, loggers=loggers)
         self.history: list[dict] = []
+        self.progress = Progress(self.start_step, cfg.rl.steps, lg.progress_every_s)
+        self.checkpoint: Path | None = last
 
     def run(self) -> list[dict]:
+        t0 = time.time()
         for step in range(self.start_step, self.cfg.rl.steps):
             record = self.step(step)
             self.history.append(record)
             if (step + 1) % self.cfg.rl.checkpoint_every == 0 or step + 1 == self.cfg.rl.steps:
-                self.save_checkpoint(step + 1)
+                self.checkpoint = self.save_checkpoint(step + 1)
+            self.progress.step_done()
+            tqdm.write(f"{self.progress.prefix(step)} {_summary(record)}")
+            tqdm.write(f"    {sd_reason(record, self.cfg.rollout.speculative)}")
+        tqdm.write(run_summary(self.history, self.run_dir, self.checkpoint, self.cfg.rollout.speculative,
+                               time.time() - t0))  # fmt: skip
         return self.history
 
     # --------------------------------------------------------------------------------------- a step
@@ -163,14 +194,16 @@ class Trainer:
         cfg, pool = self.cfg, self.pool
         t0 = time.time()
         problems = self.source.next_batch()
-        prompts = [format_prompt(p, self.tokenizer) for p in problems]
+        prompts = [format_prompt(p, self.tokenizer, instruction=cfg.task.instruction or None) for p in problems]
         n = cfg.rl.group_size
         bounds = split_even(len(prompts), pool.size)
         r = cfg.rollout
         params = [dict(n=n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
                        seed=share_seed(cfg.rl.seed, step, lo)) for lo, _ in bounds]  # fmt: skip
+        self.progress.begin(step, "rollout", len(prompts) * n)
         with tqdm(total=len(prompts) * n, desc=f"step {step} rollout", unit="seq", leave=False, disable=None) as bar:
-            outcome = self.coordinator.rollout(step, [prompts[lo:hi] for lo, hi in bounds], params, bar)
+            outcome = self.coordinator.rollout(step, [prompts[lo:hi] for lo, hi in bounds], params,
+                                               _Both(bar, self.progress))  # fmt: skip
         self.coordinator.merge(outcome)
         t_rollout = time.time()
 
@@ -179,7 +212,9 @@ class Trainer:
             for pi, si, toks, lps, finish in res["completions"]:
                 responses[lo + pi][si] = (toks, lps, finish)
         texts = [[self.tokenizer.decode(c[0], skip_special_tokens=True) for c in row] for row in responses]
-        rewards = torch.tensor([[reward(t, p.answer) for t in row] for row, p in zip(texts, problems, strict=True)])
+        self.progress.begin(step, "scoring")
+        pairs = zip(texts, problems, strict=True)
+        rewards = torch.tensor([[self._reward(t, p.answer) for t in row] for row, p in pairs])
         adv = group_advantages(rewards, cfg.rl.normalize_adv_std, cfg.rl.adv_eps)
         drop = (
             equal_reward_groups(rewards) if cfg.rl.drop_equal_reward_groups else torch.zeros(len(prompts), dtype=bool)
@@ -190,6 +225,7 @@ class Trainer:
         ]  # fmt: skip
         learn: list[dict] = []
         if samples:
+            self.progress.begin(step, "learner update")
             per_worker = build_minibatches(samples, cfg.rl.mini_batches, pool.size)
             with tqdm(total=1, desc=f"step {step} update", leave=False, disable=None) as bar:
                 learn = self.coordinator.learn(step, per_worker, pool.version)
@@ -198,8 +234,16 @@ class Trainer:
         t_end = time.time()
         record = self._record(step, outcome, rewards, responses, drop, samples, learn, t0, t_rollout, t_end)
         self.metrics.write(record, self._timelines(outcome))
-        tqdm.write(_summary(record))
         return record
+
+    def _reward(self, text: str, answer: str) -> float:
+        try:
+            value = float(self.reward_fn(text, answer))
+        except Exception as e:  # a user's reward function: say which one failed, on what
+            raise RuntimeError(f"task.reward {self.cfg.task.reward} raised {type(e).__name__}: {e}") from e
+        if not math.isfinite(value):
+            raise RuntimeError(f"task.reward {self.cfg.task.reward} returned {value} (rewards must be finite)")
+        return value
 
     def _record(self, step, outcome, rewards, responses, drop, samples, learn, t0, t_rollout, t_end) -> dict:
         lengths = [len(c[0]) for row in responses for c in row]
@@ -235,6 +279,7 @@ class Trainer:
             "policy_version": self.pool.version,
             "step_seconds": t_end - t0,
             "worker_restarts": self.pool.restarts,
+            "sd_policy": _merge_sd_policy([res.get("sd_policy") for res in results]),
         }
         return rec
 
@@ -271,6 +316,8 @@ class Trainer:
     def close(self) -> None:
         import ray
 
+        if getattr(self, "progress", None) is not None:
+            self.progress.close()
         if self.metrics is not None:
             self.metrics.close()
         for w in self.pool.actors if self.pool is not None else []:
@@ -281,13 +328,36 @@ class Trainer:
             ray.shutdown()
 
 
+class _Both:
+    """Progress hook that feeds the tqdm bar (terminals) and the plain progress lines (logs)."""
+
+    def __init__(self, *hooks) -> None:
+        self.hooks = hooks
+
+    def update(self, n: int) -> None:
+        for h in self.hooks:
+            h.update(n)
+
+
+def _merge_sd_policy(parts: list[dict | None]) -> dict | None:
+    """The workers' SD policy readings in one: per batch bucket, the first worker's that decoded there."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    buckets: dict[str, dict] = {}
+    for p in parts:
+        for b, row in p["buckets"].items():
+            buckets.setdefault(b, row)
+    return {"mode": parts[0]["mode"], "buckets": dict(sorted(buckets.items(), key=lambda kv: int(kv[0])))}
+
+
 def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
 def _summary(r: dict) -> str:
     return (
-        f"step {r['step']}: reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "
+        f"reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "
         f"{r['response_len_p50']:.0f}/{r['response_len_max']} | rollout {r['rollout_seconds']:.1f}s tail "
         f"{r['tail_share']:.0%} SD {r['sd_share']:.0%} accept {_fmt(r['accept_length'], '.2f')} "
         f"{r['tokens_per_second']:.0f} tok/s | drafter {r['spot_steps']} steps loss {_fmt(r['drafter_loss'], '.3f')} "

@@ -1,5 +1,5 @@
 """Per-step metrics: `runs/<name>/metrics.jsonl` (one JSON object per RL step), per-worker timelines
-(`timelines.jsonl`), and TensorBoard scalars when tensorboard is importable.
+(`timelines.jsonl`), and the optional loggers of train/loggers.py (TensorBoard, wandb).
 
 Timeline segments are (kind, start, end) in seconds from the step's rollout start, kinds:
   generating  plain prefill/decode steps        sd        speculative steps
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -161,23 +163,24 @@ def stats_delta(after: dict, before: dict) -> dict:
 
 
 class MetricsWriter:
-    """Appends step records; on resume, drops records of steps at or after the resumed step first."""
+    """Appends step records; on resume, drops records of steps at or after the resumed step first.
+    `loggers` (train/loggers.py) get every record too; `tensorboard=True` adds a TensorBoard logger."""
 
-    def __init__(self, run_dir: str | Path, start_step: int = 0, tensorboard: bool = True) -> None:
+    def __init__(
+        self, run_dir: str | Path, start_step: int = 0, tensorboard: bool = False, loggers: list | None = None
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self.timeline_path = self.run_dir / "timelines.jsonl"
         for p in (self.path, self.timeline_path):
             _truncate_from(p, start_step)
-        self._tb = None
+        self.loggers = list(loggers or [])
         if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
+            from tlt_rt.train.loggers import TensorBoardLogger, check_loggers
 
-                self._tb = SummaryWriter(str(self.run_dir / "tb"))
-            except ImportError:  # tensorboard is optional
-                self._tb = None
+            check_loggers(["tensorboard"])
+            self.loggers.append(TensorBoardLogger(self.run_dir / "tb"))
 
     def write(self, record: dict[str, Any], timelines: dict[str, list] | None = None) -> None:
         with self.path.open("a") as f:
@@ -185,26 +188,42 @@ class MetricsWriter:
         if timelines is not None:
             with self.timeline_path.open("a") as f:
                 f.write(json.dumps({"step": record["step"], "workers": timelines}) + "\n")
-        if self._tb is not None:
-            for k, v in record.items():
-                if isinstance(v, int | float) and not isinstance(v, bool) and k != "step":
-                    self._tb.add_scalar(k, v, record["step"])
-            self._tb.flush()
+        for logger in self.loggers:
+            logger.log(record, record["step"])
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for logger in self.loggers:
+            logger.close()
+        self.loggers = []
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
+    """The records of a .jsonl file. A last line cut short (a crash mid-write: no newline after it) is
+    dropped with a warning; any other unreadable line is a ValueError naming the file and line."""
     p = Path(path)
     if not p.is_file():
         return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    text = p.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    out = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines):  # the last line has no newline after it: a write cut short
+                warnings.warn(f"{p}: line {i} was cut short (a crash mid-write?); it is ignored", stacklevel=2)
+                continue
+            raise ValueError(f"{p}: line {i} is not valid JSON ({e.msg}); fix or delete that line") from e
+    return out
 
 
 def _truncate_from(path: Path, step: int) -> None:
+    """Keep records of steps before `step`, rewriting the file atomically (a crash leaves old or new, whole)."""
     if not path.is_file():
         return
     keep = [r for r in read_jsonl(path) if r.get("step", -1) < step]
-    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+    os.replace(tmp, path)

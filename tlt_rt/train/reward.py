@@ -8,9 +8,11 @@ linear in the text length, so a runaway completion costs time proportional to it
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -134,3 +136,39 @@ def batch_rewards(texts: Sequence[str], answers: Sequence[str]) -> torch.Tensor:
     if len(texts) != len(answers):
         raise ValueError(f"batch_rewards got {len(texts)} texts but {len(answers)} answers")
     return torch.tensor([reward(t, a) for t, a in zip(texts, answers, strict=True)], dtype=torch.float32)
+
+
+RewardFn = Callable[[str, str], float]
+
+
+def math_verify_reward(text: str, answer: str) -> float:
+    """1.0 when math-verify finds the completion's answer equal to the reference (LaTeX, fractions, sets...)."""
+    from math_verify import parse, verify
+
+    try:
+        gold = parse(answer if "$" in answer or "\\" in answer else f"${answer}$")
+        return 1.0 if gold and verify(gold, parse(text)) else 0.0
+    except Exception:  # a completion the parser cannot read scores 0, like `reward`
+        return 0.0
+
+
+def resolve_reward(spec: str) -> RewardFn:
+    """The reward function that `task.reward` names: 'numeric', 'math_verify' or 'module:function'.
+    Raises ValueError saying what is missing (the extra to install, the module or attribute not found)."""
+    if spec == "numeric":
+        return reward
+    if spec == "math_verify":
+        if importlib.util.find_spec("math_verify") is None:
+            raise ValueError("math_verify needs the math-verify package: pip install 'tlt_rt[math]'")
+        return math_verify_reward
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"must be 'numeric', 'math_verify' or 'module:function', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"cannot import {module_name!r} for reward {spec!r}: {e}") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"{module_name!r} has no function {attr!r} (reward {spec!r})")
+    return fn

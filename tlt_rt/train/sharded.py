@@ -193,16 +193,16 @@ class ShardedWorker(Worker):
     def load_checkpoint(self, folder: str) -> None:
         import ray
 
-        from tlt_rt.train.checkpoint import set_rng_state
+        from tlt_rt.train.checkpoint import load_pt, set_rng_state
 
         refs = [p.load_checkpoint.remote(folder) for p in self.peers]
         folder = Path(folder)
-        self.learner.load_state_dict(torch.load(folder / f"learner_{self.global_rank}.pt", weights_only=False))
+        self.learner.load_state_dict(load_pt(folder / f"learner_{self.global_rank}.pt"))
         self.trainer.load_checkpoint(folder / "drafter")
         self._push_drafter()
         own = folder / f"worker_{self.rank}.pt"
         if self.tp_rank == 0 and own.is_file():
-            state = torch.load(own, weights_only=False)
+            state = load_pt(own)
             set_rng_state(state["rng"])
             self.engine.policy.load_state_dict(state["sd_policy"])
         ray.get(refs)

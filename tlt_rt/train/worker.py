@@ -25,10 +25,11 @@ import torch
 import torch.distributed as dist
 
 from tlt_rt.config import TLTConfig, from_dict
-from tlt_rt.train.checkpoint import rng_state, set_rng_state
+from tlt_rt.train.checkpoint import load_pt, rng_state, set_rng_state
 from tlt_rt.train.coordinator import TailTrainer, tail_training_on
 from tlt_rt.train.learner import Learner, MiniBatch, SamplingFilter
 from tlt_rt.train.metrics import stats_delta
+from tlt_rt.train.sd_explain import explain_policy
 
 BUCKET_BYTES = 64 << 20  # gradient all-reduce bucket
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens", "chat_template",
@@ -198,6 +199,7 @@ class Worker:
             "completions": [(o.prompt_index, o.sample_index, o.token_ids, o.logprobs, o.finish_reason) for o in outs],
             "timeline": timeline,
             "stats": stats_delta(self.engine.stats(), before),
+            "sd_policy": explain_policy(getattr(self.engine, "policy", None), timeline),
             "start": start,
             "end": end,
             "num_seqs": n_seqs,
@@ -306,14 +308,14 @@ class Worker:
     def load_checkpoint(self, folder: str) -> None:
         """Restore what `save_checkpoint` wrote (the policy weights were loaded at construction)."""
         folder = Path(folder)
-        self.learner.load_state_dict(torch.load(folder / "learner.pt", weights_only=False))
+        self.learner.load_state_dict(load_pt(folder / "learner.pt"))
         with warnings.catch_warnings():  # the buffer starts empty after a restart; its cursor is moot
             warnings.simplefilter("ignore")
             self.trainer.load_checkpoint(folder / "drafter")
         self._push_drafter()
         own = folder / f"worker_{self.rank}.pt"
         if own.is_file():  # absent when resuming with more workers than before
-            state = torch.load(own, weights_only=False)
+            state = load_pt(own)
             set_rng_state(state["rng"])
             policy = getattr(self.engine, "policy", None)
             if state.get("sd_policy") is not None and hasattr(policy, "load_state_dict"):
