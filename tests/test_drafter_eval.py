@@ -84,7 +84,7 @@ def test_overfit_drafter_agrees_teacher_forced_and_in_the_engine(trained):
         spec = Engine(target, drafter=drafter, speculative="on", strategies=(f"{DEPTH}_2_8",), block_size=4)
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=NEW, stop_token_ids=[])
     spec.generate(PROMPTS, params)
-    hist = spec._accept_hist
+    hist = spec.stats()["accept_length_hist"]
     mean = sum(k * v for k, v in hist.items()) / sum(hist.values())
     assert mean > 3.5, hist  # of at most DEPTH + 1 = 5
 
@@ -95,9 +95,9 @@ def test_engine_chain_accepts_what_dense_agreement_predicts(trained):
         warnings.simplefilter("ignore")
         spec = Engine(target, drafter=drafter, speculative="on", strategies=(f"{DEPTH}_1_{DEPTH + 1}",), block_size=4)
     for i, s in enumerate(data):
-        before = Counter(spec._accept_hist)
+        before = Counter(spec.stats()["accept_length_hist"])
         spec.generate([PROMPTS[i]], SamplingParams(n=1, temperature=0.0, max_new_tokens=NEW, stop_token_ids=[]))
-        got = Counter(spec._accept_hist)
+        got = Counter(spec.stats()["accept_length_hist"])
         got.subtract(before)
         got = +got
         assert got == _dense_histogram(chain_agreement(drafter, s, DEPTH), NEW), i
