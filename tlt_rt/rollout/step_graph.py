@@ -136,17 +136,18 @@ class StepGraphs:
     def compute(self, batch: int, option: str, mode: str, ints: Tensor, floats: Tensor, window: Tensor | None):
         """The step on device tensors: (host [B, 1+2(D+1)] f64, hidden [B, D+1, H], moved window or None)."""
         r, dlen = layout(self.runner, option)
-        prefix, ctx_len = ints[:, 0], ints[:, 1]
-        ctx_tokens, tables = ints[:, 2 : 2 + r], ints[:, 2 + r :].int()
-        u = floats[:, : 2 * (dlen + 1)].view(-1, dlen + 1, 2)
+        # columns of the packed buffers are strided views: the kernels take their [B] inputs contiguous
+        prefix, ctx_len = ints[:, 0].contiguous(), ints[:, 1].contiguous()
+        ctx_tokens, tables = ints[:, 2 : 2 + r].contiguous(), ints[:, 2 + r :].int()
+        settings = floats[:, -3:].t().contiguous()  # [3, B]: temperature, top_k, top_p
         values = {
-            "last_tokens": ctx_tokens[:, -1],
+            "last_tokens": ctx_tokens[:, -1].contiguous(),
             "prefix_lens": prefix,
             "block_table": tables,
-            "uniforms": u,
-            "temperature": floats[:, -3],
-            "top_k": floats[:, -2].int(),
-            "top_p": floats[:, -1],
+            "uniforms": floats[:, : 2 * (dlen + 1)].reshape(-1, dlen + 1, 2),
+            "temperature": settings[0],
+            "top_k": settings[1].int(),
+            "top_p": settings[2],
         }
         if window is not None:
             values.update(ctx_tokens=ctx_tokens, ctx_hidden=window[:, -r:], ctx_len=ctx_len)

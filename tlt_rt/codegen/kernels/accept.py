@@ -255,6 +255,7 @@ def _check_inputs(logits, tree_tokens, parents, temperature, top_k, top_p, unifo
     ):
         assert t.shape == (B,), f"{name} must be [B] = {(B,)}, got {tuple(t.shape)}"
         assert t.dtype in dtypes, f"{name} dtype {t.dtype} not in {dtypes}"
+        assert B < 2 or t.stride(0) == 1, f"{name} must be contiguous (the kernel reads it so), got {t.stride()}"
     assert uniforms.shape == (B, max_depth + 1, 2), (
         f"uniforms must be [B, D+1, 2] = {(B, max_depth + 1, 2)}, got {tuple(uniforms.shape)}"
     )

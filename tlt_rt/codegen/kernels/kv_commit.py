@@ -115,6 +115,9 @@ def _check(kv_caches, block_tables, prefix_len, accepted_nodes, accept_len):
     )
     assert prefix_len.shape == (b,) and prefix_len.dtype in _INT_DTYPES, f"prefix_len must be [B={b}] int"
     assert accept_len.shape == (b,) and accept_len.dtype in _INT_DTYPES, f"accept_len must be [B={b}] int"
+    assert b < 2 or (prefix_len.stride(0) == 1 and accept_len.stride(0) == 1), (
+        f"prefix_len / accept_len must be contiguous, got strides {prefix_len.stride()} / {accept_len.stride()}"
+    )
     assert accepted_nodes.dim() == 2 and accepted_nodes.shape[0] == b and accepted_nodes.dtype in _INT_DTYPES, (
         f"accepted_nodes must be [B={b}, max_accept] int, got {tuple(accepted_nodes.shape)} {accepted_nodes.dtype}"
     )

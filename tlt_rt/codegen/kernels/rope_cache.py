@@ -101,6 +101,9 @@ def rope_write_kv(
         )
     if any(t.stride(-1) != 1 for t in (q, k, v, k_cache, v_cache)) or positions.shape != (n,) or slots.shape != (n,):
         raise ValueError("rope_write_kv needs unit stride along D and positions / slots of shape [N]")
+    if n > 1 and (positions.stride(0) != 1 or slots.stride(0) != 1):
+        raise ValueError(f"rope_write_kv reads positions / slots contiguous, got strides "
+                         f"{positions.stride()} / {slots.stride()}")  # fmt: skip
     if inv_freq.dtype != torch.float32 or inv_freq.numel() != dim // 2:
         raise ValueError(f"inv_freq must be float32 [{dim // 2}], got {inv_freq.dtype} {tuple(inv_freq.shape)}")
     nb, page = k_cache.shape[:2]
