@@ -20,6 +20,8 @@ from collections import deque
 
 import torch
 
+from tlt_rt.models.llama import CausalLM
+
 Copy = tuple[int, int]  # (src_block, dst_block): the engine copies block src into block dst in every cache
 
 
@@ -215,3 +217,15 @@ class BlockManager:
         self._refs[block] -= 1
         if self._refs[block] == 0:
             self._free.append(block)
+
+
+def auto_num_blocks(target: CausalLM, block_size: int) -> int:
+    """KV blocks to allocate when none are configured: half the free GPU memory, or up to 512 MiB on CPU."""
+    a = target.arch
+    per_block = 2 * a.num_hidden_layers * block_size * a.num_key_value_heads * a.head_dim
+    per_block *= target.lm_head.weight.element_size()
+    device = target.lm_head.weight.device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(64, int(free * 0.5) // per_block)
+    return max(64, min(1024, (512 << 20) // per_block))

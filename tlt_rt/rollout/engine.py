@@ -16,18 +16,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import warnings
 from collections import Counter
 
 import torch
 
 from tlt_rt.codegen.backend import select_backend
 from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for
-from tlt_rt.models.drafter import Drafter
-from tlt_rt.models.llama import CausalLM, fuse_projections, set_glue
+from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import prepare
-from tlt_rt.rollout.block_manager import BlockManager
-from tlt_rt.rollout.model_runner import ModelRunner
+from tlt_rt.rollout.block_manager import BlockManager, auto_num_blocks
+from tlt_rt.rollout.model_runner import ModelRunner, engine_drafter
 from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
 from tlt_rt.rollout.policy import SDPolicy
 from tlt_rt.rollout.prefill import prefill
@@ -39,18 +37,6 @@ from tlt_rt.rollout.speculative import scratch_tokens
 
 log = logging.getLogger(__name__)
 DEFAULT_STRATEGIES = ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")
-
-
-def auto_num_blocks(target: CausalLM, block_size: int) -> int:
-    """KV blocks to allocate when none are configured: half the free GPU memory, or up to 512 MiB on CPU."""
-    a = target.arch
-    per_block = 2 * a.num_hidden_layers * block_size * a.num_key_value_heads * a.head_dim
-    per_block *= target.lm_head.weight.element_size()
-    device = target.lm_head.weight.device
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return max(64, int(free * 0.5) // per_block)
-    return max(64, min(1024, (512 << 20) // per_block))
 
 
 class Engine:
@@ -96,15 +82,7 @@ class Engine:
         self.max_blocks_per_seq = -(-(self.max_context + self._max_scratch_for(speculative)) // block_size) + 1
         rows = 0
         if speculative != "off":
-            if drafter is None:
-                warnings.warn(
-                    "no drafter given: using a freshly initialised one (accept lengths will be low)", stacklevel=2
-                )
-                drafter = Drafter(target.arch, target).to(self.device, target.lm_head.weight.dtype).eval()
-            drafter.attn_backend = target.attn_backend
-            fuse_projections(drafter)
-            if self.glue is not None:
-                set_glue(drafter, self.glue)
+            drafter = engine_drafter(drafter, target, self.glue)
             rows = max(s.depth for s in self.strategies) + 1  # the deepest strategy's catch-up block
         else:
             drafter = None
@@ -164,16 +142,11 @@ class Engine:
         return self._next_id
 
     # ---------------------------------------------------------------------------------------- checks
-    def _validate(self, prompts: list[list[int]], params: SamplingParams) -> None:
-        vocab = self.target.arch.vocab_size
+    def _validate(self, prompts: list[list[int]]) -> None:
+        """What `check_prompts` cannot know: the context and the KV cache this engine has."""
         for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty")
             if len(p) >= self.max_context:
                 raise ValueError(f"prompt {i} has {len(p)} tokens; the context holds {self.max_context}")
-            bad = [t for t in p if not 0 <= int(t) < vocab]
-            if bad:
-                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         need = -(-(max(len(p) for p in prompts) + 1 + self._max_scratch()) // self.block_size)
         if need > self.blocks.num_blocks:
             raise ValueError(f"the KV cache ({self.blocks.num_blocks} blocks) cannot hold one prompt ({need} blocks)")
@@ -190,9 +163,7 @@ class Engine:
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[Completion]:
         """Sample `params.n` continuations of every prompt; returns them ordered by (prompt, sample)."""
         prompts, params = check_prompts(prompts, params, self.target.arch.vocab_size)
-        params = params or SamplingParams()
-        prompts = [[int(t) for t in p] for p in prompts]
-        self._validate(prompts, params)
+        self._validate(prompts)
         stop = set(params.stop_token_ids if params.stop_token_ids is not None else self.target.arch.eos_token_ids)
         keep_hidden = params.return_hidden or self.runner.drafter is not None
         sched = Scheduler(self.blocks, self.max_batch, self.max_prefill_tokens, self._stats, stop, self.max_context)

@@ -21,8 +21,9 @@ import torch.distributed as dist
 from torch import nn
 
 from tlt_rt.models.llama import CausalLM
+from tlt_rt.rollout.block_manager import auto_num_blocks
 from tlt_rt.rollout.costs import option_name
-from tlt_rt.rollout.engine import Engine, auto_num_blocks
+from tlt_rt.rollout.engine import Engine
 from tlt_rt.rollout.policy import SDPolicy
 
 

@@ -12,6 +12,7 @@ blocks) is the scheduler's business (`Scheduler.postprocess`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,8 @@ from torch import Tensor
 
 from tlt_rt.codegen.graphs import GraphPool, Key
 from tlt_rt.ir.strategy import Strategy, bucket_for
-from tlt_rt.models.llama import CausalLM, ModelOutput
+from tlt_rt.models.drafter import Drafter
+from tlt_rt.models.llama import CausalLM, ModelOutput, fuse_projections, set_glue
 from tlt_rt.rollout.costs import option_name
 from tlt_rt.rollout.drafting import DrafterRunner
 from tlt_rt.rollout.params import SamplingParams
@@ -30,6 +32,20 @@ from tlt_rt.rollout.sequence import Sequence
 from tlt_rt.rollout.step_graph import StepArgs, StepGraphs, StepValues, accept_mode
 
 MODES = ("greedy", "sampled", "filtered")
+
+
+def engine_drafter(drafter: Drafter | None, target: CausalLM, glue) -> Drafter:
+    """The drafter as the engine runs it: the target's attention backend and glue, fused projections (a
+    freshly initialised one, with a warning, when none is given)."""
+    if drafter is None:
+        warnings.warn("no drafter given: using a freshly initialised one (accept lengths will be low)", stacklevel=3)
+        w = target.lm_head.weight
+        drafter = Drafter(target.arch, target).to(w.device, w.dtype).eval()
+    drafter.attn_backend = target.attn_backend
+    fuse_projections(drafter)
+    if glue is not None:
+        set_glue(drafter, glue)
+    return drafter
 
 
 @dataclass
