@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tlt_rt.ir.strategy import Strategy
 from tlt_rt.models.default import load_tokenizer
 from tlt_rt.models.drafter import Drafter
