@@ -173,6 +173,11 @@ def test_load_state_dict_carries_the_draft_vocabulary():
     trained.set_draft_vocab(torch.arange(10, 50))
     serving.load_state_dict(trained.state_dict())
     assert torch.equal(serving.d2t, trained.d2t) and torch.equal(serving.draft_head, trained.draft_head)
+    ptrs = serving.d2t.data_ptr(), serving.draft_head.data_ptr()
+    trained.set_draft_vocab(torch.arange(50, 90))  # rebuilt, same size: copied in place (captured graphs stay valid)
+    serving.load_state_dict(trained.state_dict())
+    assert torch.equal(serving.d2t, trained.d2t) and torch.equal(serving.draft_head, trained.draft_head)
+    assert (serving.d2t.data_ptr(), serving.draft_head.data_ptr()) == ptrs
     trained.set_draft_vocab(torch.arange(5, 25))  # rebuilt with another size
     serving.load_state_dict(trained.state_dict())
     assert serving.draft_vocab_size == 20

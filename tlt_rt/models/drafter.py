@@ -215,7 +215,8 @@ class Drafter(nn.Module):
 
     # -- reduced draft vocabulary --
     def set_draft_vocab(self, d2t: torch.Tensor | None) -> None:
-        """Restrict drafting to target ids `d2t` [Vd] (None: the full vocabulary)."""
+        """Restrict drafting to target ids `d2t` [Vd] (None: the full vocabulary). A vocabulary of the size
+        already set is copied into the existing tensors, so CUDA graphs that read them stay valid."""
         if d2t is None:
             self.d2t, self.draft_head = None, None
             return
@@ -223,7 +224,10 @@ class Drafter(nn.Module):
         v = self._target.arch.vocab_size
         if d2t.numel() == 0 or d2t.min() < 0 or d2t.max() >= v or d2t.unique().numel() != d2t.numel():
             raise ValueError(f"d2t must hold distinct target ids in [0, {v}), got {d2t.numel()} ids")
-        self.d2t = d2t.to(self.fc.weight.device)
+        if self.d2t is not None and self.d2t.shape == d2t.shape:
+            self.d2t.copy_(d2t)
+        else:
+            self.d2t = d2t.to(self.fc.weight.device, copy=True)  # never aliases the caller's tensor
         self.refresh_head()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
@@ -252,7 +256,12 @@ class Drafter(nn.Module):
     def refresh_head(self) -> None:
         """Re-slice the reduced LM head from the target's current weights (after a policy update)."""
         w = self.lm_head.weight
-        self.draft_head = w.detach()[self.d2t.to(w.device)].clone()
+        rows = w.detach()[self.d2t.to(w.device)]
+        h = self.draft_head
+        if h is not None and h.shape == rows.shape and h.dtype == rows.dtype and h.device == rows.device:
+            h.copy_(rows)  # in place: a captured graph keeps reading the right rows
+        else:
+            self.draft_head = rows.clone()
 
     # -- the maths --
     def features(self, target_hidden: torch.Tensor) -> torch.Tensor:
