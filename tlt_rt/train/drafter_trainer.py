@@ -17,7 +17,9 @@ The buffer is not thread-safe: add data between `train()` calls, not during one.
 Reduced draft vocabulary (`draft_vocab` = size > 0): before a step, whenever the buffer's contents changed
 (new rollouts, evicted old ones), the vocabulary is rebuilt from the buffer's token counts (the rollouts of
 its last steps, so it follows the policy) plus the target's EOS ids, and set on the drafter
-(`tlt_rt.train.draft_vocab`). The drafter's trained weights do not depend on it; its head rows do.
+(`tlt_rt.train.draft_vocab`). The drafter's trained weights do not depend on it; its head rows do. It
+changes only this trainer's drafter: a serving copy adopts it through `load_state_dict` (between rollouts),
+and with several workers each keeps the vocabulary of its own buffer (replicas average float tensors only).
 """
 
 from __future__ import annotations
