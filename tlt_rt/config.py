@@ -660,7 +660,10 @@ class RolloutConfig:
 @dataclasses.dataclass
 class DrafterConfig:
     path: str | None = option(
-        None, help="Drafter checkpoint to start from; null = a fresh one-layer drafter built from the target."
+        None,
+        help="Drafter to start from: an EAGLE folder (warm-up or export_drafter output), a run checkpoint "
+        "(runs/X/checkpoints/step_N or its drafter/), or a run folder (its latest checkpoint); null = a fresh "
+        "one-layer drafter built from the target.",
     )
     train_online: bool = option(
         True, help="Train the drafter on idle rollout workers so it keeps up with the changing policy."
@@ -677,6 +680,27 @@ class DrafterConfig:
         0.1, help="Weight of the cross-entropy on the target's next token through the shared LM head."
     )
     noise_std: float = option(0.0, help="Std of Gaussian noise on input hidden states, for robustness.")
+    unroll: int = option(
+        1, help="Training-time test: passes that feed the drafter its own predictions (1 = teacher forcing only)."
+    )
+    unroll_context: Literal["chain", "shifted"] = option(
+        "chain",
+        help="Attention context of unrolled passes: 'chain' = exactly the engine's draft (true rows up to the root, "
+        "then the row's own chain); 'shifted' = the older approximation (every row sees the same pass's rows).",
+    )
+    loss_temperature: float = option(
+        1.0,
+        help="Temperature of the target distribution the token loss matches; set it to rollout.temperature "
+        "(0 = one-hot targets on the target's argmax, for greedy rollouts).",
+    )
+    sampled_token_weight: float = option(
+        0.0, help="Weight of an extra cross-entropy on the token the rollout actually sampled next."
+    )
+    draft_vocab: int = option(
+        0,
+        help="Reduced draft vocabulary: the drafter's head covers this many of the rollouts' most frequent "
+        "tokens, rebuilt from the training buffer as the policy moves; 0 = the full vocabulary.",
+    )
     checkpoint_every: int = option(
         50, help="Drafter optimizer steps between checkpoints, so preempted training loses little."
     )
@@ -708,6 +732,10 @@ class DrafterConfig:
         )
         check_min(self, "noise_std", 0.0)
         check_min(self, "checkpoint_every", 1)
+        check_min(self, "unroll", 1)
+        check_min(self, "loss_temperature", 0.0)
+        check_min(self, "sampled_token_weight", 0.0)
+        check_min(self, "draft_vocab", 0)
 
 
 @register

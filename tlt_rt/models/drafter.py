@@ -20,8 +20,16 @@ Reduced draft vocabulary (off by default): `set_draft_vocab(d2t)` keeps only the
 then a sliced copy of those rows of the target's head (the only non-shared case; call `refresh_head()`
 after the policy's weights change), dense `forward` returns logits over the Vd draft ids, and
 `forward_paged` scatters them back to the target vocabulary (-inf elsewhere) so the engine keeps target
-ids. `d2t` holds absolute target ids, as SGLang's `--speculative-token-map` file does (EAGLE-3's `d2t`
-holds offsets instead).
+ids. `forward_paged(..., full_vocab=False)` returns the draft-vocab logits as they are, so a caller can take
+its top-k over the small head and map the chosen ids with `to_target_ids` (`d2t[i]`): the same ids and
+scores as a top-k over the scattered logits, without the [N, V] scatter. `d2t` holds absolute target ids,
+as SGLang's `--speculative-token-map` file does (EAGLE-3's `d2t` holds offsets instead). `load_state_dict`
+adopts the `d2t` of the state it loads (another size, or none), so copying a trainer's weights into a
+serving drafter also carries a rebuilt vocabulary across.
+
+Training-time test (`forward_unrolled`, EAGLE-3 / HASS): pass k of a dense batch feeds row t the previous
+pass's prediction at row t-1, and row t attends to what the engine's depth-(k+1) draft from root r = t-k
+sees: the true rows up to r, then its own chain (pass m's row r+m for m = 1..k), never other chains.
 """
 
 from __future__ import annotations
@@ -135,13 +143,16 @@ class Drafter(nn.Module):
     `arch` describes the draft layer (usually `target.arch`); its hidden size must equal the target's.
     """
 
-    def __init__(self, arch: ArchConfig, target: CausalLM, draft_vocab: torch.Tensor | None = None):
+    def __init__(
+        self, arch: ArchConfig, target: CausalLM, draft_vocab: torch.Tensor | None = None, fc_bias: bool = True
+    ):
         super().__init__()
         if arch.hidden_size != target.arch.hidden_size:
             raise ValueError(f"drafter hidden_size {arch.hidden_size} != target hidden_size {target.arch.hidden_size}")
         self.arch = arch
         h = arch.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=True)
+        # SGLang's EAGLE models register fc.bias, vLLM's EagleLlamaForCausalLM does not (fc_bias=False serves there)
+        self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         self.layers = nn.ModuleList([DecoderLayer(arch)])
         # EAGLE checkpoints and serving engines drop layer 0's input layernorm: fc's output enters attention as is
         self.layers[0].input_layernorm = nn.Identity()
@@ -204,7 +215,8 @@ class Drafter(nn.Module):
 
     # -- reduced draft vocabulary --
     def set_draft_vocab(self, d2t: torch.Tensor | None) -> None:
-        """Restrict drafting to target ids `d2t` [Vd] (None: the full vocabulary)."""
+        """Restrict drafting to target ids `d2t` [Vd] (None: the full vocabulary). A vocabulary of the size
+        already set is copied into the existing tensors, so CUDA graphs that read them stay valid."""
         if d2t is None:
             self.d2t, self.draft_head = None, None
             return
@@ -212,14 +224,44 @@ class Drafter(nn.Module):
         v = self._target.arch.vocab_size
         if d2t.numel() == 0 or d2t.min() < 0 or d2t.max() >= v or d2t.unique().numel() != d2t.numel():
             raise ValueError(f"d2t must hold distinct target ids in [0, {v}), got {d2t.numel()} ids")
-        self.d2t = d2t.to(self.fc.weight.device)
+        if self.d2t is not None and self.d2t.shape == d2t.shape:
+            self.d2t.copy_(d2t)
+        else:
+            self.d2t = d2t.to(self.fc.weight.device, copy=True)  # never aliases the caller's tensor
         self.refresh_head()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        # the draft vocabulary is part of the state: adopt the loaded one (any size) before the copy
+        d2t = state_dict.get(prefix + "d2t")
+        if d2t is None and self.d2t is not None:
+            self.set_draft_vocab(None)
+        elif d2t is not None and (self.d2t is None or not torch.equal(d2t.cpu(), self.d2t.cpu())):
+            self.set_draft_vocab(d2t)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab ids (e.g. a top-k over `forward_paged(..., full_vocab=False)` logits) -> target ids."""
+        return draft_ids if self.d2t is None else self.d2t.to(draft_ids.device)[draft_ids]
+
+    def t2d(self) -> torch.Tensor:
+        """[V] int64: the draft id of each target id, -1 outside the draft vocabulary (identity when full)."""
+        v = self._target.arch.vocab_size
+        dev = self.fc.weight.device
+        if self.d2t is None:
+            return torch.arange(v, device=dev)
+        out = torch.full((v,), -1, dtype=torch.int64, device=dev)
+        return out.index_copy_(0, self.d2t.to(dev), torch.arange(self.d2t.numel(), device=dev))
 
     @torch.no_grad()
     def refresh_head(self) -> None:
         """Re-slice the reduced LM head from the target's current weights (after a policy update)."""
         w = self.lm_head.weight
-        self.draft_head = w.detach()[self.d2t.to(w.device)].clone()
+        rows = w.detach()[self.d2t.to(w.device)]
+        h = self.draft_head
+        if h is not None and h.shape == rows.shape and h.dtype == rows.dtype and h.device == rows.device:
+            h.copy_(rows)  # in place: a captured graph keeps reading the right rows
+        else:
+            self.draft_head = rows.clone()
 
     # -- the maths --
     def features(self, target_hidden: torch.Tensor) -> torch.Tensor:
@@ -286,17 +328,79 @@ class Drafter(nn.Module):
         cache: KVCache,
         meta: AttnMetadata,
         logits_indices: torch.Tensor | None = None,
+        full_vocab: bool = True,
     ) -> ModelOutput:
         """Engine forward over packed rows, as `CausalLM.forward_paged`: input_ids/positions [N], hidden [N, H].
 
-        Returns logits [M, V] over the TARGET vocabulary (rows `logits_indices`, default all) and hidden
+        Returns logits [M, V] over the TARGET vocabulary (rows `logits_indices`, default all), or with
+        `full_vocab=False` [M, Vd] over the draft vocabulary (map ids with `to_target_ids`), and hidden
         [N, H]. K/V go to the drafter's one-layer `cache` at meta.slot_mapping (the target's block tables).
         """
         meta.validate(input_ids.shape[0])
         x = self._fuse(input_ids, hidden)
         x = self.layer(x, positions, self._rotary(x.device), (cache.k[0], cache.v[0], meta, self.attn_backend))
         rows = x if logits_indices is None else x[logits_indices]
-        return ModelOutput(logits=self.to_target_vocab(self.logits(rows)), hidden=x)
+        logits = self.logits(rows)
+        return ModelOutput(logits=self.to_target_vocab(logits) if full_vocab else logits, hidden=x)
+
+    def forward_unrolled(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        segment_ids: torch.Tensor,
+        steps: int,
+    ) -> list[tuple[ModelOutput, torch.Tensor]]:
+        """Training-time test: `steps` dense passes, pass k being every row's depth-(k+1) draft.
+
+        input_ids [B, T] (x_{t+1}), hidden [B, T, H] input features of pass 0, positions [B, T], segment_ids
+        [B, T] (one id per sample, -1 on padding). Pass k >= 1 feeds row t pass k-1's predicted feature at row
+        t-1 and lets row t attend to pass-0 keys of rows <= t-k (the true rows up to the root) and to pass m's
+        key at row t-k+m for m = 1..k (its own chain). Returns per pass (output, valid [B, T] bool): valid
+        where rows t-k .. t are one sample (the chain's root lies in it); other rows are finite but moot.
+        Pass 0 is `forward` itself (dense causal within each segment).
+        """
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        layer, attn = self.layer, self.layer.self_attn
+        rot = self._rotary(input_ids.device)
+        b, t = input_ids.shape
+        rows = torch.arange(t, device=input_ids.device)
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T(query), T(key)]
+        ks, vs, outs = [], [], []
+        feed = hidden
+        for k in range(steps):
+            x = self._fuse(input_ids, feed)
+            q, key, val = attn._qkv(x, positions, rot)  # [B, T, H, D]
+            ks.append(key)
+            vs.append(val)
+            masks = [same & (rows[None, :] <= rows[:, None] - k)[None]]  # the true rows up to the root
+            for m in range(1, k + 1):  # own chain: pass m's row t-k+m (m = k: the row itself)
+                diag = rows[None, :] == rows[:, None] - (k - m)
+                # the row itself is always a key, so that rows with no valid chain still see something
+                masks.append(diag[None].expand_as(same) if m == k else same & diag[None])
+            mask = torch.cat(masks, -1)  # [B, T, (k+1) T]
+            kk, vv = torch.cat(ks, 1), torch.cat(vs, 1)
+            rep = q.shape[2] // kk.shape[2]
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                kk.repeat_interleave(rep, 2).transpose(1, 2),
+                vv.repeat_interleave(rep, 2).transpose(1, 2),
+                attn_mask=mask[:, None],
+                scale=attn.scale,
+            ).transpose(1, 2)
+            h = x + attn.o_proj(out.flatten(-2))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            valid = segment_ids >= 0
+            if k > 0:
+                valid = valid & torch.cat(
+                    [torch.zeros(b, k, dtype=torch.bool, device=h.device), segment_ids[:, k:] == segment_ids[:, :-k]],
+                    1,
+                )
+            outs.append((ModelOutput(logits=self.logits(h), hidden=h), valid))
+            if k + 1 < steps:
+                feed = torch.cat([feed[:, :1], h[:, :-1].to(feed.dtype)], 1)
+        return outs
 
     def make_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device=None) -> KVCache:
         p = self.fc.weight

@@ -92,3 +92,117 @@ def chain_steps(ok: torch.Tensor) -> float:
     while t < r:
         emitted, steps, t = emitted + run[t] + 1, steps + 1, t + run[t] + 1
     return emitted / max(steps, 1)
+
+
+def walk_steps(accepts: list[int]) -> tuple[int, int]:
+    """(tokens emitted, steps) of the engine's walk from root row 0 of per-root accepted draft counts."""
+    t = emitted = steps = 0
+    while t < len(accepts):
+        emitted, steps, t = emitted + accepts[t] + 1, steps + 1, t + accepts[t] + 1
+    return emitted, steps
+
+
+def _prefix_kv(target, ids: torch.Tensor) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """Per-layer K/V [L, Hkv, D] of the target's dense causal pass over ids [L], and its logits [L, V]."""
+    pos = torch.arange(ids.shape[0], device=ids.device)[None]
+    x = target.model.embed_tokens(ids[None])
+    kv = []
+    for layer in target.model.layers:
+        _, k, v = layer.self_attn._qkv(layer.input_layernorm(x), pos, target.rotary)
+        kv.append((k[0], v[0]))
+        x = layer(x, pos, target.rotary)
+    return kv, target.lm_head(target.model.norm(x))[0]
+
+
+def _tree_level(target, kv, roots, tokens, positions, chain_kv, anc):
+    """Target logits [R, k, V] of frontier tokens [R, k] at `positions` [R, k]: each attends to the prefix rows
+    <= its root (`roots` [R]), its ancestors (`anc` [R, k, l] frontier slots of levels 0..l-1, whose K/V per
+    layer are chain_kv[layer][m], a (K, V) pair of [R, k, Hkv, D]) and itself; appends this level's K/V to chain_kv."""
+    r, k = tokens.shape
+    x = target.model.embed_tokens(tokens)
+    prefix_len = kv[0][0].shape[0]
+    see = torch.arange(prefix_len, device=tokens.device)[None] <= roots[:, None]  # [R, L]
+    for i, layer in enumerate(target.model.layers):
+        attn = layer.self_attn
+        q, kc, vc = attn._qkv(layer.input_layernorm(x), positions, target.rotary)  # [R, k, H(kv), D]
+        rep = attn.n_heads // attn.n_kv
+        kp, vp = (t.repeat_interleave(rep, 1) for t in kv[i])  # [L, H, D]
+        levels = chain_kv[i]
+        pick = [anc[:, :, m, None, None].expand(-1, -1, *kc.shape[2:]) for m in range(len(levels))]
+        ks = [lk.gather(1, ix) for (lk, _), ix in zip(levels, pick, strict=True)]
+        vs = [lv.gather(1, ix) for (_, lv), ix in zip(levels, pick, strict=True)]
+        kk = torch.stack([*ks, kc], 2).repeat_interleave(rep, 3)  # [R, k, l+1, H, D]
+        vv = torch.stack([*vs, vc], 2).repeat_interleave(rep, 3)
+        sp = torch.einsum("rkhd,lhd->rkhl", q, kp) * attn.scale
+        sp = sp.masked_fill(~see[:, None, None, :], float("-inf"))
+        sc = torch.einsum("rkhd,rkmhd->rkhm", q, kk) * attn.scale
+        p = torch.cat([sp, sc], -1).float().softmax(-1).to(q.dtype)
+        out = torch.einsum("rkhl,lhd->rkhd", p[..., :prefix_len], vp)
+        out = out + torch.einsum("rkhm,rkmhd->rkhd", p[..., prefix_len:], vv)
+        x = x + attn.o_proj(out.flatten(-2))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        levels.append((kc, vc))
+    return target.lm_head(target.model.norm(x))
+
+
+@torch.no_grad()
+def tree_accepts(
+    target, s: dict, temperature: float, depth: int, topk: int, verify_tokens: int, chunk: int = 64
+) -> list[int]:
+    """Draft tokens a perfect drafter's tree accepts at each root row r = P-1 .. L-2 of sample `s`.
+
+    The perfect drafter is the target itself at the sampling temperature (T = 0 ranks by T = 1 log-probs):
+    the tree is built exactly as the engine builds it (tlt_rt.ir.tree: topk children of the topk best
+    frontier nodes per level, the best verify_tokens - 1 candidates kept by cumulative log-prob), and the
+    step accepts the sample's own next tokens while they follow a path of that tree."""
+    from tlt_rt.ir.tree import Candidates, build_tree
+
+    ids = s["ids"].to(target.lm_head.weight.device)
+    n = ids.shape[0] - 1  # root rows 0 .. L-2
+    kv, logits = _prefix_kv(target, ids)
+    scale = temperature if temperature > 0 else 1.0
+    out: list[int] = []
+    for a in range(s["prompt_len"] - 1, n, chunk):
+        roots = torch.arange(a, min(a + chunk, n), device=ids.device)
+        r = roots.numel()
+        cands = Candidates.start(torch.log_softmax(logits[roots].float() / scale, -1), topk)
+        chain_kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in target.model.layers]
+        anc = torch.zeros(r, topk, 0, dtype=torch.long, device=ids.device)
+        prev = None
+        for level in range(depth - 1):
+            front = cands.frontier()  # [R, k] flat candidate index
+            if prev is not None:  # each frontier node's parent is a frontier node of the level before
+                slot = (prev[:, None, :] == cands.parents.gather(1, front)[..., None]).int().argmax(-1)
+                anc = torch.cat([anc.gather(1, slot[..., None].expand(-1, -1, anc.shape[-1])), slot[..., None]], -1)
+            pos = (roots + 1 + level)[:, None].expand(-1, topk)
+            lv = _tree_level(target, kv, roots, cands.tokens.gather(1, front), pos, chain_kv, anc)
+            cands = cands.grow(front, torch.log_softmax(lv.float() / scale, -1))
+            prev = front
+        tree = build_tree(cands, ids[roots], roots + 1, verify_tokens)
+        node = torch.zeros(r, dtype=torch.long, device=ids.device)
+        alive = torch.ones(r, dtype=torch.bool, device=ids.device)
+        acc = torch.zeros(r, dtype=torch.long, device=ids.device)
+        for d in range(depth):
+            want_at = roots + 1 + d
+            want = torch.where(want_at <= n, ids[want_at.clamp(max=n)], -1)
+            kids = tree.children[torch.arange(r), node]  # [R, K]
+            toks = torch.where(kids >= 0, tree.tree_tokens.gather(1, kids.clamp(min=0)), -2)
+            hit = (toks == want[:, None]) & alive[:, None]
+            alive = hit.any(-1)
+            node = torch.where(alive, kids.gather(1, hit.int().argmax(-1, keepdim=True)).squeeze(1), node)
+            acc += alive.long()
+        out += acc.tolist()
+    return out
+
+
+@torch.no_grad()
+def oracle_tree_steps(
+    target, samples: list[dict], temperature: float, depth: int, topk: int, verify_tokens: int
+) -> float:
+    """Tokens per step a perfect drafter would give with the engine's tree of this shape and verify budget
+    (`tree_accepts`, walked as the engine walks): the ceiling that a strategy's accept length is judged by."""
+    emitted = steps = 0
+    for s in samples:
+        e, n = walk_steps(tree_accepts(target, s, temperature, depth, topk, verify_tokens))
+        emitted, steps = emitted + e, steps + n
+    return emitted / max(steps, 1)

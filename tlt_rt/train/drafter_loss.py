@@ -9,10 +9,19 @@
 
 Unrolled steps (`unroll` = U > 1, "training-time test" as in HASS / EAGLE-3): at draft time depth d >= 2
 feeds the drafter its own output, which teacher forcing never shows it. Pass k = 2..U feeds row t the
-previous pass's prediction of row t-1 (the first row of each sample keeps its true feature), so row t of
-pass k is the depth-k draft from root row t-k+1 (its attention context sees predicted features too, an
-approximation); pass k's loss is added with weight UNROLL_DECAY^(k-1), and the sum is divided by the
-weights' sum so the loss scale does not depend on U. Metrics are pass 1's.
+previous pass's prediction of row t-1, so row t of pass k is the depth-k draft from root row t-k+1.
+`unroll_context="chain"` (default) gives that row exactly the engine's attention context
+(`Drafter.forward_unrolled`: the true rows up to the root, then its own chain) and counts only rows whose
+root lies in the same sample; "shifted" is the older approximation (every row of pass k attends to pass k's
+rows, a sample's first row keeps its true feature). Pass k's loss is added with weight
+UNROLL_DECAY^(k-1), and the sum is divided by the weights' sum so the loss scale does not depend on U.
+Metrics are pass 1's.
+
+Targets at the sampling temperature: `temperature` T scales the target's logits before the softmax (the
+distribution the rollout samples from, which a perfect drafter's tree would rank by); T = 0 gives one-hot
+targets on the target's argmax (greedy decoding). `sampled_weight` adds a cross-entropy on the token the
+rollout actually drew next (x_{t+2}; rows without one, or whose token lies outside a reduced draft
+vocabulary, count nowhere there).
 
 With a reduced draft vocabulary both distributions live on the draft ids (the target's restricted to them
 and renormalised). Rows where `loss_mask` is False (padding of packed rows) count nowhere. Top-1
@@ -32,6 +41,7 @@ from tlt_rt.train.drafter_data import DrafterBatch
 HIDDEN_WEIGHT = 1.0
 TOKEN_WEIGHT = 0.1
 UNROLL_DECAY = 0.8
+UNROLL_CONTEXTS = ("chain", "shifted")
 
 
 @dataclass
@@ -61,28 +71,54 @@ def drafter_loss(
     token_weight: float = TOKEN_WEIGHT,
     target_top1: torch.Tensor | None = None,
     d2t: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    sampled_labels: torch.Tensor | None = None,
+    sampled_weight: float = 0.0,
 ) -> LossOutput:
     """Weighted SmoothL1 + soft cross-entropy over the rows where `loss_mask` [...] is True.
 
     pred_hidden / target_feature [..., H]; pred_logits / target_logits [..., Vd] on the same (draft) vocab.
+    The soft targets are softmax(target_logits / temperature), one-hot on the argmax at temperature 0.
+    `sampled_labels` [...] draft ids of the tokens actually drawn next (-1: none), weighted `sampled_weight`.
     `target_top1` [...] is the target's argmax over its full vocabulary (default: argmax of target_logits);
     `d2t` [Vd] maps draft ids to target ids for the agreement metric.
     """
     m = loss_mask.to(torch.float32)
     n = m.sum().clamp(min=1.0)
     hidden = F.smooth_l1_loss(pred_hidden.float(), target_feature.float(), reduction="none").mean(-1)
-    p = torch.softmax(target_logits.float(), -1)
-    token = -(p * torch.log_softmax(pred_logits.float(), -1)).sum(-1)
+    logq = torch.log_softmax(pred_logits.float(), -1)
+    if temperature > 0:
+        p = torch.softmax(target_logits.float() / temperature, -1)
+        token = -(p * logq).sum(-1)
+    else:
+        token = -logq.gather(-1, target_logits.argmax(-1, keepdim=True)).squeeze(-1)
     hidden_loss = (hidden * m).sum() / n
     token_loss = (token * m).sum() / n
+    extra = 0.0
+    if sampled_labels is not None and sampled_weight > 0:
+        ms = m * (sampled_labels >= 0).float()
+        nll = -logq.gather(-1, sampled_labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        extra = sampled_weight * (nll * ms).sum() / ms.sum().clamp(min=1.0)
     draft_top1 = pred_logits.argmax(-1)
     if d2t is not None:
         draft_top1 = d2t.to(draft_top1.device)[draft_top1]
     if target_top1 is None:
         target_top1 = target_logits.argmax(-1) if d2t is None else d2t.to(draft_top1.device)[target_logits.argmax(-1)]
     top1 = ((draft_top1 == target_top1).float() * m).sum() / n
-    loss = hidden_weight * hidden_loss + token_weight * token_loss
+    loss = hidden_weight * hidden_loss + token_weight * token_loss + extra
     return LossOutput(loss, hidden_loss.detach(), token_loss.detach(), top1.detach(), int(loss_mask.sum()))
+
+
+def sampled_next(batch: DrafterBatch, t2d: torch.Tensor | None = None) -> torch.Tensor:
+    """[R, T] the token drawn after row t's target (x_{t+2} = input_ids[t+1] of the same sample), as a draft id
+    through `t2d` [V]; -1 on a sample's last row, on padding and outside the draft vocabulary."""
+    seg, ids = batch.segment_ids, batch.input_ids
+    nxt = torch.full_like(ids, -1)
+    same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] >= 0)
+    nxt[:, :-1] = torch.where(same, ids[:, 1:], -1)
+    if t2d is not None:
+        nxt = torch.where(nxt >= 0, t2d.to(nxt.device)[nxt.clamp(min=0)], -1)
+    return nxt
 
 
 def batch_loss(
@@ -93,9 +129,15 @@ def batch_loss(
     noise_std: float = 0.0,
     generator: torch.Generator | None = None,
     unroll: int = 1,
+    *,
+    temperature: float = 1.0,
+    sampled_weight: float = 0.0,
+    unroll_context: str = "chain",
 ) -> LossOutput:
     """Run the drafter on one (packed) batch already on its device and score it against the target
     (`unroll` passes, each fed the previous pass's predictions shifted by one row; module docstring)."""
+    if unroll_context not in UNROLL_CONTEXTS:
+        raise ValueError(f"unroll_context must be one of {UNROLL_CONTEXTS}, got {unroll_context!r}")
     with torch.no_grad():
         inp = drafter.features(batch.hidden)
         tgt = drafter.features(batch.target_hidden)
@@ -104,33 +146,46 @@ def batch_loss(
         if drafter.d2t is not None:  # the metric compares with the target's argmax over its whole vocabulary
             w = drafter.lm_head.weight.detach()
             target_top1 = F.linear(tgt.to(w.dtype), w).argmax(-1)
+        labels = None
+        if sampled_weight > 0:
+            labels = sampled_next(batch, drafter.t2d() if drafter.d2t is not None else None)
     # block-diagonal attention only where a row holds several samples; right padding needs no mask (causal)
     seg = batch.segment_ids
     segments = seg if bool(((seg[:, 1:] != seg[:, :-1]) & (seg[:, 1:] >= 0)).any()) else None
     feed = add_noise(inp, noise_std, generator)
-    # follows[r, t]: row t-1 is the same sample's previous row, whose prediction row t can be fed
-    follows = torch.zeros_like(seg, dtype=torch.bool)
-    follows[:, 1:] = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] >= 0)
-    first, total, weight = None, None, 0.0
-    for k in range(unroll):
-        out = drafter(batch.input_ids, feed, batch.positions, segments)
-        res = drafter_loss(
+
+    def score(out, mask):
+        return drafter_loss(
             out.hidden,
             out.logits,
             tgt,
             target_logits,
-            batch.loss_mask,
+            mask,
             hidden_weight,
             token_weight,
             target_top1,
             drafter.d2t,
+            temperature,
+            labels,
+            sampled_weight,
         )
-        w = UNROLL_DECAY**k
-        first = first or res
-        total = res.loss * w if total is None else total + res.loss * w
-        weight += w
-        if k + 1 < unroll:
-            shifted = torch.cat([feed[:, :1], out.hidden[:, :-1].to(feed.dtype)], 1)
-            feed = torch.where(follows[..., None], shifted, inp.to(feed.dtype))
-    first.loss = total / weight
+
+    if unroll > 1 and unroll_context == "chain":
+        results = [score(out, batch.loss_mask & valid) for out, valid in drafter.forward_unrolled(
+            batch.input_ids, feed, batch.positions, seg, unroll
+        )]  # fmt: skip
+    else:
+        # follows[r, t]: row t-1 is the same sample's previous row, whose prediction row t can be fed
+        follows = torch.zeros_like(seg, dtype=torch.bool)
+        follows[:, 1:] = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] >= 0)
+        results = []
+        for k in range(unroll):
+            out = drafter(batch.input_ids, feed, batch.positions, segments)
+            results.append(score(out, batch.loss_mask))
+            if k + 1 < unroll:
+                shifted = torch.cat([feed[:, :1], out.hidden[:, :-1].to(feed.dtype)], 1)
+                feed = torch.where(follows[..., None], shifted, inp.to(feed.dtype))
+    weights = [UNROLL_DECAY**k for k in range(len(results))]
+    first = results[0]
+    first.loss = sum(r.loss * w for r, w in zip(results, weights, strict=True)) / sum(weights)
     return first

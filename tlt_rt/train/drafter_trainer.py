@@ -13,6 +13,13 @@ vocabulary is reduced), optimizer.pt, trainer.pt (step count, buffer cursor, noi
 into a temporary folder that is renamed into place; `wait()` joins it and re-raises its error.
 The buffer itself is not saved: a resumed trainer expects the same samples re-added, then the cursor.
 The buffer is not thread-safe: add data between `train()` calls, not during one.
+
+Reduced draft vocabulary (`draft_vocab` = size > 0): before a step, whenever the buffer's contents changed
+(new rollouts, evicted old ones), the vocabulary is rebuilt from the buffer's token counts (the rollouts of
+its last steps, so it follows the policy) plus the target's EOS ids, and set on the drafter
+(`tlt_rt.train.draft_vocab`). The drafter's trained weights do not depend on it; its head rows do. It
+changes only this trainer's drafter: a serving copy adopts it through `load_state_dict` (between rollouts),
+and with several workers each keeps the vocabulary of its own buffer (replicas average float tensors only).
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ from safetensors.torch import load_file, save_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tlt_rt.models.drafter import Drafter
+from tlt_rt.train.draft_vocab import DraftVocab
 from tlt_rt.train.drafter_data import DrafterBuffer
-from tlt_rt.train.drafter_loss import HIDDEN_WEIGHT, TOKEN_WEIGHT, batch_loss
+from tlt_rt.train.drafter_loss import HIDDEN_WEIGHT, TOKEN_WEIGHT, UNROLL_CONTEXTS, batch_loss
 
 StopFlag = threading.Event | Callable[[], bool]
 # cuDNN attention re-plans for every new sequence shape (~75 ms of host time a call on an H100 with torch
@@ -69,12 +77,25 @@ class DrafterTrainer:
         checkpoint_dir: str | Path | None = None,
         checkpoint_every: int = 0,
         autocast: bool | None = None,
+        temperature: float = 1.0,
+        sampled_weight: float = 0.0,
+        unroll_context: str = "chain",
+        draft_vocab: int = 0,
     ):
         if lr <= 0 or batch_tokens < 1 or grad_accum < 1 or unroll < 1:
             raise ValueError(
                 f"need lr > 0, batch_tokens >= 1, grad_accum >= 1, unroll >= 1; "
                 f"got {lr}, {batch_tokens}, {grad_accum}, {unroll}"
             )
+        if temperature < 0 or sampled_weight < 0 or unroll_context not in UNROLL_CONTEXTS or draft_vocab < 0:
+            raise ValueError(
+                f"need temperature >= 0, sampled_weight >= 0, unroll_context in {UNROLL_CONTEXTS}, "
+                f"draft_vocab >= 0; got {temperature}, {sampled_weight}, {unroll_context!r}, {draft_vocab}"
+            )
+        self.temperature, self.sampled_weight, self.unroll_context = temperature, sampled_weight, unroll_context
+        v = drafter.target.arch.vocab_size
+        self.vocab = DraftVocab(v, min(draft_vocab, v), keep=drafter.target.arch.eos_token_ids) if draft_vocab else None
+        self._vocab_key: tuple | None = None
         self.drafter, self.buffer = drafter, buffer
         self.batch_tokens, self.grad_accum, self.packed = batch_tokens, grad_accum, packed
         self.hidden_weight, self.token_weight, self.noise_std = hidden_weight, token_weight, noise_std
@@ -105,8 +126,25 @@ class DrafterTrainer:
             token_weight=cfg.token_loss_weight,
             noise_std=cfg.noise_std,
             checkpoint_every=cfg.checkpoint_every,
+            unroll=cfg.unroll,
+            unroll_context=cfg.unroll_context,
+            temperature=cfg.loss_temperature,
+            sampled_weight=cfg.sampled_token_weight,
+            draft_vocab=cfg.draft_vocab,
             **kwargs,
         )
+
+    def refresh_vocab(self) -> bool:
+        """Rebuild the reduced draft vocabulary when the buffer's contents changed; True when it was set."""
+        if self.vocab is None or self.buffer.num_tokens == 0:
+            return False
+        key = (tuple(self.buffer.steps), self.buffer.num_samples, self.buffer.num_tokens)
+        if key == self._vocab_key:
+            return False
+        self._vocab_key = key
+        d2t = self.vocab.build(self.buffer.token_counts(self.vocab.vocab_size))
+        self.drafter.set_draft_vocab(d2t)
+        return True
 
     # -- training --
     def step(self) -> dict[str, float]:
@@ -142,6 +180,7 @@ class DrafterTrainer:
         return summary
 
     def _step(self, should_stop: Callable[[], bool]) -> dict[str, float] | None:
+        self.refresh_vocab()
         cursor, rng = self.buffer.state_dict(), self.generator.get_state()
         t0 = time.perf_counter()
         self.drafter.train()
@@ -167,6 +206,9 @@ class DrafterTrainer:
                         self.noise_std,
                         self.generator,
                         self.unroll,
+                        temperature=self.temperature,
+                        sampled_weight=self.sampled_weight,
+                        unroll_context=self.unroll_context,
                     )
                 share = out.num_tokens / max(total, 1)
                 (out.loss * share).backward()

@@ -76,6 +76,12 @@ def warmup(
     unroll: int = 2,
     eval_temperatures: tuple[float, ...] = (0.0,),
     gen_batch: int = 256,
+    unroll_context: str = "chain",
+    loss_temperature: float = 1.0,
+    sampled_weight: float = 0.0,
+    draft_vocab: int = 0,
+    fc_bias: bool = True,
+    export_format: str = "sglang",
 ) -> dict:
     """steps=None trains for `epochs` passes over the generated tokens: a one-layer drafter over-fits a small
     set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
@@ -83,7 +89,9 @@ def warmup(
     lifts the agreement at depth 2+ (benchmarks/drafter_diagnosis.md); `token_weight` is the CE's weight
     next to the feature regression's 1.0. Accept length is measured at `temperature` and at each of
     `eval_temperatures` (greedy, 0.0, bounds the drafter alone: at T > 0 even a perfect drafter loses the
-    steps where the target samples a token outside the tree). `gen_batch` caps the generating engine's batch."""
+    steps where the target samples a token outside the tree). `gen_batch` caps the generating engine's batch.
+    `unroll_context`, `loss_temperature`, `sampled_weight` and `draft_vocab` are the trainer's (drafter_loss,
+    DrafterTrainer); `fc_bias=False` builds a drafter vLLM serves as is; `export_format` picks the engine layout."""
     temps = list(dict.fromkeys([temperature, *eval_temperatures]))
     if any(t < 0 for t in temps):
         raise ValueError(f"warmup: temperatures must be >= 0, got {temps}")
@@ -103,7 +111,7 @@ def warmup(
     gen_s = time.perf_counter() - t0
 
     target = plain.target
-    drafter = Drafter(target.arch, target).to(device)
+    drafter = Drafter(target.arch, target, fc_bias=fc_bias).to(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spec = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,))
@@ -120,7 +128,12 @@ def warmup(
         noise_std=noise_std,
         token_weight=token_weight,
         unroll=unroll,
+        unroll_context=unroll_context,
+        temperature=loss_temperature,
+        sampled_weight=sampled_weight,
+        draft_vocab=draft_vocab,
     )
+    trainer.refresh_vocab()  # a reduced vocabulary from the generated answers (the untrained measure used all ids)
     if steps is None:
         steps = max(1, round(epochs * buffer.num_tokens / batch_tokens))
     bar = tqdm(range(steps), desc="drafter warm-up", disable=not progress, file=sys.stderr)
@@ -132,7 +145,7 @@ def warmup(
     train_s = time.perf_counter() - t1
     drafter.eval()
     after = {t: accept_length(spec, eval_prompts, p) for t, p in evals.items()}
-    folder = export_eagle(drafter, out)
+    folder = export_eagle(drafter, out, format=export_format)
     report = {
         "target": str(target_path or "smollm2"),
         "strategy": strategy,
@@ -143,6 +156,10 @@ def warmup(
         "generation_seconds": gen_s,
         "train_steps": steps,
         "unroll": unroll,
+        "unroll_context": unroll_context,
+        "loss_temperature": loss_temperature,
+        "sampled_weight": sampled_weight,
+        "draft_vocab": drafter.draft_vocab_size,
         "token_weight": token_weight,
         "train_seconds": train_s,
         "final_loss": metrics.get("loss"),
@@ -169,6 +186,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--noise-std", type=float, default=0.0, help="Gaussian noise on input features")
     ap.add_argument("--token-weight", type=float, default=1.0, help="CE weight (feature regression: 1.0)")
     ap.add_argument("--unroll", type=int, default=2, help="training passes fed the drafter's own predictions")
+    ap.add_argument("--unroll-context", choices=("chain", "shifted"), default="chain",
+                    help="attention context of unrolled passes (drafter_loss)")  # fmt: skip
+    ap.add_argument("--loss-temperature", type=float, default=1.0, help="temperature of the soft targets (0: argmax)")
+    ap.add_argument("--sampled-weight", type=float, default=0.0, help="CE weight on the sampled next token")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="reduced draft vocabulary size (0 = full)")
+    ap.add_argument("--no-fc-bias", action="store_true", help="a drafter without fc bias (vLLM serves it as is)")
+    ap.add_argument("--format", default="sglang", choices=("sglang", "vllm"), help="layout of the exported drafter")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.9, help="sampling temperature of the training data")
     ap.add_argument("--eval-temperatures", type=float, nargs="*", default=[0.0],
@@ -198,6 +222,12 @@ def main(argv: list[str] | None = None) -> None:
         unroll=a.unroll,
         eval_temperatures=tuple(a.eval_temperatures),
         gen_batch=a.gen_batch,
+        unroll_context=a.unroll_context,
+        loss_temperature=a.loss_temperature,
+        sampled_weight=a.sampled_weight,
+        draft_vocab=a.draft_vocab,
+        fc_bias=not a.no_fc_bias,
+        export_format=a.format,
     )
     print(
         f"{rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
