@@ -77,3 +77,38 @@ def test_modes_pick_the_acceptance_variant():
     acc = mode_program(None, "filtered").node(Op.ACCEPT)
     assert acc["mode"] == "sampled" and acc["top_p"] < 1.0
     assert mode_program(None, "greedy").node(Op.ACCEPT)["mode"] == "greedy"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_reduced_draft_vocabulary_drafts_target_ids_and_stays_exact(temperature):
+    """A drafter scoring only part of the vocabulary (its head over `d2t`): the levels take their top-k over
+    the small head and map the ids back; every drafted token is in the draft vocabulary, and the output is
+    plain decoding's (greedy) / the same sampler's (the target decides every token)."""
+    from tests.test_engine import TINY, tiny_pair
+    from tlt_rt.rollout import Engine
+
+    target, drafter = tiny_pair(0, 4.0)
+    d2t = torch.arange(1, TINY.vocab_size, 2)  # the odd ids
+    drafter.set_draft_vocab(d2t)
+    spec = Engine(target, drafter=drafter, speculative="on", strategies=("3_3_8",), block_size=4)
+    drafted = []
+    lowered = spec.runner.steps.lowered
+
+    def spy(batch, option, mode):
+        step = lowered(batch, option, mode)
+
+        def run(models, values):
+            out = step(models, values)
+            drafted.append(out["tree"].tree_tokens[:, 1:])
+            return out
+
+        return run
+
+    spec.runner.steps.lowered = spy
+    params = SamplingParams(n=2, temperature=temperature, max_new_tokens=16, stop_token_ids=[], seed=1)
+    got = spec.generate(PROMPTS, params)
+    plain = make_engine("off", ()).generate(PROMPTS, params)
+    if temperature == 0.0:
+        assert [o.token_ids for o in got] == [o.token_ids for o in plain]
+    assert spec.stats()["sd_steps"] > 0 and drafted
+    assert all(bool((t % 2 == 1).all()) for t in drafted)

@@ -50,8 +50,8 @@ class DraftInputs:
 
 
 def catch_up_block(drafter, cache: KVCache, ins: DraftInputs, block_size: int) -> tuple[Tensor, Tensor]:
-    """Drafter rows [L-R, L) of every sequence in one fixed-shape forward; the root row's logits [B, V] and
-    output hidden [B, H]."""
+    """Drafter rows [L-R, L) of every sequence in one fixed-shape forward; the root row's logits over the
+    draft vocabulary [B, Vd] and output hidden [B, H]."""
     b, r = ins.tokens.shape
     dev = ins.tokens.device
     j = torch.arange(r, device=dev)
@@ -61,7 +61,8 @@ def catch_up_block(drafter, cache: KVCache, ins: DraftInputs, block_size: int) -
     positions = (ins.prefix_lens.long()[:, None] - r + j).clamp(min=0)
     feats = drafter.features(ins.hidden.reshape(b * r, -1))
     roots = torch.arange(b, device=dev) * r + (r - 1)
-    out = drafter.forward_paged(ins.tokens.reshape(-1), feats, positions.reshape(-1), cache, meta, roots)
+    out = drafter.forward_paged(ins.tokens.reshape(-1), feats, positions.reshape(-1), cache, meta, roots,
+                                full_vocab=False)  # fmt: skip
     return out.logits, out.hidden[roots]
 
 
@@ -91,12 +92,12 @@ def _level_meta(ins: DraftInputs, strategy: Strategy, block_size: int, trash_slo
     return positions, seq_lens, slots, cu
 
 
-def _top_children(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The k most likely children of each row of drafter logits [R, V]: log-probs [R, k] f32 and tokens [R, k]
-    (on CUDA one Triton top-k + log-sum-exp in two launches; no [R, V] log-softmax is written)."""
-    if logits.is_cuda:
-        return topk_logprobs(logits, k)
-    return topk_logprobs_reference(logits, k)
+def _top_children(drafter, logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k most likely children of each row of drafter logits over the draft vocabulary [R, Vd]: log-probs
+    [R, k] f32 and target token ids [R, k] (on CUDA one Triton top-k + log-sum-exp in two launches; no
+    [R, V] log-softmax is written, and a reduced draft vocabulary is never scattered to the full one)."""
+    lp, ids = topk_logprobs(logits, k) if logits.is_cuda else topk_logprobs_reference(logits, k)
+    return lp, drafter.to_target_ids(ids)
 
 
 def grow_candidates(
@@ -109,7 +110,8 @@ def grow_candidates(
     root_hidden,
     compiled: bool = False,
 ) -> Candidates:
-    """The depth-1 drafter levels from the root rows' logits [B, V] and output hidden [B, H].
+    """The depth-1 drafter levels from the root rows' logits over the draft vocabulary [B, Vd] and output
+    hidden [B, H].
 
     Level d's frontier (the K best candidates of the level before, by cumulative log-prob, ties to the lower
     index) runs as K drafter rows. Its tree mask [B, K, dK] is its parents' rows widened by its own slot,
@@ -117,7 +119,7 @@ def grow_candidates(
     the frontier, so no ancestry walk is needed. `compiled` is accepted for symmetry with `draft_tree`."""
     k, levels = strategy.topk, strategy.depth - 1
     b, dev = ins.tokens.shape[0], ins.tokens.device
-    lp, toks = _top_children(root_logits, k)  # level 0: the root's K best children, sorted
+    lp, toks = _top_children(drafter, root_logits, k)  # level 0: the root's K best children, sorted
     if levels == 0:
         return Candidates(toks, lp, torch.full_like(toks, -1), k)
     tokens, scores, fronts = [toks], [lp], []
@@ -129,8 +131,8 @@ def grow_candidates(
         meta = AttnMetadata("verify", cu, seq_lens[d - 1], ins.tables, slots[d - 1].view(-1), k, mask,
                             slots_resolved=True)  # fmt: skip
         out = drafter.forward_paged(front_tok.reshape(-1), feats.reshape(b * k, -1), positions[d - 1].view(-1),
-                                    cache, meta)  # fmt: skip
-        child_lp, child_tok = _top_children(out.logits, k)  # [B*K, K]
+                                    cache, meta, full_vocab=False)  # fmt: skip
+        child_lp, child_tok = _top_children(drafter, out.logits, k)  # [B*K, K]
         level_tok = child_tok.view(b, k * k)
         level_score = (front_score[:, :, None] + child_lp.view(b, k, k)).view(b, k * k)
         tokens.append(level_tok)
@@ -213,7 +215,7 @@ class DrafterRunner:
     @torch.no_grad()
     def catch_up(self, seqs: list[Sequence], tables: list[list[int]], ends: list[int] | None = None):
         """Eagerly run drafter rows [draft_cached, end) of every sequence (end: num_cached unless given);
-        returns the last row's logits and hidden."""
+        returns the last row's logits over the draft vocabulary and its hidden."""
         ends = [s.num_cached for s in seqs] if ends is None else ends
         ids, hidden, layout = [], [], Layout(tables, [], [], [], [])
         for s, end in zip(seqs, ends, strict=True):
@@ -229,8 +231,9 @@ class DrafterRunner:
         last = (torch.tensor(layout.q_lens).cumsum(0) - 1).to(self.device)
         feats = self.drafter.features(torch.cat(hidden).to(self.device))
         out = self.drafter.forward_paged(
-            torch.tensor(ids, device=self.device), feats, positions, self.cache, meta, logits_indices=last
-        )
+            torch.tensor(ids, device=self.device), feats, positions, self.cache, meta, logits_indices=last,
+            full_vocab=False,
+        )  # fmt: skip
         return out.logits, out.hidden[last]
 
     def prepare(self, seqs: list[Sequence], tables: list[list[int]], rows: int) -> Tensor:
