@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tlt_rt.codegen.kernels.draft_level import draft_level, draft_level_reference
 from tlt_rt.codegen.kernels.topk_lse import topk_logprobs, topk_logprobs_reference
 from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
@@ -116,7 +117,8 @@ def grow_candidates(
     Level d's frontier (the K best candidates of the level before, by cumulative log-prob, ties to the lower
     index) runs as K drafter rows. Its tree mask [B, K, dK] is its parents' rows widened by its own slot,
     and its input features are the drafter outputs of its parents: both are gathers by the parent's place in
-    the frontier, so no ancestry walk is needed. `compiled` is accepted for symmetry with `draft_tree`."""
+    the frontier, so no ancestry walk is needed (one launch a level on CUDA, `codegen.kernels.draft_level`).
+    `compiled` is accepted for symmetry with `draft_tree`."""
     k, levels = strategy.topk, strategy.depth - 1
     b, dev = ins.tokens.shape[0], ins.tokens.device
     lp, toks = _top_children(drafter, root_logits, k)  # level 0: the root's K best children, sorted
@@ -124,30 +126,24 @@ def grow_candidates(
         return Candidates(toks, lp, torch.full_like(toks, -1), k)
     tokens, scores, fronts = [toks], [lp], []
     positions, seq_lens, slots, cu = _level_meta(ins, strategy, block_size, cache.num_blocks * cache.block_size - 1)
-    eye = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
+    mask = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)  # level 1 sees only itself
     front_flat = torch.arange(k, device=dev).expand(b, k)  # level 0 is sorted: its frontier is itself
-    front_tok, front_score, feats, mask = toks, lp, root_hidden[:, None].expand(b, k, -1), eye
+    front_tok, front_score, feats = toks, lp, root_hidden[:, None].expand(b, k, -1)
+    advance = draft_level if dev.type == "cuda" else draft_level_reference
     for d in range(1, levels + 1):
         meta = AttnMetadata("verify", cu, seq_lens[d - 1], ins.tables, slots[d - 1].view(-1), k, mask,
                             slots_resolved=True)  # fmt: skip
         out = drafter.forward_paged(front_tok.reshape(-1), feats.reshape(b * k, -1), positions[d - 1].view(-1),
                                     cache, meta, full_vocab=False)  # fmt: skip
         child_lp, child_tok = _top_children(drafter, out.logits, k)  # [B*K, K]
-        level_tok = child_tok.view(b, k * k)
-        level_score = (front_score[:, :, None] + child_lp.view(b, k, k)).view(b, k * k)
-        tokens.append(level_tok)
-        scores.append(level_score)
+        tokens.append(child_tok.view(b, k * k))
         fronts.append(front_flat)
-        if d == levels:
-            break
-        # the next frontier: the level's K best (stable: ties to the lower index), and its parents' places
-        sel = torch.sort(level_score, dim=-1, descending=True, stable=True).indices[:, :k]
-        parent = sel // k  # [B, K] place of each new frontier node's parent in the current frontier
-        front_flat = sel + (k + (d - 1) * k * k)  # level d starts at flat index K + (d-1)K^2
-        front_tok, front_score = level_tok.gather(1, sel), level_score.gather(1, sel)
-        feats = out.hidden.view(b, k, -1).gather(1, parent[..., None].expand(-1, -1, out.hidden.shape[-1]))
-        inherited = mask.gather(1, parent[..., None].expand(-1, -1, mask.shape[-1]))
-        mask = torch.cat([inherited, eye], 2)  # [B, K, (d+1)K]: ancestors' slots and its own
+        # the level's scores, and the next frontier (its K best, ties to the lower index) with its inputs:
+        # the parents' drafter outputs as features, the parents' tree-mask rows widened by its own slot
+        level_score, front_flat, front_tok, front_score, feats, mask = advance(
+            front_score, child_lp, child_tok, out.hidden, mask, k + (d - 1) * k * k
+        )
+        scores.append(level_score)
     # a level's K*K candidates are frontier-major: candidate j's parent is the level's frontier node j // K
     parents = torch.stack(fronts, 1)[..., None].expand(b, levels, k, k).reshape(b, levels * k * k)
     parents = torch.cat([torch.full_like(toks, -1), parents], 1)
