@@ -38,7 +38,7 @@ def prompts_for(n: int, tok) -> list[list[int]]:
 def prepare_engine(engine: Engine, prompts) -> None:
     """Every graph up front (lazy captures would land inside a timed call), then a warm-up call on the same
     prompts: prefill shapes compile there, and the policy takes its first step costs."""
-    engine.capture()
+    engine.capture(modes=("greedy",))  # the timed calls are greedy
     engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
     torch.cuda.synchronize()
 
