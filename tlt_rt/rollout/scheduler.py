@@ -99,12 +99,13 @@ class Scheduler:
     def emit(self, seq: Sequence, toks: list[int], lps: list[float]) -> int:
         """Append tokens until a stop token or a limit; returns how many were kept."""
         out, n = seq.output, len(toks)
+        stop = self.stop if seq.stop is None else seq.stop
         # the last token the limits allow, then cut at the first stop token before it
         room = min(seq.max_new_tokens - len(out), self.max_context - len(seq.prompt) - len(out))
         kept = min(n, max(room, 1))
         reason = "length" if kept == room else None
         for i in range(kept):
-            if toks[i] in self.stop:
+            if toks[i] in stop:
                 kept, reason = i + 1, "stop"
                 break
         out.extend(toks[:kept])
