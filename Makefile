@@ -63,7 +63,7 @@ verl-env: $(VERL_STAMP)
 
 # drives our backend through verl's own rollout classes on the tiny model, on CPU
 verl-test: $(VERL_STAMP)
-	RAY_AUTH_MODE=disabled $(VERL_PY) -m pytest -q -p no:cacheprovider tests/verl
+	PYTHONPATH=$(CURDIR) RAY_AUTH_MODE=disabled $(VERL_PY) -m pytest -q -p no:cacheprovider tests/verl
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) build *.egg-info

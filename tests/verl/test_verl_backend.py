@@ -63,8 +63,15 @@ def ray_cluster():
 def test_verl_drives_tlt_rt_backend(ray_cluster, tmp_path):
     path = tiny_model(tmp_path / "policy", seed=0)
     new_path = tiny_model(tmp_path / "updated", seed=1)
-    config = RolloutConfig(name="tlt_rt", mode="async", tensor_model_parallel_size=1, prompt_length=16, response_length=8, max_model_len=64,
-                           engine_kwargs={"tlt_rt": {"num_blocks": 64, "block_size": 16, "max_batch": 8}})  # fmt: skip
+    config = RolloutConfig(
+        name="tlt_rt",
+        mode="async",
+        tensor_model_parallel_size=1,
+        prompt_length=16,
+        response_length=8,
+        max_model_len=64,
+        engine_kwargs={"tlt_rt": {"num_blocks": 64, "block_size": 16, "max_batch": 8}},
+    )
     model_config = HFModelConfig(path=str(path))
 
     replica_cls = RolloutReplicaRegistry.get("tlt_rt")  # what rollout.name=tlt_rt resolves to
