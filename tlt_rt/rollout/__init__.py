@@ -1,6 +1,7 @@
 """The rollout engine: continuous batching, paged KV cache, adaptive speculative decoding."""
 
+from tlt_rt.rollout.async_engine import AsyncEngine, RequestOutput
 from tlt_rt.rollout.engine import Engine
 from tlt_rt.rollout.params import Completion, SamplingParams
 
-__all__ = ["Completion", "Engine", "SamplingParams"]
+__all__ = ["AsyncEngine", "Completion", "Engine", "RequestOutput", "SamplingParams"]

@@ -29,7 +29,7 @@ from tlt_rt.rollout.params import SamplingParams
 from tlt_rt.rollout.rng import host_uniforms
 from tlt_rt.rollout.runner import Layout, TargetRunner
 from tlt_rt.rollout.sequence import Sequence
-from tlt_rt.rollout.step_graph import StepArgs, StepGraphs, StepValues, accept_mode
+from tlt_rt.rollout.step_graph import StepArgs, StepGraphs, StepValues, batch_mode
 
 MODES = ("greedy", "sampled", "filtered")
 
@@ -46,6 +46,11 @@ def engine_drafter(drafter: Drafter | None, target: CausalLM, glue) -> Drafter:
     if glue is not None:
         set_glue(drafter, glue)
     return drafter
+
+
+def row_params(seqs: list[Sequence], params: SamplingParams) -> list[SamplingParams]:
+    """Each sequence's sampling settings: its request's own (AsyncEngine), else the call's."""
+    return [params if s.params is None else s.params for s in seqs]
 
 
 @dataclass
@@ -121,11 +126,15 @@ class ModelRunner:
         w = max(len(t) for t in tables)
         ints = torch.tensor([a + t + [0] * (w - len(t)) for a, t in zip(lead, tables, strict=True)], dtype=torch.long)
         floats = np.empty((b, 2 * (depth + 1) + 3), dtype=np.float32)
-        if params.greedy:  # greedy acceptance reads no uniform
+        rows = row_params(seqs, params)
+        if all(p.greedy for p in rows):  # greedy acceptance reads no uniform
             floats[:, :-3] = 0.0
         else:
             floats[:, :-3] = host_uniforms([s.seed for s in seqs], [s.counter for s in seqs], 2 * (depth + 1))
-        floats[:, -3:] = (params.temperature, params.top_k, params.top_p)
+        if all(p is rows[0] for p in rows):  # one setting for the batch (generate)
+            floats[:, -3:] = (rows[0].temperature, rows[0].top_k, rows[0].top_p)
+        else:  # per-request settings (AsyncEngine)
+            floats[:, -3:] = [(p.temperature, p.top_k, p.top_p) for p in rows]
         floats = torch.from_numpy(floats)
         return StepArgs(ints, floats, window)
 
@@ -151,7 +160,8 @@ class ModelRunner:
     ) -> StepOut:
         """One plain or speculative step of every sequence; results come back to the host in one copy."""
         depth = 0 if strategy is None else strategy.depth
-        out = self.run_args(option_name(strategy), accept_mode(params), self.step_args(seqs, tables, strategy, params))
+        mode = batch_mode(row_params(seqs, params))
+        out = self.run_args(option_name(strategy), mode, self.step_args(seqs, tables, strategy, params))
         # a replayed graph's outputs are overwritten by its next replay: keep a copy, queued before the wait
         hidden = out.hidden.clone() if keep_hidden else None
         rows = out.host.cpu().tolist()  # the one device-to-host copy; waits for this stream alone

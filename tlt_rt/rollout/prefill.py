@@ -53,7 +53,8 @@ def fork_groups(runner, sched: Scheduler, groups, logits, params: SamplingParams
     in one batch (one host sync), and the drafter rows of the shared prompts are run in one forward."""
     rows = [row for row, job in groups for _ in job.group]
     seqs = [seq for _, job in groups for seq in job.group]
-    tok, lp = draw(logits[rows], params, [s.seed for s in seqs], [0] * len(seqs))
+    per_row = [params if s.params is None else s.params for s in seqs]
+    tok, lp = draw(logits[rows], per_row, [s.seed for s in seqs], [0] * len(seqs))
     tok, lp = torch.stack([tok.double(), lp.double()]).tolist()  # one device-to-host copy
     hiddens = [torch.cat(job.hidden_chunks) for _, job in groups]
     drafted = [(job, h) for (_, job), h in zip(groups, hiddens, strict=True) if len(job.tokens) > 1]

@@ -79,19 +79,22 @@ def tree_meta(
     return AttnMetadata("verify", cu, seq_lens.int(), tables, slots.flatten(), q_len, tree_mask)
 
 
-def draw(logits: torch.Tensor, params: SamplingParams, seeds: list[int], counters: list[int]):
+def draw(logits: torch.Tensor, params: SamplingParams | list[SamplingParams], seeds: list[int], counters: list[int]):
     """logits [B, V] -> (tokens [B], logprobs [B]) on the device: an acceptance of depth 0 (the bonus alone),
     the rule and kernel every speculative and plain step draws with, from each sequence's (seed, counter)
-    stream. Used for the first token of each sample after its prompt's prefill."""
+    stream. Used for the first token of each sample after its prompt's prefill. `params` is one setting
+    for every row or one per row."""
     b, dev = logits.shape[0], logits.device
+    rows = params if isinstance(params, list) else [params] * b
     u = torch.from_numpy(host_uniforms(seeds, counters, 2)).to(dev).view(b, 1, 2)
     tokens = torch.zeros(b, 1, dtype=torch.long, device=dev)
     parents = torch.full((b, 1), -1, dtype=torch.long, device=dev)
-    temp = torch.full((b,), float(params.temperature), device=dev)
-    top_k = torch.full((b,), int(params.top_k), dtype=torch.int32, device=dev)
-    top_p = torch.full((b,), float(params.top_p), device=dev)
-    out = accept_tree(logits[:, None], tokens, parents, temp, top_k, top_p, u, 0, all_greedy=params.greedy,
-                      filtering=params.filtering, backend="triton" if dev.type == "cuda" else "torch")  # fmt: skip
+    temp = torch.tensor([float(p.temperature) for p in rows], dtype=torch.float32).to(dev)
+    top_k = torch.tensor([int(p.top_k) for p in rows], dtype=torch.int32).to(dev)
+    top_p = torch.tensor([float(p.top_p) for p in rows], dtype=torch.float32).to(dev)
+    greedy, filtering = all(p.greedy for p in rows), any(p.filtering for p in rows)
+    out = accept_tree(logits[:, None], tokens, parents, temp, top_k, top_p, u, 0, all_greedy=greedy,
+                      filtering=filtering, backend="triton" if dev.type == "cuda" else "torch")  # fmt: skip
     return out.bonus, out.logprobs[:, 0]
 
 

@@ -95,16 +95,38 @@ class Scheduler:
             else:
                 self.preempt_youngest()
 
+    def abort(self, seqs: list[Sequence], jobs: list[PrefillJob]) -> None:
+        """Drop a request's samples and prefill jobs wherever they are, freeing their blocks."""
+        ids = {s.seq_id for s in seqs}
+        for seq in [s for s in self.running if s.seq_id in ids]:
+            self.running.remove(seq)
+            self.blocks.free(seq.seq_id)
+        mine = {j.seq_id for j in jobs}
+        for job in [j for j in self.waiting if j.seq_id in mine or (j.seq is not None and j.seq.seq_id in ids)]:
+            self.waiting.remove(job)
+            if job.seq_id in self._allocated:
+                self._allocated.discard(job.seq_id)
+                self.blocks.free(job.seq_id)
+
+    def evict_all(self) -> None:
+        """Every cached row is about to be lost (the cache is released): running samples are preempted and
+        waiting jobs start their prefill again (their blocks stay theirs)."""
+        while self.running:
+            self.preempt_youngest()
+        for job in self.waiting:
+            job.done, job.hidden_chunks = 0, []
+
     # ---- postprocessing ------------------------------------------------------------------------------------
     def emit(self, seq: Sequence, toks: list[int], lps: list[float]) -> int:
         """Append tokens until a stop token or a limit; returns how many were kept."""
         out, n = seq.output, len(toks)
+        stop = self.stop if seq.stop is None else seq.stop
         # the last token the limits allow, then cut at the first stop token before it
         room = min(seq.max_new_tokens - len(out), self.max_context - len(seq.prompt) - len(out))
         kept = min(n, max(room, 1))
         reason = "length" if kept == room else None
         for i in range(kept):
-            if toks[i] in self.stop:
+            if toks[i] in stop:
                 kept, reason = i + 1, "stop"
                 break
         out.extend(toks[:kept])

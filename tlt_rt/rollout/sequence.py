@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tlt_rt.rollout.params import SamplingParams
+
 
 @dataclass
 class Sequence:
@@ -37,6 +39,9 @@ class Sequence:
     _pending: list[tuple[torch.Tensor, int]] = field(default_factory=list)
     finish_reason: str | None = None
     preemptions: int = 0
+    # per-request settings (AsyncEngine): None means the generate call's SamplingParams / stop set
+    params: SamplingParams | None = None
+    stop: frozenset[int] | None = None
 
     @property
     def tokens(self) -> list[int]:

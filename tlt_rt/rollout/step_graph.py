@@ -47,6 +47,16 @@ def accept_mode(params: SamplingParams) -> str:
     return "filtered" if params.filtering else "sampled"
 
 
+def batch_mode(rows: list[SamplingParams]) -> str:
+    """The acceptance mode serving every row of a batch: greedy rows run exactly as greedy inside a sampled
+    graph (temperature 0 is a per-row greedy walk) and unfiltered rows inside a filtered one."""
+    modes = {accept_mode(p) for p in rows}
+    for mode in ("filtered", "sampled"):
+        if mode in modes:
+            return mode
+    return "greedy"
+
+
 def mode_program(strategy: Strategy | None, mode: str) -> StepProgram:
     """The StepProgram a mode's graph runs. Its acceptance attributes fix only the kernel variant (greedy,
     sampled, filtered); the values come from the per-row inputs."""
