@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # tensors that checkpoints may carry but that we derive ourselves
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -93,7 +93,7 @@ def load_state_into(model: torch.nn.Module, files: list[Path], strict: bool = Tr
         check_safetensors(f)
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():
-                if name.endswith(_IGNORED_SUFFIXES):
+                if name.endswith(IGNORED_SUFFIXES):
                     continue
                 if name not in params:
                     if tied and name == "lm_head.weight":

@@ -180,21 +180,25 @@ class Engine:
                 sched.waiting.append(PrefillJob(self._new_id(), list(p), group=group[k : k + self.max_batch]))
         self._t_start = t_start = time.perf_counter()
         with self.on_stream():
-            while sched.busy:  # schedule -> run -> postprocess
-                jobs = sched.admit()
-                if jobs:
-                    t0 = time.perf_counter()
-                    n = prefill(self.runner, sched, jobs, params, keep_hidden)
-                    self._record("prefill", None, len(jobs), n, t0, len(sched.running))
-                elif sched.running:
-                    self._decode_step(sched, params, keep_hidden)
-                else:
-                    raise RuntimeError("no sequence can run: the KV cache is too small for the waiting work")
+            while sched.busy:
+                self._step(sched, params, keep_hidden)
             if params.return_hidden:
                 flush_hidden(sched.done)
         self._gen_time += time.perf_counter() - t_start
         sched.done.sort(key=lambda s: (s.prompt_index, s.sample_index))
         return [self._completion(s, params) for s in sched.done]
+
+    def _step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool) -> None:
+        """schedule -> run -> postprocess: a prefill of waiting work, else a decode step of the running."""
+        jobs = sched.admit()
+        if jobs:
+            t0 = time.perf_counter()
+            n = prefill(self.runner, sched, jobs, params, keep_hidden)
+            self._record("prefill", None, len(jobs), n, t0, len(sched.running))
+        elif sched.running:
+            self._decode_step(sched, params, keep_hidden)
+        else:
+            raise RuntimeError("no sequence can run: the KV cache is too small for the waiting work")
 
     def _decode_step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool) -> None:
         """One plain or speculative step of every running sample, as the SD policy decides."""
@@ -319,67 +323,19 @@ class Engine:
     def step_once(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool = False) -> None:
         """One schedule -> run -> postprocess step of a scheduler that outlives generate calls
         (`rollout.async_engine`): a prefill of waiting work, else one plain or speculative step."""
-        keep_hidden = keep_hidden or self.runner.drafter is not None
         with self.on_stream():
-            jobs = sched.admit()
-            if jobs:
-                t0 = time.perf_counter()
-                n = prefill(self.runner, sched, jobs, params, keep_hidden)
-                self._record("prefill", None, len(jobs), n, t0, len(sched.running))
-            elif sched.running:
-                self._decode_step(sched, params, keep_hidden)
-            else:
-                raise RuntimeError("no sequence can run: the KV cache is too small for the waiting work")
+            self._step(sched, params, keep_hidden or self.runner.drafter is not None)
 
-    @torch.no_grad()
     def load_weights(self, named_tensors) -> int:
-        """Copy (HF name, tensor) pairs into the target's parameters in place: storage (so data_ptr, fused
-        projections and captured steps) is kept, dtype and device are converted by the copy. Returns the
-        number of tensors copied; an unknown name or a wrong shape raises before that tensor is copied."""
-        from tlt_rt.models.loader import _IGNORED_SUFFIXES
-
-        params = self.target.state_dict(keep_vars=True)
-        tied = getattr(self.target.arch, "tie_word_embeddings", False)
-        n = 0
+        """Copy (HF name, tensor) pairs into the target's parameters in place (`ModelRunner.load_weights`)."""
         with self.on_stream():
-            for name, t in named_tensors:
-                if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight" and name not in params):
-                    continue
-                p = params.get(name)
-                if p is None:
-                    raise KeyError(f"update_weights: {name!r} is not a parameter of the target")
-                if tuple(t.shape) != tuple(p.shape):
-                    raise ValueError(f"update_weights: {name!r} is {tuple(t.shape)}, the target has {tuple(p.shape)}")
-                p.copy_(t)
-                n += 1
-        return n
-
-    def _caches(self) -> list:
-        return [self.runner.target.cache] + ([self.runner.drafter.cache] if self.runner.drafter is not None else [])
+            return self.runner.load_weights(named_tensors)
 
     def release_memory(self) -> list:
-        """Free the KV caches' memory and the captured steps (their pool holds addresses in the caches);
-        returns the keys that were captured. Only while no sequence holds cached rows."""
-        keys = []
-        if self.runner.pool is not None:
-            keys = list(self.runner.pool.graphs)
-            self.runner.pool = self.runner.pool.fresh()
-        for c in self._caches():
-            for t in (c.k, c.v):
-                t.untyped_storage().resize_(0)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        return keys
+        """Free the KV caches and the captured steps; returns the keys to capture again on restore."""
+        return self.runner.release_memory()
 
     def restore_memory(self, keys: list | None = None) -> None:
-        """Give the KV caches their memory back (zeroed) and capture `keys` again (`release_memory`)."""
-        for c in self._caches():
-            for t in (c.k, c.v):
-                t.untyped_storage().resize_(t.numel() * t.element_size())
-                t.zero_()
-        if keys:
-            self.capture_keys(keys)
-
-    def capture_keys(self, keys: list) -> None:
+        """Give the KV caches their memory back (zeroed) and capture `keys` again."""
         with self.on_stream():
-            self.runner.capture(keys)
+            self.runner.restore_memory(keys)

@@ -23,6 +23,7 @@ from tlt_rt.codegen.graphs import GraphPool, Key
 from tlt_rt.ir.strategy import Strategy, bucket_for
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM, ModelOutput, fuse_projections, set_glue
+from tlt_rt.models.loader import IGNORED_SUFFIXES
 from tlt_rt.rollout.costs import option_name
 from tlt_rt.rollout.drafting import DrafterRunner
 from tlt_rt.rollout.params import SamplingParams
@@ -160,7 +161,7 @@ class ModelRunner:
     ) -> StepOut:
         """One plain or speculative step of every sequence; results come back to the host in one copy."""
         depth = 0 if strategy is None else strategy.depth
-        mode = batch_mode(row_params(seqs, params))
+        mode = batch_mode(list({id(p): p for p in row_params(seqs, params)}.values()))
         out = self.run_args(option_name(strategy), mode, self.step_args(seqs, tables, strategy, params))
         # a replayed graph's outputs are overwritten by its next replay: keep a copy, queued before the wait
         hidden = out.hidden.clone() if keep_hidden else None
@@ -172,6 +173,54 @@ class ModelRunner:
             ends = [s.num_cached + a + 1 for s, a in zip(seqs, accept_len, strict=True)]
             self.drafter.keep_windows(seqs, out.window, ends)
         return StepOut(accept_len, tokens, logprobs, hidden)
+
+    # ---- weights and memory (serving) -----------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, named_tensors) -> int:
+        """Copy (HF name, tensor) pairs into the target's parameters in place: storage (so data_ptr, fused
+        projections and captured steps) is kept, dtype and device are converted by the copy. Returns the
+        number of tensors copied; an unknown name or a wrong shape raises before that tensor is copied."""
+        model = self.target.model
+        params = model.state_dict(keep_vars=True)
+        tied = getattr(model.arch, "tie_word_embeddings", False)
+        n = 0
+        for name, t in named_tensors:
+            if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight" and name not in params):
+                continue
+            p = params.get(name)
+            if p is None:
+                raise KeyError(f"update_weights: {name!r} is not a parameter of the target")
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"update_weights: {name!r} is {tuple(t.shape)}, the target has {tuple(p.shape)}")
+            p.copy_(t)
+            n += 1
+        return n
+
+    def _caches(self) -> list:
+        return [self.target.cache] + ([self.drafter.cache] if self.drafter is not None else [])
+
+    def release_memory(self) -> list:
+        """Free the KV caches' memory and the captured steps (their pool holds addresses in the caches);
+        returns the keys that were captured. Only while no sequence holds cached rows."""
+        keys = []
+        if self.pool is not None:
+            keys = list(self.pool.graphs)
+            self.pool = self.pool.fresh()
+        for c in self._caches():
+            for t in (c.k, c.v):
+                t.untyped_storage().resize_(0)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return keys
+
+    def restore_memory(self, keys: list | None = None) -> None:
+        """Give the KV caches their memory back (zeroed) and capture `keys` again (`release_memory`)."""
+        for c in self._caches():
+            for t in (c.k, c.v):
+                t.untyped_storage().resize_(t.numel() * t.element_size())
+                t.zero_()
+        if keys:
+            self.capture(keys)
 
     # ---- profiling -------------------------------------------------------------------------------------
     @torch.no_grad()
