@@ -101,9 +101,8 @@ class Worker:
 
     def engine_options(self) -> dict:
         c, r = self.cfg, self.cfg.rollout
-        return dict(drafter=self.serving_drafter if r.speculative != "off" else None, speculative=r.speculative,
-                    strategies=r.strategies, num_blocks=r.num_blocks, block_size=r.block_size,
-                    max_batch=r.max_batch, max_context=c.model.max_context)  # fmt: skip
+        drafter = self.serving_drafter if r.speculative != "off" else None
+        return dict(drafter=drafter, config=r.engine(), max_context=c.model.max_context)
 
     # ----------------------------------------------------------------------------- process group
     def ping(self) -> int:
