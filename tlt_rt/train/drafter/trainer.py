@@ -17,7 +17,7 @@ The buffer is not thread-safe: add data between `train()` calls, not during one.
 Reduced draft vocabulary (`draft_vocab` = size > 0): before a step, whenever the buffer's contents changed
 (new rollouts, evicted old ones), the vocabulary is rebuilt from the buffer's token counts (the rollouts of
 its last steps, so it follows the policy) plus the target's EOS ids, and set on the drafter
-(`tlt_rt.train.draft_vocab`). The drafter's trained weights do not depend on it; its head rows do. It
+(`tlt_rt.train.drafter.vocab`). The drafter's trained weights do not depend on it; its head rows do. It
 changes only this trainer's drafter: a serving copy adopts it through `load_state_dict` (between rollouts),
 and with several workers each keeps the vocabulary of its own buffer (replicas average float tensors only).
 """
@@ -37,10 +37,10 @@ from safetensors.torch import load_file, save_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tlt_rt.models.drafter import Drafter
-from tlt_rt.train.draft_vocab import DraftVocab
 from tlt_rt.train.drafter.config import DrafterConfig
-from tlt_rt.train.drafter_data import DrafterBuffer
-from tlt_rt.train.drafter_loss import batch_loss
+from tlt_rt.train.drafter.data import DrafterBuffer
+from tlt_rt.train.drafter.loss import batch_loss
+from tlt_rt.train.drafter.vocab import DraftVocab
 
 StopFlag = threading.Event | Callable[[], bool]
 # cuDNN attention re-plans for every new sequence shape (~75 ms of host time a call on an H100 with torch
