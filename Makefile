@@ -36,8 +36,9 @@ test: $(MODEL_STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(PY) -m ruff check tlt_rt tests benchmarks
-	$(PY) -m ruff format --check tlt_rt tests benchmarks
+	$(PY) -m ruff check tlt_rt tests benchmarks tools
+	$(PY) -m ruff format --check tlt_rt tests benchmarks tools
+	$(PY) tools/check_imports.py
 
 bench: $(MODEL_STAMP)
 	$(PY) -m pytest -q benchmarks --benchmark-only --benchmark-columns=median,iqr,rounds

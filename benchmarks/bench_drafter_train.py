@@ -18,8 +18,8 @@ import torch
 
 from tlt_rt.models import ArchConfig, CausalLM
 from tlt_rt.models.drafter import Drafter, xformers_works
-from tlt_rt.train.drafter_data import DrafterBuffer
-from tlt_rt.train.drafter_trainer import DrafterTrainer
+from tlt_rt.train.drafter.data import DrafterBuffer
+from tlt_rt.train.drafter.trainer import DrafterTrainer
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

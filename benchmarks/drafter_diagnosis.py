@@ -28,11 +28,11 @@ import torch
 from tlt_rt.models.default import load_tokenizer
 from tlt_rt.models.drafter import Drafter, draft_vocab_from_counts
 from tlt_rt.rollout import Engine, SamplingParams
-from tlt_rt.train.data import ArithmeticTask, format_prompt
-from tlt_rt.train.drafter_data import DrafterBuffer, collect_hidden
-from tlt_rt.train.drafter_eval import chain_agreement, chain_steps, oracle_steps
-from tlt_rt.train.drafter_trainer import DrafterTrainer
-from tlt_rt.train.warmup import accept_length
+from tlt_rt.train.drafter.data import DrafterBuffer, collect_hidden
+from tlt_rt.train.drafter.eval import chain_agreement, chain_steps, oracle_steps
+from tlt_rt.train.drafter.trainer import DrafterTrainer
+from tlt_rt.train.drafter.warmup import accept_length
+from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
 
 
 def sample_answers(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> list[dict]:

@@ -14,10 +14,10 @@ import torch
 from tlt_rt.models.default import load_tokenizer
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.rollout import Engine, SamplingParams
-from tlt_rt.train.data import ArithmeticTask, format_prompt
-from tlt_rt.train.drafter_data import DrafterBuffer
-from tlt_rt.train.drafter_trainer import DrafterTrainer
-from tlt_rt.train.warmup import accept_length, generate_data
+from tlt_rt.train.drafter.data import DrafterBuffer
+from tlt_rt.train.drafter.trainer import DrafterTrainer
+from tlt_rt.train.drafter.warmup import accept_length, generate_data
+from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
 
 
 def main(steps: int = 120, strategy: str = "4_2_6") -> None:

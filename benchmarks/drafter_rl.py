@@ -36,11 +36,11 @@ from tlt_rt.ir.strategy import Strategy
 from tlt_rt.models.default import load_tokenizer
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.rollout import Engine, SamplingParams
-from tlt_rt.train.data import ArithmeticTask, format_prompt
-from tlt_rt.train.drafter_data import DrafterBuffer
-from tlt_rt.train.drafter_eval import oracle_tree_steps
-from tlt_rt.train.drafter_trainer import DrafterTrainer
-from tlt_rt.train.warmup import generate_data
+from tlt_rt.train.drafter.data import DrafterBuffer
+from tlt_rt.train.drafter.eval import oracle_tree_steps
+from tlt_rt.train.drafter.trainer import DrafterTrainer
+from tlt_rt.train.drafter.warmup import generate_data
+from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
 
 VARIANTS = {
     "base": dict(unroll=2, unroll_context="shifted"),

@@ -9,7 +9,7 @@
    the training prompts, a synthetic stand-in for RL moving the policy (its answers change in style and
    length). B's own greedy answers and hidden states are then generated with the moved weights.
 3. The drafter, unchanged, is measured on B's held-out answers (teacher-forced chain agreement with B's
-   features and B's head, `tlt_rt.train.drafter_eval`); then the same trainer (its optimizer state kept,
+   features and B's head, `tlt_rt.train.drafter.eval`); then the same trainer (its optimizer state kept,
    as the spot trainer keeps it across RL steps) trains on B's training answers for --online-steps, and the
    drafter is measured again, on B and, for forgetting, on A's held-out answers as A's features gave them.
 
@@ -34,9 +34,9 @@ from drafter_diagnosis import agreement_report, reduced_vocab, sample_answers  #
 from tlt_rt.models.default import load_tokenizer  # noqa: E402
 from tlt_rt.models.drafter import Drafter  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
-from tlt_rt.train.data import ArithmeticTask, format_prompt  # noqa: E402
-from tlt_rt.train.drafter_data import DrafterBuffer  # noqa: E402
-from tlt_rt.train.drafter_trainer import DrafterTrainer  # noqa: E402
+from tlt_rt.train.drafter.data import DrafterBuffer  # noqa: E402
+from tlt_rt.train.drafter.trainer import DrafterTrainer  # noqa: E402
+from tlt_rt.train.rl.data import ArithmeticTask, format_prompt  # noqa: E402
 
 
 def terse_answer(problem) -> str:

@@ -28,7 +28,7 @@ from step_costs import kernel_table, print_kernel_table  # noqa: E402
 
 from tlt_rt.models.default import default_model_dir, load_tokenizer  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
-from tlt_rt.train.data import ArithmeticTask, format_prompt  # noqa: E402
+from tlt_rt.train.rl.data import ArithmeticTask, format_prompt  # noqa: E402
 
 
 def prompts_for(n: int, tok) -> list[list[int]]:

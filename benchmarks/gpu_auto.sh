@@ -17,7 +17,7 @@ for stage in "$@"; do
       echo "gpu tests (rc=$?): $(tail -1 "$out/gpu_tests.log")"
       grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -8 ;;
     warmup)
-      timeout "${WARMUP_SECS:-240}" python -m tlt_rt.train.warmup --out "$drafter" --prompts "${PROMPTS:-512}" \
+      timeout "${WARMUP_SECS:-240}" python -m tlt_rt.train.drafter.warmup --out "$drafter" --prompts "${PROMPTS:-512}" \
           --samples "${SAMPLES:-4}" --held-out 32 --max-new-tokens 256 --temperature 1.0 --eval-temperatures 0 \
           --strategy 8_4_48 --epochs 5 > "$out/warmup.log" 2>&1
       echo "warm-up rc=$?"; grep -v "drafter warm-up" "$out/warmup.log" | tail -n 4 ;;

@@ -14,7 +14,7 @@ if [ "${TEST_SECS:-150}" -gt 0 ]; then
   echo "gpu tests (rc=$?): $(tail -1 "$out/gpu_tests.log")"
   grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -8
 fi
-timeout "${WARMUP_SECS:-300}" python -m tlt_rt.train.warmup --out "$drafter" --prompts "${PROMPTS:-1024}" \
+timeout "${WARMUP_SECS:-300}" python -m tlt_rt.train.drafter.warmup --out "$drafter" --prompts "${PROMPTS:-1024}" \
     --samples "${SAMPLES:-4}" --held-out 64 --max-new-tokens 256 --temperature 1.0 --eval-temperatures 0 \
     --strategy 8_4_48 --epochs "${EPOCHS:-5}" > "$out/warmup.log" 2>&1
 echo "warm-up rc=$?"

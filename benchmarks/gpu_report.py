@@ -373,7 +373,7 @@ def engine_maker(rep: Report) -> EngineMaker:
 
 def arithmetic_prompts(n: int) -> list[list[int]]:
     from tlt_rt.models.default import load_tokenizer
-    from tlt_rt.train.data import ArithmeticTask, format_prompt
+    from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
 
     tok = load_tokenizer(None)
     return [format_prompt(p, tok) for p in ArithmeticTask(digits=2, num_ops=2, seed=1).sample(n)]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tlt_rt.train import checkpoint as ckpt
+from tlt_rt.train.rl import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 

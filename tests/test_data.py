@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tlt_rt.train.data import (
+from tlt_rt.train.rl.data import (
     ArithmeticTask,
     DatasetError,
     Problem,
@@ -21,7 +21,7 @@ from tlt_rt.train.data import (
     load_dataset_file,
     reference_answer,
 )
-from tlt_rt.train.reward import reward
+from tlt_rt.train.rl.reward import reward
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 

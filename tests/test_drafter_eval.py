@@ -13,9 +13,9 @@ from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import Engine, SamplingParams
-from tlt_rt.train.drafter_data import DrafterBuffer
-from tlt_rt.train.drafter_eval import chain_agreement
-from tlt_rt.train.drafter_trainer import DrafterTrainer
+from tlt_rt.train.drafter.data import DrafterBuffer
+from tlt_rt.train.drafter.eval import chain_agreement
+from tlt_rt.train.drafter.trainer import DrafterTrainer
 
 ARCH = ArchConfig(
     model_type="llama",

@@ -11,11 +11,11 @@ from tests.test_drafter import Pager, V, rows, tiny_pair
 from tlt_rt.config import ConfigError, DrafterConfig
 from tlt_rt.ir.tree import Candidates, build_tree
 from tlt_rt.models.drafter import Drafter
-from tlt_rt.train.draft_vocab import DraftVocab
-from tlt_rt.train.drafter_data import DrafterBuffer, collect_hidden
-from tlt_rt.train.drafter_eval import oracle_steps, oracle_tree_steps, tree_accepts, walk_steps
-from tlt_rt.train.drafter_loss import UNROLL_DECAY, batch_loss, drafter_loss, sampled_next
-from tlt_rt.train.drafter_trainer import DrafterTrainer
+from tlt_rt.train.drafter.data import DrafterBuffer, collect_hidden
+from tlt_rt.train.drafter.eval import oracle_steps, oracle_tree_steps, tree_accepts, walk_steps
+from tlt_rt.train.drafter.loss import UNROLL_DECAY, batch_loss, drafter_loss, sampled_next
+from tlt_rt.train.drafter.trainer import DrafterTrainer
+from tlt_rt.train.drafter.vocab import DraftVocab
 
 TOL = dict(atol=1e-9, rtol=1e-9)  # float64
 

@@ -29,7 +29,7 @@ def test_shift_then_online_training_report(tmp_path):
 
 
 def test_terse_answer_uses_the_expression():
-    from tlt_rt.train.data import ArithmeticTask
+    from tlt_rt.train.rl.data import ArithmeticTask
 
     p = ArithmeticTask(digits=2, num_ops=1, seed=3).problem(0)
     assert drafter_shift.terse_answer(p) == f"{p.meta['expression']} = {p.answer}."

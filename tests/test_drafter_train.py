@@ -10,9 +10,9 @@ import torch
 from tlt_rt.config import DrafterConfig
 from tlt_rt.models import ArchConfig, CausalLM
 from tlt_rt.models.drafter import Drafter
-from tlt_rt.train.drafter_data import DrafterBatch, DrafterBuffer, _Step, collect_hidden
-from tlt_rt.train.drafter_loss import add_noise, batch_loss, drafter_loss
-from tlt_rt.train.drafter_trainer import DrafterTrainer
+from tlt_rt.train.drafter.data import DrafterBatch, DrafterBuffer, _Step, collect_hidden
+from tlt_rt.train.drafter.loss import add_noise, batch_loss, drafter_loss
+from tlt_rt.train.drafter.trainer import DrafterTrainer
 
 V, H = 97, 64
 

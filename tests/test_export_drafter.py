@@ -30,8 +30,8 @@ from tlt_rt.export_drafter import main as export_main
 from tlt_rt.models import save_target
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import ExportError, export_eagle, find_drafter, load_eagle
-from tlt_rt.train.drafter_data import DrafterBuffer
-from tlt_rt.train.drafter_trainer import DrafterTrainer
+from tlt_rt.train.drafter.data import DrafterBuffer
+from tlt_rt.train.drafter.trainer import DrafterTrainer
 
 SGLANG_ARCHS = {"LlamaForCausalLMEagle", "Qwen2ForCausalLMEagle"}
 VLLM_REGISTRY = {"EagleLlamaForCausalLM"}  # EAGLE-1 draft models of the families tlt_rt trains
@@ -128,7 +128,7 @@ def test_reduced_vocab_and_fc_bias_get_clear_errors_for_vllm(tmp_path):
 
 
 def run_folder(tmp_path, target, drafter, steps=(2, 4)):
-    """A run folder in tlt_rt.train.checkpoint's layout, each checkpoint with a policy/ and a drafter/."""
+    """A run folder in tlt_rt.train.rl.checkpoint's layout, each checkpoint with a policy/ and a drafter/."""
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, V, (12,), generator=g) for _ in range(3)]
     buf = DrafterBuffer()

@@ -18,11 +18,11 @@ from tlt_rt.models import load_target, save_target
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.report import write_report
-from tlt_rt.train.data import Problem, format_prompt_text, load_dataset_file
-from tlt_rt.train.loggers import check_loggers, open_loggers
 from tlt_rt.train.loop import train
-from tlt_rt.train.metrics import MetricsWriter, read_jsonl
-from tlt_rt.train.reward import math_verify_reward, resolve_reward
+from tlt_rt.train.rl.data import Problem, format_prompt_text, load_dataset_file
+from tlt_rt.train.rl.loggers import check_loggers, open_loggers
+from tlt_rt.train.rl.metrics import MetricsWriter, read_jsonl
+from tlt_rt.train.rl.reward import math_verify_reward, resolve_reward
 
 VERL_ROW = {
     "data_source": "openai/gsm8k",
@@ -190,7 +190,7 @@ def test_wandb_logger_is_offline_by_default(tmp_path, monkeypatch):
     fake.__spec__ = types.SimpleNamespace(name="wandb")
     fake.init = lambda **kw: calls.update(init=kw) or Run()
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    monkeypatch.setattr("tlt_rt.train.loggers.importlib.util.find_spec", lambda name: object())
+    monkeypatch.setattr("tlt_rt.train.rl.loggers.importlib.util.find_spec", lambda name: object())
     w = MetricsWriter(tmp_path, loggers=open_loggers(["jsonl", "wandb"], tmp_path, "my run"))
     w.write({"step": 4, "reward_mean": 0.5, "flag": True})
     w.close()
@@ -199,7 +199,7 @@ def test_wandb_logger_is_offline_by_default(tmp_path, monkeypatch):
 
 
 def test_missing_logger_says_how_to_install(monkeypatch):
-    monkeypatch.setattr("tlt_rt.train.loggers.importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr("tlt_rt.train.rl.loggers.importlib.util.find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"tensorboard is not installed: pip install tensorboard"):
         check_loggers(["jsonl", "tensorboard"])
     check_loggers(["jsonl"])

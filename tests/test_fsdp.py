@@ -9,7 +9,7 @@ import torch
 
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.llama import CausalLM
-from tlt_rt.train.fsdp import (
+from tlt_rt.train.cluster.fsdp import (
     full_state_for_engine,
     load_into_engine,
     push_to_engine,
@@ -17,7 +17,7 @@ from tlt_rt.train.fsdp import (
     shard_learner,
     tp_split_dim,
 )
-from tlt_rt.train.grpo import policy_loss, token_logprobs
+from tlt_rt.train.rl.grpo import policy_loss, token_logprobs
 
 from .dist_harness import spawn_ranks
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tlt_rt.train.grpo import equal_reward_groups, group_advantages, kl_k3, policy_loss, token_logprobs
+from tlt_rt.train.rl.grpo import equal_reward_groups, group_advantages, kl_k3, policy_loss, token_logprobs
 
 
 def test_group_advantages_hand_computed():
@@ -139,7 +139,7 @@ def _tiny_learner(**rl):
     from tlt_rt.config import RLConfig
     from tlt_rt.models.arch import ArchConfig
     from tlt_rt.models.llama import CausalLM
-    from tlt_rt.train.learner import Learner, SamplingFilter
+    from tlt_rt.train.rl.learner import Learner, SamplingFilter
 
     torch.manual_seed(0)
     model = CausalLM(ArchConfig(**TINY))
@@ -148,7 +148,7 @@ def _tiny_learner(**rl):
 
 
 def _samples():
-    from tlt_rt.train.learner import LearnSample
+    from tlt_rt.train.rl.learner import LearnSample
 
     return [
         LearnSample([1, 2, 3], [4, 5], [-2.0, -2.5], 1.0),
@@ -158,7 +158,7 @@ def _samples():
 
 
 def test_learner_step_changes_parameters_and_counts_tokens():
-    from tlt_rt.train.learner import MiniBatch
+    from tlt_rt.train.rl.learner import MiniBatch
 
     model, cfg, Learner, SamplingFilter = _tiny_learner()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -185,7 +185,7 @@ def test_data_parallel_learners_equal_one_learner():
     """Two learners splitting the batch, gradients summed between them, end with the single learner's weights."""
     import threading
 
-    from tlt_rt.train.learner import MiniBatch
+    from tlt_rt.train.rl.learner import MiniBatch
 
     samples = _samples()
     model, cfg, Learner, SamplingFilter = _tiny_learner(max_grad_norm=0.5)
@@ -223,7 +223,7 @@ def test_data_parallel_learners_equal_one_learner():
 def test_learner_kl_to_reference_and_bf16_master_weights():
     import copy
 
-    from tlt_rt.train.learner import MiniBatch
+    from tlt_rt.train.rl.learner import MiniBatch
 
     model, cfg, Learner, SamplingFilter = _tiny_learner(kl_coef=0.1)
     ref = copy.deepcopy(model).requires_grad_(False)

@@ -8,7 +8,12 @@ import pytest
 
 from tlt_rt.config import ClusterConfig, ConfigError
 from tlt_rt.train.__main__ import main as train_main
-from tlt_rt.train.placement import create_placement_groups, plan_layout, remove_placement_groups, scheduling_strategy
+from tlt_rt.train.cluster.placement import (
+    create_placement_groups,
+    plan_layout,
+    remove_placement_groups,
+    scheduling_strategy,
+)
 
 
 def nodes(count: int, gpus: int, cpus: int | None = None) -> list[dict]:
@@ -131,7 +136,7 @@ def test_actors_run_in_their_placement_groups():
         got = ray.get([a.where.remote() for a in actors], timeout=30)
         assert [g for g, _ in got] == [pg.id.hex() for pg in pgs]
         # the 2 CPUs are all reserved: a third group cannot be placed, and says so in time
-        from tlt_rt.train.placement import PlacementError
+        from tlt_rt.train.cluster.placement import PlacementError
 
         with pytest.raises(PlacementError, match="not reserved within"):
             create_placement_groups(plan_layout(ClusterConfig(num_workers=1), None), timeout_s=1)

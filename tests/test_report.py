@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tlt_rt.report import main, write_report
-from tlt_rt.train.metrics import MetricsWriter, engine_segments, percentile, tail_seconds, worker_timeline
+from tlt_rt.train.rl.metrics import MetricsWriter, engine_segments, percentile, tail_seconds, worker_timeline
 
 
 def _fake_run(run_dir, steps=3):

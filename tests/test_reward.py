@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tlt_rt.train.reward import batch_rewards, extract_answer, normalize_answer, reward
+from tlt_rt.train.rl.reward import batch_rewards, extract_answer, normalize_answer, reward
 
 EXTRACT_CASES = [
     # (completion, extracted answer)

@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 from tlt_rt.config import TLTConfig, load_config
-from tlt_rt.train import checkpoint as ckpt
 from tlt_rt.train.__main__ import main as train_main
-from tlt_rt.train.coordinator import TailTrainer, tail_training_on
-from tlt_rt.train.learner import LearnSample
+from tlt_rt.train.drafter.tail import TailTrainer, tail_training_on
 from tlt_rt.train.loop import RunExistsError, build_minibatches, share_seed, split_even, train
+from tlt_rt.train.rl import checkpoint as ckpt
+from tlt_rt.train.rl.learner import LearnSample
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -226,18 +226,18 @@ def test_single_worker_trains_the_drafter_in_its_own_tail(ray_cluster, tiny, tmp
 
 def test_worker_in_process_rollout_train_merge_learn(tiny, tmp_path):
     from tlt_rt.config import to_dict
-    from tlt_rt.train.learner import MiniBatch
-    from tlt_rt.train.worker import Worker
+    from tlt_rt.train.cluster.worker import Worker
+    from tlt_rt.train.rl.learner import MiniBatch
 
     cfg = tiny_config(tiny, tmp_path, "w", "drafter.train_online=true", "drafter.batch_tokens=32")
     w = Worker(0, 1, to_dict(cfg), str(tmp_path / "w"))
     params = dict(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=4, seed=3)
     res = w.rollout(0, [[1, 2, 3], [4, 5]], params)
-    assert len(res["completions"]) == 4 and res["timeline"] and w.buffer.num_tokens > 0
+    assert len(res.samples) == 4 and res.timeline and w.buffer.num_tokens > 0
     w.stop_drafter(7)  # a stop that arrives before its training call still stops it
-    assert w.train_drafter(7)["steps"] == 0
+    assert w.train_drafter(7).steps == 0
     box = {}
-    t = threading.Thread(target=lambda: box.update(w.train_drafter(1)))
+    t = threading.Thread(target=lambda: box.update(vars(w.train_drafter(1))))
     t.start()
     while w.trainer.steps < 2:
         t.join(0.01)
@@ -248,7 +248,7 @@ def test_worker_in_process_rollout_train_merge_learn(tiny, tmp_path):
     served = w.engine.drafter_runner.drafter.state_dict()
     for k, v in w.drafter.state_dict().items():
         assert torch.equal(served[k], v.to(served[k].dtype)), k
-    toks, lps = res["completions"][0][2], res["completions"][0][3]
+    toks, lps = res.samples[0].token_ids, res.samples[0].logprobs
     out = w.learn(0, [MiniBatch([LearnSample([1, 2, 3], toks, lps, 1.0)], len(toks), 1)])
     assert out["version"] == 1 and out["optimizer_steps"] == 1
     other = Worker(1, 1, to_dict(cfg), str(tmp_path / "w"))
@@ -326,7 +326,7 @@ def test_tail_trainer_starts_in_the_tail_and_stops():
     eng.timeline.append({"kind": "decode", "running": 1})
     assert tr.started.wait(5)
     out = tail.finish()
-    assert out["steps"] == 3 and out["where"] == "tail" and out["end"] >= out["start"]
+    assert out.steps == 3 and out.where == "tail" and out.end >= out.start
 
 
 def test_tail_training_switch():

@@ -6,7 +6,7 @@ import json
 import math
 
 from tlt_rt.models.eagle_export import load_eagle
-from tlt_rt.train.warmup import warmup
+from tlt_rt.train.drafter.warmup import warmup
 
 
 def test_warmup_trains_measures_and_exports(tmp_path):

@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from tlt_rt.train.metrics import read_jsonl
+from tlt_rt.train.rl.metrics import read_jsonl
 
 # (metrics key, column heading, format)
 COLUMNS = (

@@ -14,8 +14,8 @@ import torch
 from tlt_rt.models import load_target
 from tlt_rt.models.default import load_tokenizer
 from tlt_rt.models.generate import generate_simple
-from tlt_rt.train.data import ArithmeticTask, Problem, format_prompt
-from tlt_rt.train.reward import extract_answer, reward
+from tlt_rt.train.rl.data import ArithmeticTask, Problem, format_prompt
+from tlt_rt.train.rl.reward import extract_answer, reward
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,8 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from tlt_rt.train.metrics import read_jsonl  # noqa: E402
-from tlt_rt.train.sd_explain import sd_reason  # noqa: E402
+from tlt_rt.train.rl.metrics import read_jsonl  # noqa: E402
+from tlt_rt.train.rl.sd_explain import sd_reason  # noqa: E402
 
 COLORS = {"generating": "#4c72b0", "sd": "#55a868", "idle": "#d9d9d9", "drafter": "#dd8452"}
 LABELS = {"generating": "generating", "sd": "speculative decoding", "idle": "idle", "drafter": "drafter training"}

@@ -157,3 +157,18 @@ def rope_inv_freq(arch: ArchConfig) -> torch.Tensor:
     out = torch.where(wavelen > old_ctx / lo, inv / factor, blended)
     out = torch.where(wavelen < old_ctx / hi, inv, out)
     return out.float()
+
+
+def rotate_pair(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary embedding of q and k [..., T, H, D] at positions [..., T]; rotate-half convention (HF layout)."""
+    freqs = positions.unsqueeze(-1).float() * inv_freq  # [..., T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(-2)  # [..., T, 1, D]
+    cos, sin = emb.cos(), emb.sin()
+
+    def rot(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+
+    return rot(q), rot(k)

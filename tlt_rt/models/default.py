@@ -105,11 +105,27 @@ def default_model_dir() -> Path:
     return convert_gguf(default_gguf())
 
 
+def resolve_model_path(path: str | Path | None) -> Path:
+    """A HF folder for any accepted model reference; a `.gguf` file is converted once into the cache."""
+    if path is None or str(path) == DEFAULT_NAME:
+        return default_model_dir()
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"model path does not exist: {p}")
+    if p.is_file():
+        if p.suffix == ".gguf":
+            return convert_gguf(p)
+        if p.name == "config.json":
+            return p.parent
+        raise ValueError(f"{p}: expected a model folder (config.json + safetensors) or a .gguf file")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{p} has no config.json")
+    return p
+
+
 def load_tokenizer(path: str | Path | None = None):
     """The tokenizer (with chat template) of a model folder, a converted GGUF, or the default model."""
-    from transformers import AutoTokenizer
-
-    from tlt_rt.models.loader import resolve_model_path
+    from transformers import AutoTokenizer  # seconds to import: only the tokenizer needs it here
 
     return AutoTokenizer.from_pretrained(resolve_model_path(path))
 

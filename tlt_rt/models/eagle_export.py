@@ -155,7 +155,7 @@ def find_drafter(path: str | Path) -> tuple[str, Path]:
     if (path / "drafter" / CHECKPOINT_WEIGHTS).is_file():
         return "checkpoint", path / "drafter"
     root = path / "checkpoints"
-    if root.is_dir():  # a run folder: the newest complete checkpoint (tlt_rt.train.checkpoint's layout)
+    if root.is_dir():  # a run folder: the newest complete checkpoint (tlt_rt.train.rl.checkpoint's layout)
         steps = [p for p in root.glob("step_*") if (p / "COMPLETE").is_file() and (p / "drafter").is_dir()]
         if steps:
             return "checkpoint", max(steps, key=lambda p: int(p.name.removeprefix("step_"))) / "drafter"

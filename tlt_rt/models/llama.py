@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tlt_rt.models.arch import ArchConfig, rope_inv_freq
+from tlt_rt.models.arch import ArchConfig, rope_inv_freq, rotate_pair
 from tlt_rt.models.attention import (
     AttentionBackend,
     AttnMetadata,
@@ -64,21 +64,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
-
-
-def rotate_pair(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary embedding of q and k [..., T, H, D] at positions [..., T]; rotate-half convention (HF layout)."""
-    freqs = positions.unsqueeze(-1).float() * inv_freq  # [..., T, D/2]
-    emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(-2)  # [..., T, 1, D]
-    cos, sin = emb.cos(), emb.sin()
-
-    def rot(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
-
-    return rot(q), rot(k)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tlt_rt.models.arch import ArchConfig
+from tlt_rt.models.default import resolve_model_path
 from tlt_rt.models.llama import CausalLM, Rotary
 
 log = logging.getLogger(__name__)
@@ -138,26 +139,6 @@ def load_target(
     load_state_into(model, files)
     model.source_path = str(folder)
     return model.eval()
-
-
-def resolve_model_path(path: str | Path | None) -> Path:
-    """A HF folder for any accepted model reference; a `.gguf` file is converted once into the cache."""
-    from tlt_rt.models import default
-
-    if path is None or str(path) == default.DEFAULT_NAME:
-        return default.default_model_dir()
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(f"model path does not exist: {p}")
-    if p.is_file():
-        if p.suffix == ".gguf":
-            return default.convert_gguf(p)
-        if p.name == "config.json":
-            return p.parent
-        raise ValueError(f"{p}: expected a model folder (config.json + safetensors) or a .gguf file")
-    if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"{p} has no config.json")
-    return p
 
 
 def save_target(model: CausalLM, folder: str | Path, tokenizer=None, max_shard_size: int | str = "5GB") -> Path:

@@ -25,6 +25,7 @@ from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import prepare
 from tlt_rt.rollout.block_manager import BlockManager, auto_num_blocks
+from tlt_rt.rollout.config import EngineConfig, engine_config
 from tlt_rt.rollout.model_runner import ModelRunner, engine_drafter
 from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
 from tlt_rt.rollout.policy import SDPolicy
@@ -36,7 +37,6 @@ from tlt_rt.rollout.sequence import PrefillJob, Sequence, flush_hidden
 from tlt_rt.rollout.speculative import scratch_tokens
 
 log = logging.getLogger(__name__)
-DEFAULT_STRATEGIES = ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")
 
 
 class Engine:
@@ -44,30 +44,25 @@ class Engine:
         self,
         target: CausalLM,
         drafter=None,
-        speculative: str = "auto",
-        strategies=DEFAULT_STRATEGIES,
-        num_blocks: int = 0,
-        block_size: int = 16,
-        max_batch: int = 64,
-        max_prefill_tokens: int = 2048,
+        config: EngineConfig | None = None,
+        *,
         max_context: int | None = None,
-        epsilon: float = 0.05,
-        hysteresis: float = 0.05,
-        explore_budget: float | None = 0.02,
-        attn_backend: str = "auto",
-        enforce_eager: bool = False,
+        **options,
     ):
-        if speculative not in ("off", "on", "auto"):
-            raise ValueError(f"speculative must be 'off', 'on' or 'auto', got {speculative!r}")
+        """Built from `config` (rollout/config.py declares every setting and its default); keyword `options`
+        replace single fields (`Engine(target, speculative="on", max_batch=8, epsilon=0.0)`). `max_context`
+        is the model's (model.max_context in a run; None = the architecture's)."""
+        self.config = cfg = engine_config(config, **options)
+        speculative, strategies, block_size = cfg.speculative, cfg.strategies, cfg.block_size
+        max_batch, num_blocks, enforce_eager = cfg.max_batch, cfg.num_blocks, cfg.enforce_eager
+        attn_backend = cfg.attn_backend
         self.target = target
         self.device = target.lm_head.weight.device
         self.block_size = block_size
         self.max_batch = max_batch
-        self.max_prefill_tokens = max_prefill_tokens
+        self.max_prefill_tokens = cfg.max_prefill_tokens
         self.max_context = max_context or target.arch.max_position_embeddings
-        self.strategies = [s if isinstance(s, Strategy) else Strategy.parse(s) for s in strategies]
-        if not self.strategies and speculative != "off":
-            raise ValueError("speculative decoding needs at least one strategy")
+        self.strategies = [Strategy.parse(s) for s in strategies]
         # the engine chooses the kernels of the model it is given: attention backend, compiled glue, fused
         # projections (the learner sharing the model computes the same function through them)
         target.attn_backend = select_backend(self.device, attn_backend)
@@ -93,15 +88,7 @@ class Engine:
         # its own stream, of high priority: a drafter trainer on another stream neither waits for a step nor
         # enters its timing, and the engine's kernels are scheduled first when both have work ready
         self.stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
-        self.policy = SDPolicy(
-            self.strategies,
-            self.buckets,
-            load_costs(self),
-            mode=speculative,
-            epsilon=epsilon,
-            hysteresis=hysteresis,
-            explore_budget=explore_budget,
-        )
+        self.policy = SDPolicy(self.strategies, self.buckets, load_costs(self), mode=speculative, config=cfg.policy)
         self._stats: Counter = Counter()
         self._accept_hist: Counter = Counter()
         self._strategy_use: Counter = Counter()

@@ -14,6 +14,7 @@ and the replicated drafter sees identical hidden states. Two things are not:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from torch import nn
 
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout.block_manager import auto_num_blocks
+from tlt_rt.rollout.config import EngineConfig, engine_config
 from tlt_rt.rollout.costs import option_name
 from tlt_rt.rollout.engine import Engine
 from tlt_rt.rollout.policy import SDPolicy
@@ -88,13 +90,22 @@ def agreed_num_blocks(target: CausalLM, block_size: int, group) -> int:
     return int(n.item())
 
 
-def lockstep_engine(target: CausalLM, group, num_blocks: int = 0, block_size: int = 16, **options) -> Engine:
+def lockstep_engine(
+    target: CausalLM,
+    group,
+    drafter=None,
+    config: EngineConfig | None = None,
+    *,
+    max_context: int | None = None,
+    **options,
+) -> Engine:
     """An `Engine` on this rank's TP shard `target` that stays in lockstep with the other ranks of `group`.
 
     Collective: every rank of `group` calls it with the same options (and a replicated drafter, if any).
     """
-    if num_blocks <= 0:
-        num_blocks = agreed_num_blocks(target, block_size, group)
-    engine = Engine(target, num_blocks=num_blocks, block_size=block_size, **options)
+    cfg = engine_config(config, **options)
+    if cfg.num_blocks <= 0:
+        cfg = dataclasses.replace(cfg, num_blocks=agreed_num_blocks(target, cfg.block_size, group))
+    engine = Engine(target, drafter, cfg, max_context=max_context)
     engine.policy = LockstepPolicy(engine.policy, group, engine.device)
     return engine

@@ -26,10 +26,12 @@ the strategy's steady step cost, and counts the expected catch-up in a step's ex
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 from tlt_rt.ir.strategy import Strategy, bucket_for
 from tlt_rt.rollout.accept_stats import AcceptStats
+from tlt_rt.rollout.config import PolicyConfig
 from tlt_rt.rollout.costs import CostTable, option_name
 
 __all__ = ["AcceptStats", "SDPolicy"]
@@ -81,25 +83,20 @@ class SDPolicy:
         buckets: list[int],
         costs: CostTable | None = None,
         mode: str = "auto",
-        epsilon: float = 0.05,
-        hysteresis: float = 0.05,
-        seed: int = 0,
+        config: PolicyConfig | None = None,
         accept: AcceptStats | None = None,
-        explore_budget: float | None = 0.02,
-        horizon: int = 4096,
+        **overrides,
     ):
+        # the knobs are declared once, in PolicyConfig (which validates them); overrides replace single ones
+        cfg = dataclasses.replace(config if config is not None else PolicyConfig(), **overrides)
+        epsilon, hysteresis, seed = cfg.epsilon, cfg.hysteresis, cfg.seed
+        explore_budget, horizon = cfg.explore_budget, cfg.horizon
         if mode not in ("off", "on", "auto"):
             raise ValueError(f"SDPolicy.mode must be 'off', 'on' or 'auto', got {mode!r}")
         if mode == "on" and not strategies:
             raise ValueError("SDPolicy.strategies must not be empty when mode is 'on'")
         if not buckets:
             raise ValueError("SDPolicy.buckets must not be empty")
-        if not 0 <= epsilon <= 1 or hysteresis < 0:
-            raise ValueError(f"SDPolicy needs 0 <= epsilon <= 1 and hysteresis >= 0, got {epsilon}, {hysteresis}")
-        if explore_budget is not None and not explore_budget > 0:
-            raise ValueError(f"SDPolicy.explore_budget must be > 0 or None, got {explore_budget}")
-        if horizon < 1:
-            raise ValueError(f"SDPolicy.horizon must be >= 1, got {horizon}")
         self.explore_budget = explore_budget
         self._fade = 1.0 - 1.0 / horizon
         # per bucket, faded sums of [speculative steps' (seconds - plain seconds for their tokens), all seconds]

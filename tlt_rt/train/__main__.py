@@ -16,9 +16,9 @@ from pathlib import Path
 
 from tlt_rt.config import ConfigError, TLTConfig, describe, load_config, parse_cli
 from tlt_rt.models.arch import ArchConfig
-from tlt_rt.train.checkpoint import CheckpointError
-from tlt_rt.train.placement import PlacementError, plan_layout
+from tlt_rt.train.cluster.placement import PlacementError, plan_layout
 from tlt_rt.train.preflight import preflight
+from tlt_rt.train.rl.checkpoint import CheckpointError
 
 # Published shapes (each model's config.json), so a plan needs no download.
 KNOWN_SHAPES: dict[str, dict] = {

@@ -17,18 +17,19 @@ import torch
 from tqdm import tqdm
 
 from tlt_rt.config import ConfigError, TLTConfig, dump_yaml
-from tlt_rt.train import checkpoint as ckpt
-from tlt_rt.train import placement
-from tlt_rt.train.coordinator import Coordinator, WorkerPool
-from tlt_rt.train.data import ArithmeticTask, PromptSource, format_prompt, load_dataset_file
-from tlt_rt.train.grpo import equal_reward_groups, group_advantages
-from tlt_rt.train.learner import LearnSample, MiniBatch
-from tlt_rt.train.loggers import open_loggers
-from tlt_rt.train.metrics import MetricsWriter, percentile, rollout_metrics, spot_metrics, worker_timeline
-from tlt_rt.train.progress import Progress, run_summary
-from tlt_rt.train.reward import resolve_reward
-from tlt_rt.train.sd_explain import sd_reason
-from tlt_rt.train.sharded import ShardedWorkerPool, uses_sharded_workers
+from tlt_rt.train.cluster import placement
+from tlt_rt.train.cluster.coordinator import Coordinator
+from tlt_rt.train.cluster.pool import WorkerPool, make_pool
+from tlt_rt.train.cluster.results import StepRollout
+from tlt_rt.train.rl import checkpoint as ckpt
+from tlt_rt.train.rl.data import ArithmeticTask, PromptSource, format_prompt, load_dataset_file
+from tlt_rt.train.rl.grpo import equal_reward_groups, group_advantages
+from tlt_rt.train.rl.learner import LearnSample, MiniBatch
+from tlt_rt.train.rl.loggers import open_loggers
+from tlt_rt.train.rl.metrics import MetricsWriter, percentile, rollout_metrics, spot_metrics, worker_timeline
+from tlt_rt.train.rl.progress import Progress, run_summary
+from tlt_rt.train.rl.reward import resolve_reward
+from tlt_rt.train.rl.sd_explain import sd_reason
 
 
 class RunExistsError(ValueError):
@@ -160,8 +161,7 @@ class Trainer:
         layout = placement.plan_layout(c, placement.ray_nodes())
         self.placement_groups = placement.create_placement_groups(layout, c.placement_timeout_s, cfg.name)
         policy = str(last / "policy") if last is not None else None
-        pool_cls = ShardedWorkerPool if uses_sharded_workers(cfg) else placement.PlacedWorkerPool
-        self.pool = pool_cls(cfg, self.run_dir, policy, layout, self.placement_groups)
+        self.pool = make_pool(cfg, self.run_dir, policy, layout, self.placement_groups)
         if last is not None:
             self.pool.load_checkpoint(last)
             self.pool.version = int(state["version"])
@@ -208,9 +208,9 @@ class Trainer:
         t_rollout = time.time()
 
         responses: list[list[tuple]] = [[()] * n for _ in prompts]
-        for (lo, _), res in zip(bounds, outcome["results"], strict=True):
-            for pi, si, toks, lps, finish in res["completions"]:
-                responses[lo + pi][si] = (toks, lps, finish)
+        for (lo, _), res in zip(bounds, outcome.results, strict=True):
+            for c in res.samples:
+                responses[lo + c.prompt_index][c.sample_index] = (c.token_ids, c.logprobs, c.finish_reason)
         texts = [[self.tokenizer.decode(c[0], skip_special_tokens=True) for c in row] for row in responses]
         self.progress.begin(step, "scoring")
         pairs = zip(texts, problems, strict=True)
@@ -247,12 +247,12 @@ class Trainer:
 
     def _record(self, step, outcome, rewards, responses, drop, samples, learn, t0, t_rollout, t_end) -> dict:
         lengths = [len(c[0]) for row in responses for c in row]
-        results = outcome["results"]
-        rollout_s = outcome["end"] - outcome["start"]
-        trainings = list(outcome["trainings"].values()) + [res["tail"] for res in results if res.get("tail")]
-        idle = sum(max(0.0, outcome["end"] - res["end"]) for res in results)
+        results = outcome.results
+        rollout_s = outcome.end - outcome.start
+        trainings = list(outcome.trainings.values()) + [res.tail for res in results if res.tail]
+        idle = sum(max(0.0, outcome.end - res.end) for res in results)
         # preemption waits for the current drafter micro-step: how long that held the step up
-        overrun = max([t["end"] - outcome["end"] for t in outcome["trainings"].values() if t.get("steps")], default=0.0)
+        overrun = max([t.end - outcome.end for t in outcome.trainings.values() if t.steps], default=0.0)
         tokens = sum(x.get("tokens", 0.0) for x in learn)
         rec = {
             "step": step,
@@ -279,22 +279,20 @@ class Trainer:
             "policy_version": self.pool.version,
             "step_seconds": t_end - t0,
             "worker_restarts": self.pool.restarts,
-            "sd_policy": _merge_sd_policy([res.get("sd_policy") for res in results]),
+            "sd_policy": _merge_sd_policy([res.sd_policy for res in results]),
         }
         return rec
 
-    def _timelines(self, outcome: dict) -> dict[str, list]:
-        t0, end = outcome["start"], outcome["end"] - outcome["start"]
+    def _timelines(self, outcome: StepRollout) -> dict[str, list]:
+        t0, end = outcome.start, outcome.end - outcome.start
         out = {}
-        for res in outcome["results"]:
-            rank = res["rank"]
-            roll = {"start": res["start"] - t0, "end": res["end"] - t0, "timeline": res["timeline"]}
-            tail = res.get("tail")
-            if tail and tail.get("steps"):
-                roll["tail_training"] = [tail["start"] - t0, tail["end"] - t0]
-            tr = outcome["trainings"].get(rank)
-            tr = {**tr, "start": tr["start"] - t0, "end": tr["end"] - t0} if tr and tr.get("steps") else None
-            out[str(rank)] = worker_timeline(roll, tr, max(end, tr["end"] if tr else end))
+        for res in outcome.results:
+            roll = {"start": res.start - t0, "end": res.end - t0, "timeline": res.timeline}
+            if res.tail and res.tail.steps:
+                roll["tail_training"] = [res.tail.start - t0, res.tail.end - t0]
+            tr = outcome.trainings.get(res.rank)
+            tr = {"steps": tr.steps, "start": tr.start - t0, "end": tr.end - t0} if tr and tr.steps else None
+            out[str(res.rank)] = worker_timeline(roll, tr, max(end, tr["end"] if tr else end))
         return out
 
     # ---------------------------------------------------------------------------------- checkpoints

@@ -10,7 +10,7 @@ import difflib
 from pathlib import Path
 
 from tlt_rt.config import ConfigError, TLTConfig
-from tlt_rt.train import checkpoint as ckpt
+from tlt_rt.train.rl import checkpoint as ckpt
 
 
 def check_model(cfg: TLTConfig, dry_run: bool = False) -> None:
@@ -49,7 +49,7 @@ def planned_elsewhere(cfg: TLTConfig) -> bool:
 def check_dataset(cfg: TLTConfig, dry_run: bool = False) -> int:
     """The dataset file reads into problems; returns how many (0 for the generated arithmetic task, -1 for a
     dry run planned for another machine, whose dataset is not here either)."""
-    from tlt_rt.train.data import load_dataset_file
+    from tlt_rt.train.rl.data import load_dataset_file
 
     t = cfg.task
     if t.kind == "arithmetic":
@@ -63,7 +63,7 @@ def check_dataset(cfg: TLTConfig, dry_run: bool = False) -> int:
 
 
 def check_reward(cfg: TLTConfig) -> None:
-    from tlt_rt.train.reward import resolve_reward
+    from tlt_rt.train.rl.reward import resolve_reward
 
     try:
         resolve_reward(cfg.task.reward)
@@ -72,7 +72,7 @@ def check_reward(cfg: TLTConfig) -> None:
 
 
 def check_loggers(cfg: TLTConfig) -> None:
-    from tlt_rt.train.loggers import check_loggers as check
+    from tlt_rt.train.rl.loggers import check_loggers as check
 
     names = list(cfg.logging.loggers) + (["tensorboard"] if cfg.tensorboard else [])
     try:

@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tlt_rt.models.llama import Glue
+from tlt_rt.models.arch import rotate_pair
+from tlt_rt.models.attention import write_kv
 
 __all__ = ["rope_write_kv", "rope_write_kv_reference"]
 
@@ -71,7 +72,9 @@ def _rope_write_kernel(
 
 def rope_write_kv_reference(q, k, v, positions, inv_freq, k_cache, v_cache, slots) -> torch.Tensor:
     """What the kernel computes, in torch: rotate q and k, write k and v at `slots`; returns rotated q."""
-    return Glue().rope_write(q, k, v, positions, inv_freq, k_cache, v_cache, slots, resolved=True)
+    q, k = rotate_pair(q, k, positions, inv_freq)
+    write_kv(k, v, k_cache, v_cache, slots, resolved=True)
+    return q
 
 
 def rope_write_kv(

@@ -15,21 +15,31 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import threading
 import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
 
+import ray
 import torch
 import torch.distributed as dist
 
 from tlt_rt.config import TLTConfig, from_dict
-from tlt_rt.train.checkpoint import load_pt, rng_state, set_rng_state
-from tlt_rt.train.coordinator import TailTrainer, tail_training_on
-from tlt_rt.train.learner import Learner, MiniBatch, SamplingFilter
-from tlt_rt.train.metrics import stats_delta
-from tlt_rt.train.sd_explain import explain_policy
+from tlt_rt.models import load_target, save_target
+from tlt_rt.models.drafter import Drafter
+from tlt_rt.models.eagle_export import load_eagle
+from tlt_rt.models.loader import resolve_model_path
+from tlt_rt.rollout import Engine, SamplingParams
+from tlt_rt.train.cluster.results import RolloutResult, Sample
+from tlt_rt.train.drafter.data import DrafterBuffer
+from tlt_rt.train.drafter.tail import DrafterTraining, TailTrainer, tail_training_on
+from tlt_rt.train.drafter.trainer import DrafterTrainer
+from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
+from tlt_rt.train.rl.learner import Learner, MiniBatch, SamplingFilter
+from tlt_rt.train.rl.metrics import stats_delta
+from tlt_rt.train.rl.sd_explain import explain_policy
 
 BUCKET_BYTES = 64 << 20  # gradient all-reduce bucket
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens", "chat_template",
@@ -38,8 +48,6 @@ TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_
 
 def copy_tokenizer_files(model_path: str | None, folder: Path) -> None:
     """Tokenizer and chat template files travel as they are (loading a tokenizer costs seconds)."""
-    from tlt_rt.models.loader import resolve_model_path
-
     for f in resolve_model_path(model_path).iterdir():
         if f.is_file() and f.name.startswith(TOKENIZER_FILES):
             shutil.copy2(f, folder / f.name)
@@ -47,11 +55,6 @@ def copy_tokenizer_files(model_path: str | None, folder: Path) -> None:
 
 class Worker:
     def __init__(self, rank: int, world_size: int, cfg: dict, run_dir: str, policy_path: str | None = None) -> None:
-        from tlt_rt.models import load_target
-        from tlt_rt.models.drafter import Drafter
-        from tlt_rt.train.drafter_data import DrafterBuffer
-        from tlt_rt.train.drafter_trainer import DrafterTrainer
-
         self.cfg: TLTConfig = from_dict(TLTConfig, cfg)
         self.rank, self.world_size, self.run_dir = rank, world_size, Path(run_dir)
         c = self.cfg
@@ -65,8 +68,6 @@ class Worker:
         dtype = self.model.lm_head.weight.dtype
         heads = self._drafter_target()  # what the drafters take embedding, final norm and LM head from
         if c.drafter.path:
-            from tlt_rt.models.eagle_export import load_eagle
-
             serving = load_eagle(c.drafter.path, heads)
         else:
             serving = Drafter(heads.arch, heads).to(self.device, dtype)
@@ -95,15 +96,12 @@ class Worker:
         return self.model
 
     def _make_engine(self):
-        from tlt_rt.rollout import Engine
-
         return Engine(self.model, **self.engine_options())
 
     def engine_options(self) -> dict:
         c, r = self.cfg, self.cfg.rollout
-        return dict(drafter=self.serving_drafter if r.speculative != "off" else None, speculative=r.speculative,
-                    strategies=r.strategies, num_blocks=r.num_blocks, block_size=r.block_size,
-                    max_batch=r.max_batch, max_context=c.model.max_context)  # fmt: skip
+        drafter = self.serving_drafter if r.speculative != "off" else None
+        return dict(drafter=drafter, config=r.engine(), max_context=c.model.max_context)
 
     # ----------------------------------------------------------------------------- process group
     def ping(self) -> int:
@@ -111,10 +109,6 @@ class Worker:
 
     def group_address(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 to host the rendezvous."""
-        import socket
-
-        import ray
-
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
@@ -164,10 +158,8 @@ class Worker:
         marker.write_text("failed once\n")
         os._exit(1)
 
-    def rollout(self, step: int, prompts: list[list[int]], params: dict) -> dict:
+    def rollout(self, step: int, prompts: list[list[int]], params: dict) -> RolloutResult:
         """Generate this worker's share; store (tokens, hidden) for the drafter; return tokens and timings."""
-        from tlt_rt.rollout import SamplingParams
-
         self._maybe_fail("rollout", step)
         start = time.time()
         n0, before = len(self.engine.timeline), self.engine.stats()
@@ -177,7 +169,9 @@ class Worker:
         capacity = min(n_seqs, self.engine.max_batch)  # the batch the engine runs before its tail
         if online and prompts and tail_training_on(self.cfg) and self.buffer.num_tokens > 0:
             d = self.cfg.drafter
-            tail = TailTrainer(self.engine, self.trainer, n0, capacity, d.tail_fraction, d.max_spot_steps or None)
+            tail = TailTrainer(
+                self.engine, self.trainer, n0, capacity, d.tail_fraction, d.max_spot_steps or None, rank=self.rank
+            )
             tail.start()
         outs = []
         try:
@@ -194,34 +188,24 @@ class Worker:
             self.buffer.add(step, ids, [o.hidden for o in outs])
         if tail_stats is not None:
             self._push_drafter()
-        return {
-            "rank": self.rank,
-            "completions": [(o.prompt_index, o.sample_index, o.token_ids, o.logprobs, o.finish_reason) for o in outs],
-            "timeline": timeline,
-            "stats": stats_delta(self.engine.stats(), before),
-            "sd_policy": explain_policy(getattr(self.engine, "policy", None), timeline),
-            "start": start,
-            "end": end,
-            "num_seqs": n_seqs,
-            "capacity": capacity,
-            "tail": tail_stats,
-        }
+        samples = [Sample(o.prompt_index, o.sample_index, o.token_ids, o.logprobs, o.finish_reason) for o in outs]
+        stats = stats_delta(self.engine.stats(), before)
+        sd_policy = explain_policy(getattr(self.engine, "policy", None), timeline)
+        return RolloutResult(self.rank, samples, timeline, stats, sd_policy, start, end, n_seqs, capacity, tail_stats)
 
     # ------------------------------------------------------------------------- drafter training
     def _stop_event(self, epoch: int) -> threading.Event:
         with self._lock:  # the stop may arrive before the training call it stops
             return self._stops.setdefault(epoch, threading.Event())
 
-    def train_drafter(self, epoch: int) -> dict:
+    def train_drafter(self, epoch: int) -> DrafterTraining:
         """Train the drafter replica until `stop_drafter(epoch)`; the coordinator calls this on idle workers."""
         stop = self._stop_event(epoch)
         start = time.time()
         if self.buffer.num_tokens == 0 or stop.is_set():
-            return {"rank": self.rank, "steps": 0, "start": start, "end": start, "seconds": 0.0, "where": "idle"}
+            return DrafterTraining(self.rank, "idle", 0, start, start)
         out = self.trainer.train(stop, max_steps=self.cfg.drafter.max_spot_steps or None)
-        end = time.time()
-        return {"rank": self.rank, "steps": int(out["steps"]), "loss": out["loss"], "top1": out["top1"],
-                "start": start, "end": end, "seconds": end - start, "where": "idle"}  # fmt: skip
+        return DrafterTraining(self.rank, "idle", int(out["steps"]), start, time.time(), out["loss"], out["top1"])
 
     def stop_drafter(self, epoch: int) -> None:
         self._stop_event(epoch).set()
@@ -291,8 +275,6 @@ class Worker:
     def save_checkpoint(self, folder: str) -> None:
         """Rank 0 writes the shared state (policy in HF layout, optimizer, drafter); every rank its own RNG and
         SD policy. `folder` must be on a file system every worker sees."""
-        from tlt_rt.models import save_target
-
         folder = Path(folder)
         if self.rank == 0:
             save_target(self.model, folder / "policy")

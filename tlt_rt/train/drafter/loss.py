@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from tlt_rt.models.drafter import Drafter
-from tlt_rt.train.drafter_data import DrafterBatch
+from tlt_rt.train.drafter.data import DrafterBatch
 
 HIDDEN_WEIGHT = 1.0
 TOKEN_WEIGHT = 0.1

@@ -16,8 +16,12 @@ import time
 import uuid
 from typing import Any
 
-from tlt_rt.config import ClusterConfig, ConfigError
-from tlt_rt.train.coordinator import WorkerPool
+import ray
+from ray.util import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from tlt_rt.options import ConfigError
+from tlt_rt.train.cluster.config import ClusterConfig
 
 MAX_LISTED_GROUPS = 32  # the dry run lists at most this many TP groups
 
@@ -176,8 +180,6 @@ class PlacementError(RuntimeError):
 
 def ray_nodes() -> list[dict]:
     """The live Ray cluster's nodes as `plan_layout` takes them (with their node ids for soft targeting)."""
-    import ray
-
     out = []
     for n in ray.nodes():
         if n.get("Alive"):
@@ -190,9 +192,6 @@ def ray_nodes() -> list[dict]:
 def create_placement_groups(layout: Layout, timeout_s: float = 120.0, name: str = "tlt") -> list[Any]:
     """One STRICT_PACK placement group per TP group, soft-targeted at its planned node; waits until all are
     reserved, or removes them and raises PlacementError naming the group that was not."""
-    import ray
-    from ray.util import placement_group, remove_placement_group
-
     name = f"{name}-{uuid.uuid4().hex[:6]}"  # placement group names are unique cluster-wide
     pgs = [
         placement_group(list(g.bundles), strategy=g.strategy, name=f"{name}-tp{g.index}",
@@ -217,35 +216,10 @@ def create_placement_groups(layout: Layout, timeout_s: float = 120.0, name: str 
 
 def scheduling_strategy(pgs: list[Any], layout: Layout, worker: int, tp_rank: int = 0) -> Any:
     """What a worker's actor (its TP rank's) is launched with: its bundle in its TP group's placement group."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
     group, bundle = layout.worker_bundle(worker, tp_rank)
     return PlacementGroupSchedulingStrategy(placement_group=pgs[group], placement_group_bundle_index=bundle)
 
 
 def remove_placement_groups(pgs: list[Any]) -> None:
-    from ray.util import remove_placement_group
-
     for pg in pgs:
         remove_placement_group(pg)
-
-
-class PlacedWorkerPool(WorkerPool):
-    """The worker pool with every actor (a replacement too) launched into its bundle of the layout."""
-
-    def __init__(self, cfg, run_dir, policy_path: str | None, layout: Layout, pgs: list[Any]) -> None:
-        self.layout, self.pgs = layout, pgs
-        super().__init__(cfg, run_dir, policy_path)
-
-    def _spawn(self, rank: int, policy_path: str | None = None):
-        import ray
-
-        from tlt_rt.config import to_dict
-        from tlt_rt.train.worker import Worker
-
-        c = self.cfg.cluster
-        actor = ray.remote(Worker).options(
-            num_cpus=c.cpus_per_worker, num_gpus=c.gpus_per_worker, max_concurrency=4, max_restarts=0,
-            scheduling_strategy=scheduling_strategy(self.pgs, self.layout, rank),
-        )  # fmt: skip
-        return actor.remote(rank, self.size, to_dict(self.cfg), str(self.run_dir), policy_path)

@@ -1,6 +1,6 @@
 """The default RL task: arithmetic problems, dataset files, prompt formatting, a resumable prompt stream.
 
-Every problem carries an answer that a verifier (`tlt_rt.train.reward`) can check exactly, so GRPO gets a
+Every problem carries an answer that a verifier (`tlt_rt.train.rl.reward`) can check exactly, so GRPO gets a
 clean 0/1 reward without a learned judge.
 """
 

@@ -99,21 +99,21 @@ def worker_timeline(rollout: dict, training: dict | None, step_end: float) -> li
     return [[k, round(a, 4), round(b, 4)] for k, a, b in bars]
 
 
-def rollout_metrics(rollouts: Sequence[dict], rollout_seconds: float) -> dict[str, Any]:
+def rollout_metrics(rollouts: Sequence, rollout_seconds: float) -> dict[str, Any]:
     """Aggregate engine statistics of one step's rollout over workers."""
     tail = busy = sd = dec = 0.0
     tokens = 0
     hist: dict[str, int] = {}
     strategies: dict[str, int] = {}
     for r in rollouts:
-        a, b = tail_seconds(r["timeline"], r.get("capacity", r["num_seqs"]))
+        a, b = tail_seconds(r.timeline, r.capacity)
         tail, busy = tail + a, busy + b
-        a, b = sd_seconds(r["timeline"])
+        a, b = sd_seconds(r.timeline)
         sd, dec = sd + a, dec + b
-        tokens += r["stats"].get("generated_tokens", 0)
-        for k, v in r["stats"].get("accept_length_hist", {}).items():
+        tokens += r.stats.get("generated_tokens", 0)
+        for k, v in r.stats.get("accept_length_hist", {}).items():
             hist[str(k)] = hist.get(str(k), 0) + int(v)
-        for k, v in r["stats"].get("strategy_use", {}).items():
+        for k, v in r.stats.get("strategy_use", {}).items():
             strategies[k] = strategies.get(k, 0) + int(v)
     n_sd = sum(hist.values())
     return {
@@ -128,20 +128,20 @@ def rollout_metrics(rollouts: Sequence[dict], rollout_seconds: float) -> dict[st
     }
 
 
-def spot_metrics(trainings: Sequence[dict], idle_seconds: float) -> dict[str, Any]:
+def spot_metrics(trainings: Sequence, idle_seconds: float) -> dict[str, Any]:
     """Drafter training of one step: steps, loss and top-1 agreement with the target (weighted by steps),
     worker-seconds harvested from idle workers (tail training overlaps generation, so it harvests none)."""
-    steps = sum(t.get("steps", 0) for t in trainings)
-    harvested = sum(t.get("seconds", 0.0) for t in trainings if t.get("where") == "idle")
+    steps = sum(t.steps for t in trainings)
+    harvested = sum(t.seconds for t in trainings if t.where == "idle")
 
     def weighted(key: str) -> float | None:
-        pairs = [(t[key], t["steps"]) for t in trainings if t.get(key) is not None and t.get("steps", 0) > 0]
+        pairs = [(getattr(t, key), t.steps) for t in trainings if getattr(t, key) is not None and t.steps > 0]
         w = sum(s for _, s in pairs)
         return sum(v * s for v, s in pairs) / w if w else None
 
     return {
         "spot_steps": steps,
-        "spot_workers": sum(1 for t in trainings if t.get("steps", 0) > 0),
+        "spot_workers": sum(1 for t in trainings if t.steps > 0),
         "drafter_loss": weighted("loss"),
         "drafter_top1": weighted("top1"),
         "idle_worker_seconds": idle_seconds,
@@ -177,7 +177,7 @@ class MetricsWriter:
             _truncate_from(p, start_step)
         self.loggers = list(loggers or [])
         if tensorboard:
-            from tlt_rt.train.loggers import TensorBoardLogger, check_loggers
+            from tlt_rt.train.rl.loggers import TensorBoardLogger, check_loggers
 
             check_loggers(["tensorboard"])
             self.loggers.append(TensorBoardLogger(self.run_dir / "tb"))

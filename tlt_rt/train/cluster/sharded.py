@@ -28,13 +28,19 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+import ray
 import torch
 import torch.distributed as dist
 
-from tlt_rt.train.coordinator import WorkerLost
-from tlt_rt.train.learner import Learner, MiniBatch
-from tlt_rt.train.placement import PlacedWorkerPool, scheduling_strategy
-from tlt_rt.train.worker import Worker, copy_tokenizer_files
+from tlt_rt.models import save_target
+from tlt_rt.models.tensor_parallel import check_tp_divisible, shard_for_tp
+from tlt_rt.rollout import Engine
+from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine
+from tlt_rt.train.cluster.fsdp import full_state_for_engine, iter_full_state, reshard_for_tp, shard_learner
+from tlt_rt.train.cluster.results import RolloutResult
+from tlt_rt.train.cluster.worker import Worker, copy_tokenizer_files
+from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
+from tlt_rt.train.rl.learner import Learner, MiniBatch
 
 SUMMED = ("loss", "tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum")  # learn() totals over ranks
 
@@ -57,8 +63,6 @@ class _SavedPolicy:
 class ShardedWorker(Worker):
     def __init__(self, rank: int, world_size: int, cfg: dict, run_dir: str, policy_path: str | None = None,
                  tp_rank: int = 0, peers: tuple = ()) -> None:  # fmt: skip
-        from tlt_rt.models.tensor_parallel import check_tp_divisible
-
         self.tp_rank, self.peers = tp_rank, list(peers)
         super().__init__(rank, world_size, cfg, run_dir, policy_path)
         self.tp = self.cfg.cluster.tensor_parallel
@@ -71,8 +75,6 @@ class ShardedWorker(Worker):
         self.global_rank = rank * self.tp + tp_rank
 
     def _drafter_target(self):
-        from tlt_rt.rollout.lockstep import TargetHeads
-
         self.engine_model = copy.deepcopy(self.model)
         self.heads = TargetHeads(self.engine_model)  # kept whole when the engine model is sharded
         return self.heads
@@ -82,11 +84,6 @@ class ShardedWorker(Worker):
 
     # ----------------------------------------------------------------------------- process group
     def form_group(self, addr: str, port: int, world_size: int) -> None:
-        from tlt_rt.models.tensor_parallel import shard_for_tp
-        from tlt_rt.rollout import Engine
-        from tlt_rt.rollout.lockstep import lockstep_engine
-        from tlt_rt.train.fsdp import shard_learner
-
         if self.engine is not None:
             raise RuntimeError("sharded workers form their groups once; resume=true restarts from a checkpoint")
         tp, total = self.tp, world_size * self.tp
@@ -114,17 +111,13 @@ class ShardedWorker(Worker):
             self.learner.grad_sync = self._all_reduce
 
     # ----------------------------------------------------------------------------------- lockstep
-    def rollout(self, step: int, prompts: list[list[int]], params: dict) -> dict:
-        import ray
-
+    def rollout(self, step: int, prompts: list[list[int]], params: dict) -> RolloutResult:
         refs = [p.rollout.remote(step, prompts, params) for p in self.peers]
         out = super().rollout(step, prompts, params)
         ray.get(refs)  # surfaces a peer's failure; its tokens are rank 0's
         return out
 
     def learn(self, step: int, minibatches: list[MiniBatch]) -> dict:
-        import ray
-
         if not self.peers:
             return super().learn(step, minibatches)
         n = len(self.peers) + 1
@@ -137,8 +130,6 @@ class ShardedWorker(Worker):
         return out
 
     def merge_drafter(self, my_steps: int, total_steps: int) -> None:
-        import ray
-
         refs = [p.merge_drafter.remote(0, total_steps) for p in self.peers]  # peers' replicas weigh nothing
         super().merge_drafter(my_steps, total_steps)
         ray.get(refs)
@@ -150,8 +141,6 @@ class ShardedWorker(Worker):
     @torch.no_grad()
     def _sync_engine(self) -> None:
         """Copy the learner's new weights into the engine's TP slice and the drafter's full heads, in place."""
-        from tlt_rt.train.fsdp import iter_full_state, reshard_for_tp
-
         engine = self.engine_model.state_dict(keep_vars=True)
         heads = self.heads.state_dict(keep_vars=True)
         source = iter_full_state(self.model) if self.fsdp else self.model.state_dict().items()
@@ -171,12 +160,6 @@ class ShardedWorker(Worker):
     def save_checkpoint(self, folder: str) -> None:
         """Collective over every process: the policy is gathered (FSDP) and written by global rank 0, the
         learner state by each process (its own shard), the drafter and SD policy by each replica's rank 0."""
-        import ray
-
-        from tlt_rt.models import save_target
-        from tlt_rt.train.checkpoint import rng_state
-        from tlt_rt.train.fsdp import full_state_for_engine
-
         refs = [p.save_checkpoint.remote(folder) for p in self.peers]
         folder = Path(folder)
         state = full_state_for_engine(self.model) if self.fsdp else None
@@ -191,10 +174,6 @@ class ShardedWorker(Worker):
         ray.get(refs)
 
     def load_checkpoint(self, folder: str) -> None:
-        import ray
-
-        from tlt_rt.train.checkpoint import load_pt, set_rng_state
-
         refs = [p.load_checkpoint.remote(folder) for p in self.peers]
         folder = Path(folder)
         self.learner.load_state_dict(load_pt(folder / f"learner_{self.global_rank}.pt"))
@@ -206,46 +185,3 @@ class ShardedWorker(Worker):
             set_rng_state(state["rng"])
             self.engine.policy.load_state_dict(state["sd_policy"])
         ray.get(refs)
-
-
-class ShardedWorkerPool(PlacedWorkerPool):
-    """The pool of sharded workers: `workers` are the TP ranks 0, `peers[r]` the other ranks of replica r."""
-
-    def __init__(self, cfg, run_dir, policy_path, layout, pgs) -> None:
-        self.peers: dict[int, list] = {}
-        super().__init__(cfg, run_dir, policy_path, layout, pgs)
-
-    @property
-    def actors(self) -> list:
-        return [a for r in range(len(self.workers)) for a in [self.workers[r], *self.peers.get(r, [])]]
-
-    def _spawn(self, rank: int, policy_path: str | None = None):
-        import ray
-
-        from tlt_rt.config import to_dict
-
-        c = self.cfg.cluster
-
-        def launch(tp_rank: int, peers: list):
-            actor = ray.remote(ShardedWorker).options(
-                num_cpus=c.cpus_per_worker, num_gpus=1 if c.gpus_per_worker else 0, max_concurrency=4,
-                max_restarts=0, scheduling_strategy=scheduling_strategy(self.pgs, self.layout, rank, tp_rank),
-            )  # fmt: skip
-            return actor.remote(rank, self.size, to_dict(self.cfg), str(self.run_dir), policy_path, tp_rank, peers)
-
-        followers = [launch(t, []) for t in range(1, c.tensor_parallel)]
-        self.peers[rank] = followers
-        return launch(0, followers)
-
-    def form_group(self) -> None:
-        import ray
-
-        self._dirty = False
-        ray.get([a.ping.remote() for a in self.actors])  # surfaces the peers' construction errors
-        addr, port = ray.get(self.workers[0].group_address.remote())
-        ray.get([a.form_group.remote(addr, port, self.size) for a in self.actors])
-
-    def replace(self, rank: int, src: int | None = None) -> None:
-        self.restarts += 1
-        raise WorkerLost(f"worker {rank} (tensor-parallel or FSDP-sharded) died; sharded workers are not replaced "
-                         "in a run: resume=true continues from the last checkpoint")  # fmt: skip

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from tlt_rt.train.sd_explain import sd_why
+from tlt_rt.train.rl.sd_explain import sd_why
 
 
 def duration(seconds: float) -> str:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from tlt_rt.config import RLConfig
-from tlt_rt.train.grpo import policy_loss, token_logprobs
+from tlt_rt.train.rl.grpo import policy_loss, token_logprobs
 
 
 @dataclass

@@ -1,0 +1,142 @@
+"""What the rollout owns of the config: the SD policy (`PolicyConfig`), the engine (`EngineConfig`) and
+a run's rollouts (`RolloutConfig`: the engine plus sampling). Each setting is declared here once, with its
+default; `Engine` and `SDPolicy` are built from these, and YAML reaches every field under `rollout.`
+(`rollout.max_batch`, `rollout.policy.epsilon`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from tlt_rt.ir.strategy import Strategy
+from tlt_rt.options import ConfigError, check, check_min, option, register
+
+DEFAULT_STRATEGIES = ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")
+
+
+@register
+@dataclasses.dataclass
+class PolicyConfig:
+    """The SD policy's bandit (rollout/policy.py explains each knob in context)."""
+
+    epsilon: float = option(0.05, help="Share of decode steps that explore a uniformly drawn other option.")
+    hysteresis: float = option(
+        0.05, help="Keep the current choice unless the best option's expected tokens/s beats it by more (relative)."
+    )
+    explore_budget: float | None = option(
+        0.02,
+        help="Most share of a bucket's decode time that exploring and losing speculative steps may cost "
+        "(null = no cap); a drafter that does not help costs about this much.",
+    )
+    horizon: int = option(4096, help="Steps over which the summed regret fades (older steps weigh less).")
+    seed: int = option(0, help="Seed of the policy's exploration draws, so decisions replay exactly.")
+
+    def __post_init__(self) -> None:
+        check(0 <= self.epsilon <= 1, "epsilon", f"must be in [0, 1], got {self.epsilon}")
+        check_min(self, "hysteresis", 0.0)
+        budget = self.explore_budget
+        check(budget is None or budget > 0, "explore_budget", f"must be > 0 or null, got {budget}")
+        check_min(self, "horizon", 1)
+
+
+@register
+@dataclasses.dataclass
+class EngineConfig:
+    """How an `Engine` runs: speculation, strategies, KV cache, batching, kernels."""
+
+    speculative: Literal["off", "on", "auto"] = option(
+        "auto",
+        help="Speculative decoding: 'off' = plain decoding only; 'on' = always, with the best strategy; "
+        "'auto' = per step, whichever the cost model predicts is fastest (plain decoding while the batch "
+        "is large, speculation in the long tail). Output is lossless in every mode.",
+    )
+    strategies: list[str] = option(
+        list(DEFAULT_STRATEGIES),
+        help="Speculative strategies to compile and choose between, each DEPTH_TOPK_VERIFYTOKENS: draft "
+        "depth, top-k branching per draft step, tree tokens verified by the target per step.",
+    )
+    block_size: int = option(16, help="Tokens per paged KV-cache block (a power of two).")
+    num_blocks: int = option(
+        0, help="KV-cache blocks per engine; 0 = size from free memory (GPU) or batch x context (CPU)."
+    )
+    max_batch: int = option(
+        64, help="Most sequences one engine decodes at once (continuous batching); largest graph bucket."
+    )
+    max_prefill_tokens: int = option(2048, help="Most prompt tokens one prefill step processes (chunked prefill).")
+    attn_backend: Literal["auto", "triton", "torch"] = option(
+        "auto",
+        help="Attention kernels: 'auto' = Triton on CUDA, torch elsewhere; 'triton' (CUDA, or CPU under "
+        "TRITON_INTERPRET=1); 'torch'.",
+    )
+    enforce_eager: bool = option(
+        False, help="Run every step eagerly, without CUDA graphs: slower, for debugging and profiling."
+    )
+    policy: PolicyConfig = option(factory=PolicyConfig, help="The SD policy: exploration and switching.")
+
+    def __post_init__(self) -> None:
+        check(
+            self.speculative in ("off", "on", "auto"),
+            "speculative",
+            f"must be 'off', 'on' or 'auto', got {self.speculative!r}",
+        )
+        self.strategies = [str(s) if isinstance(s, Strategy) else s for s in self.strategies]
+        for i, text in enumerate(self.strategies):
+            try:
+                Strategy.parse(text)
+            except ValueError as e:
+                raise ConfigError(f"strategies[{i}]", str(e)) from e
+        check(len(set(self.strategies)) == len(self.strategies), "strategies", "has duplicates")
+        check(
+            self.speculative == "off" or bool(self.strategies),
+            "strategies",
+            f"is empty but speculative is {self.speculative!r}; set speculative=off to decode without speculation",
+        )
+        bs = self.block_size
+        check(bs >= 1 and bs & (bs - 1) == 0, "block_size", f"must be a power of two, got {bs}")
+        check_min(self, "num_blocks", 0)
+        check_min(self, "max_batch", 1)
+        check_min(self, "max_prefill_tokens", 1)
+        check(self.attn_backend in ("auto", "triton", "torch"), "attn_backend", f"unknown: {self.attn_backend!r}")
+
+
+_POLICY_KEYS = frozenset(f.name for f in dataclasses.fields(PolicyConfig))
+
+
+def engine_config(config: EngineConfig | None = None, **options: Any) -> EngineConfig:
+    """`config` (default: all defaults) with `options` replaced: EngineConfig fields, or PolicyConfig fields
+    (`epsilon=...`) for the policy. The keyword form `Engine(target, max_batch=8)` goes through here."""
+    cfg = config if config is not None else EngineConfig()
+    policy = {k: options.pop(k) for k in list(options) if k in _POLICY_KEYS}
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(EngineConfig)})
+    if unknown:
+        raise TypeError(f"unknown engine option(s) {unknown}; EngineConfig and PolicyConfig list the settings")
+    if "strategies" in options:
+        options["strategies"] = [str(s) for s in options["strategies"]]
+    if policy:
+        options["policy"] = dataclasses.replace(cfg.policy, **policy)
+    return dataclasses.replace(cfg, **options) if options else cfg
+
+
+@register
+@dataclasses.dataclass
+class RolloutConfig(EngineConfig):
+    """A run's rollouts: the engine's settings plus how each response is sampled."""
+
+    temperature: float = option(
+        0.9, help="Sampling temperature of rollouts; 0 = greedy. GRPO needs > 0 for diverse groups."
+    )
+    top_p: float = option(1.0, help="Nucleus sampling: keep the smallest token set with this mass (0, 1].")
+    top_k: int = option(-1, help="Sample among the k most likely tokens; -1 = no top-k filter.")
+    max_new_tokens: int = option(256, help="Longest response per prompt, in tokens; the tail is this long.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_min(self, "temperature", 0.0)
+        check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        check(self.top_k == -1 or self.top_k >= 1, "top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
+        check_min(self, "max_new_tokens", 1)
+
+    def engine(self) -> EngineConfig:
+        """The engine's part of this config."""
+        return EngineConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EngineConfig)})

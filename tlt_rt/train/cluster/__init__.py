@@ -1,0 +1,1 @@
+"""The cluster: Ray workers, their pool, placement, sharded (tensor-parallel / FSDP) workers."""

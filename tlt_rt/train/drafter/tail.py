@@ -1,0 +1,85 @@
+"""Tail training: with a single worker there is no idle peer, so the worker trains the drafter during its
+own rollout tail. A background thread starts training once fewer than `drafter.tail_fraction` of its
+sequences still run and stops when generation returns. It competes with generation for the device (on CPU
+for the same cores); the cost shows in the step's rollout seconds and tail share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Literal
+
+import torch
+
+
+@dataclasses.dataclass
+class DrafterTraining:
+    """One worker's drafter training in one RL step: on an idle worker, or in its own rollout's tail."""
+
+    rank: int
+    where: Literal["idle", "tail"]
+    steps: int = 0
+    start: float = 0.0  # wall clock (time.time())
+    end: float = 0.0
+    loss: float | None = None  # mean over the steps trained
+    top1: float | None = None  # agreement with the target's next token
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start if self.steps else 0.0
+
+
+def tail_training_on(cfg) -> bool:
+    """Whether workers train the drafter in their own rollout tail (`drafter.tail_training`)."""
+    mode = cfg.drafter.tail_training
+    return cfg.drafter.train_online and (mode == "on" or (mode == "auto" and cfg.cluster.num_workers == 1))
+
+
+class TailTrainer:
+    """Trains the drafter in a background thread while the engine's running batch is in its tail."""
+
+    def __init__(self, engine, trainer, first_entry: int, capacity: int, fraction: float,
+                 max_steps: int | None, poll_s: float = 0.01, rank: int = 0) -> None:  # fmt: skip
+        self.engine, self.trainer = engine, trainer
+        self.first_entry, self.threshold = first_entry, fraction * capacity
+        self.max_steps, self.poll_s = max_steps, poll_s
+        self.stop = threading.Event()
+        self.result = DrafterTraining(rank, "tail")
+        self._thread = threading.Thread(target=self._run, name="drafter-tail", daemon=True)
+
+    def _in_tail(self) -> bool:
+        tl = self.engine.timeline
+        if len(tl) <= self.first_entry:
+            return False
+        last = tl[-1]
+        return last["kind"] != "prefill" and 0 < last["running"] < self.threshold
+
+    def _run(self) -> None:
+        while not self.stop.is_set() and not self._in_tail():
+            self.stop.wait(self.poll_s)
+        if self.stop.is_set():
+            return
+        start = time.time()
+        device = self.trainer.device
+        if device.type == "cuda":
+            # its own stream: training kernels interleave with the engine's replays instead of queueing
+            # behind them on the default stream; the buffer's tensors were written on the default stream
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.default_stream(device))
+            with torch.cuda.stream(stream):
+                out = self.trainer.train(self.stop, max_steps=self.max_steps)
+            stream.synchronize()
+        else:
+            out = self.trainer.train(self.stop, max_steps=self.max_steps)
+        end = time.time()
+        self.result = DrafterTraining(self.result.rank, "tail", int(out["steps"]), start, end, out["loss"], out["top1"])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self) -> DrafterTraining:
+        self.stop.set()
+        self._thread.join()
+        return self.result

@@ -1,0 +1,241 @@
+"""Drafter warm-up: train a drafter from nothing on the target's own generations for the task's prompts.
+
+    python -m tlt_rt.train.drafter.warmup --out runs/drafter-smollm2 [--target PATH] [--prompts 256] [--steps 2000]
+
+1. the target generates `--samples` answers to each training prompt (plain decoding at the RL temperature,
+   hidden states returned as tensors), so no external data is needed;
+2. a fresh drafter trains on those (token, hidden) sequences with a progress bar;
+3. accept length with strategy `--strategy` is measured on held-out prompts before and after training,
+   then the drafter is exported as an EAGLE draft-model folder (`tlt_rt.models.eagle_export`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from tlt_rt.models.default import load_tokenizer
+from tlt_rt.models.drafter import Drafter
+from tlt_rt.models.eagle_export import export_eagle
+from tlt_rt.rollout import Engine, SamplingParams
+from tlt_rt.train.drafter.data import DrafterBuffer
+from tlt_rt.train.drafter.trainer import DrafterTrainer
+from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
+
+
+def generate_data(
+    engine: Engine, prompts: list[list[int]], params: SamplingParams, buffer: DrafterBuffer, step: int = 0
+) -> int:
+    """Generate with the target and add (tokens, hidden) of every whole sequence to the buffer."""
+    outs = engine.generate(prompts, SamplingParams(**{**params.__dict__, "return_hidden": True}))
+    ids, hidden = [], []
+    for o in outs:
+        seq = torch.tensor(prompts[o.prompt_index] + o.token_ids)
+        # hidden covers every position but the last token's
+        ids.append(seq[:-1])
+        hidden.append(o.hidden.float().cpu())
+    buffer.add(step, ids, hidden)
+    return sum(len(o.token_ids) for o in outs)
+
+
+def accept_length(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> float:
+    """Mean tokens emitted per speculative step on `prompts` (the engine must speculate on every step)."""
+    before = engine.stats()["accept_length_hist"]
+    engine.generate(prompts, params)
+    hist = {k: v - before.get(k, 0) for k, v in engine.stats()["accept_length_hist"].items()}
+    n = sum(hist.values())
+    return sum(k * v for k, v in hist.items()) / n if n else float("nan")
+
+
+def warmup(
+    target_path=None,
+    out: str | Path = "runs/drafter",
+    num_prompts: int = 256,
+    held_out: int = 32,
+    samples: int = 2,
+    steps: int | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.9,
+    strategy: str = "8_4_48",
+    lr: float = 3e-4,
+    batch_tokens: int = 8192,
+    seed: int = 0,
+    device: str | None = None,
+    dtype: str = "auto",
+    progress: bool = True,
+    epochs: float = 4.0,
+    noise_std: float = 0.0,
+    token_weight: float = 1.0,
+    unroll: int = 2,
+    eval_temperatures: tuple[float, ...] = (0.0,),
+    gen_batch: int = 256,
+    unroll_context: str = "chain",
+    loss_temperature: float = 1.0,
+    sampled_weight: float = 0.0,
+    draft_vocab: int = 0,
+    fc_bias: bool = True,
+    export_format: str = "sglang",
+) -> dict:
+    """steps=None trains for `epochs` passes over the generated tokens: a one-layer drafter over-fits a small
+    set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
+    count, should grow. `unroll` passes feed the drafter its own predictions in training (drafter_loss), which
+    lifts the agreement at depth 2+ (benchmarks/drafter_diagnosis.md); `token_weight` is the CE's weight
+    next to the feature regression's 1.0. Accept length is measured at `temperature` and at each of
+    `eval_temperatures` (greedy, 0.0, bounds the drafter alone: at T > 0 even a perfect drafter loses the
+    steps where the target samples a token outside the tree). `gen_batch` caps the generating engine's batch.
+    `unroll_context`, `loss_temperature`, `sampled_weight` and `draft_vocab` are the trainer's (drafter_loss,
+    DrafterTrainer); `fc_bias=False` builds a drafter vLLM serves as is; `export_format` picks the engine layout."""
+    temps = list(dict.fromkeys([temperature, *eval_temperatures]))
+    if any(t < 0 for t in temps):
+        raise ValueError(f"warmup: temperatures must be >= 0, got {temps}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tok = load_tokenizer(target_path)
+    task = ArithmeticTask(digits=2, num_ops=2, seed=seed)
+    problems = task.sample(num_prompts + held_out)
+    prompts = [format_prompt(p, tok) for p in problems]
+    train_prompts, eval_prompts = prompts[:num_prompts], prompts[num_prompts:]
+    params = SamplingParams(n=samples, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    evals = {t: SamplingParams(n=1, temperature=t, max_new_tokens=max_new_tokens, seed=seed + 1) for t in temps}
+
+    plain = Engine.from_pretrained(target_path, speculative="off", dtype=dtype, device=device, max_batch=gen_batch)
+    t0 = time.perf_counter()
+    buffer = DrafterBuffer(max_steps=1)
+    n_tokens = generate_data(plain, train_prompts, params, buffer)
+    gen_s = time.perf_counter() - t0
+
+    target = plain.target
+    drafter = Drafter(target.arch, target, fc_bias=fc_bias).to(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,))
+    drafter.eval()
+    before = {t: accept_length(spec, eval_prompts, p) for t, p in evals.items()}
+
+    drafter.train()
+    trainer = DrafterTrainer(
+        drafter,
+        buffer,
+        lr=lr,
+        batch_tokens=batch_tokens,
+        seed=seed,
+        noise_std=noise_std,
+        token_weight=token_weight,
+        unroll=unroll,
+        unroll_context=unroll_context,
+        temperature=loss_temperature,
+        sampled_weight=sampled_weight,
+        draft_vocab=draft_vocab,
+    )
+    trainer.refresh_vocab()  # a reduced vocabulary from the generated answers (the untrained measure used all ids)
+    if steps is None:
+        steps = max(1, round(epochs * buffer.num_tokens / batch_tokens))
+    bar = tqdm(range(steps), desc="drafter warm-up", disable=not progress, file=sys.stderr)
+    t1 = time.perf_counter()
+    metrics: dict = {}
+    for _ in bar:
+        metrics = trainer.step()
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['top1']:.3f}")
+    train_s = time.perf_counter() - t1
+    drafter.eval()
+    after = {t: accept_length(spec, eval_prompts, p) for t, p in evals.items()}
+    folder = export_eagle(drafter, out, format=export_format)
+    report = {
+        "target": str(target_path or "smollm2"),
+        "strategy": strategy,
+        "temperature": temperature,
+        "train_prompts": num_prompts,
+        "held_out_prompts": held_out,
+        "generated_tokens": n_tokens,
+        "generation_seconds": gen_s,
+        "train_steps": steps,
+        "unroll": unroll,
+        "unroll_context": unroll_context,
+        "loss_temperature": loss_temperature,
+        "sampled_weight": sampled_weight,
+        "draft_vocab": drafter.draft_vocab_size,
+        "token_weight": token_weight,
+        "train_seconds": train_s,
+        "final_loss": metrics.get("loss"),
+        "final_top1": metrics.get("top1"),
+        "accept_length_before": before[temperature],
+        "accept_length_after": after[temperature],
+        "accept_length": {f"{t:g}": {"before": before[t], "after": after[t]} for t in temps},
+        "drafter": str(folder),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+    }
+    (Path(folder) / "warmup.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=None, help="HF folder or .gguf (default: embedded SmolLM2)")
+    ap.add_argument("--out", default="runs/drafter")
+    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--held-out", type=int, default=32)
+    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=None, help="default: --epochs passes over the generated data")
+    ap.add_argument("--epochs", type=float, default=4.0)
+    ap.add_argument("--noise-std", type=float, default=0.0, help="Gaussian noise on input features")
+    ap.add_argument("--token-weight", type=float, default=1.0, help="CE weight (feature regression: 1.0)")
+    ap.add_argument("--unroll", type=int, default=2, help="training passes fed the drafter's own predictions")
+    ap.add_argument("--unroll-context", choices=("chain", "shifted"), default="chain",
+                    help="attention context of unrolled passes (drafter_loss)")  # fmt: skip
+    ap.add_argument("--loss-temperature", type=float, default=1.0, help="temperature of the soft targets (0: argmax)")
+    ap.add_argument("--sampled-weight", type=float, default=0.0, help="CE weight on the sampled next token")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="reduced draft vocabulary size (0 = full)")
+    ap.add_argument("--no-fc-bias", action="store_true", help="a drafter without fc bias (vLLM serves it as is)")
+    ap.add_argument("--format", default="sglang", choices=("sglang", "vllm"), help="layout of the exported drafter")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=0.9, help="sampling temperature of the training data")
+    ap.add_argument("--eval-temperatures", type=float, nargs="*", default=[0.0],
+                    help="accept length is also measured at these (0 = greedy)")  # fmt: skip
+    ap.add_argument("--gen-batch", type=int, default=256, help="batch of the engine that generates the data")
+    ap.add_argument("--strategy", default="8_4_48")
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--batch-tokens", type=int, default=8192)
+    ap.add_argument("--device", default=None)
+    a = ap.parse_args(argv)
+    rep = warmup(
+        a.target,
+        a.out,
+        a.prompts,
+        a.held_out,
+        a.samples,
+        a.steps,
+        a.max_new_tokens,
+        a.temperature,
+        a.strategy,
+        a.lr,
+        a.batch_tokens,
+        device=a.device,
+        epochs=a.epochs,
+        noise_std=a.noise_std,
+        token_weight=a.token_weight,
+        unroll=a.unroll,
+        eval_temperatures=tuple(a.eval_temperatures),
+        gen_batch=a.gen_batch,
+        unroll_context=a.unroll_context,
+        loss_temperature=a.loss_temperature,
+        sampled_weight=a.sampled_weight,
+        draft_vocab=a.draft_vocab,
+        fc_bias=not a.no_fc_bias,
+        export_format=a.format,
+    )
+    print(
+        f"{rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
+        f"{rep['train_steps']} steps in {rep['train_seconds']:.0f}s; drafter in {rep['drafter']}"
+    )
+    for t, acc in rep["accept_length"].items():
+        print(f"accept length with {rep['strategy']} at T={t}: {acc['before']:.2f} untrained -> {acc['after']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The RL step's sections of the config: the task (`task.`), the GRPO learner (`rl.`) and metrics (`logging.`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Literal
+
+from tlt_rt.options import check, check_min, option, register
+
+DEFAULT_INSTRUCTION = (
+    'Solve the problem step by step. End your reply with "The answer is N." where N is the final number.'
+)
+
+
+@register
+@dataclasses.dataclass
+class TaskConfig:
+    kind: Literal["arithmetic", "jsonl", "parquet"] = option(
+        "arithmetic",
+        help="Prompt source: 'arithmetic' generates verifiable arithmetic problems (no files needed); "
+        "'jsonl' / 'parquet' read question/answer records from `path`.",
+    )
+    path: str | None = option(None, help="Dataset file; required when kind is jsonl or parquet.")
+    digits: int = option(2, help="Arithmetic: digits per operand; more digits = harder problems.")
+    num_ops: int = option(2, help="Arithmetic: operators per problem (2 means three operands).")
+    word_problems: bool = option(
+        True, help="Arithmetic: phrase problems in words rather than bare expressions (longer reasoning)."
+    )
+    seed: int = option(0, help="Seed for generating and shuffling prompts, so runs see the same data.")
+    question_field: str = option(
+        "question",
+        help="jsonl/parquet: record field holding the prompt: text, or a chat message list (verl's and TRL's "
+        "conversational `prompt`). Dotted names reach into nested records. With the default, a record without "
+        "'question' falls back to 'prompt' (verl, TRL).",
+    )
+    answer_field: str = option(
+        "answer",
+        help="jsonl/parquet: record field holding the reference answer the reward checks against; dotted names "
+        "reach into nested records. With the default, a record without 'answer' falls back to "
+        "'reward_model.ground_truth' (verl), then 'solution' and 'ground_truth' (TRL / open-r1).",
+    )
+    instruction: str | None = option(
+        DEFAULT_INSTRUCTION,
+        help="Appended (on its own line) to every text question; null or '' = none. Chat-message prompts "
+        "(verl/TRL datasets) carry their own instructions and are used as they are.",
+    )
+    reward: str = option(
+        "numeric",
+        help="How a response is scored against the reference answer: 'numeric' (the final number or \\boxed{} "
+        "answer, compared by value); 'math_verify' (the math-verify library that TRL, verl and open-r1 use; "
+        "pip install 'tlt_rt[math]'); or 'module:function', your own function(response: str, answer: str) -> "
+        "float, imported by that path.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.kind in ("jsonl", "parquet"):
+            check(bool(self.path), "path", f"is required when kind is {self.kind!r}")
+        check_min(self, "digits", 1)
+        check_min(self, "num_ops", 1)
+        check(bool(self.question_field), "question_field", "must not be empty")
+        check(bool(self.answer_field), "answer_field", "must not be empty")
+        check(
+            self.reward in ("numeric", "math_verify") or re.fullmatch(r"[\w.]+:\w+", self.reward) is not None,
+            "reward",
+            f"must be 'numeric', 'math_verify' or 'module:function', got {self.reward!r}",
+        )
+
+
+@register
+@dataclasses.dataclass
+class RLConfig:
+    algorithm: Literal["grpo"] = option("grpo", help="Policy-optimisation algorithm.")
+    group_size: int = option(
+        8, help="Responses sampled per prompt; GRPO's advantage is each reward minus its group's mean."
+    )
+    prompts_per_step: int = option(8, help="Prompts per RL step (a step rolls out prompts x group_size).")
+    lr: float = option(1e-6, help="Policy learning rate.")
+    clip_low: float = option(0.2, help="PPO ratio clip below: ratio >= 1 - clip_low.")
+    clip_high: float = option(
+        0.28, help="PPO ratio clip above: ratio <= 1 + clip_high (DAPO clip-higher; >= clip_low)."
+    )
+    loss_agg: Literal["token", "sequence"] = option(
+        "token",
+        help="Loss averaging: 'token' = mean over all tokens of the step (long answers weigh more); "
+        "'sequence' = mean per response, then over responses.",
+    )
+    kl_coef: float = option(0.0, help="Weight of the KL penalty to the reference policy; 0 = none.")
+    drop_equal_reward_groups: bool = option(
+        True, help="Skip groups whose rewards are all equal: their advantages are zero, no signal."
+    )
+    steps: int = option(100, help="RL steps to train.")
+    seed: int = option(0, help="Seed of rollout sampling and the learner.")
+    normalize_adv_std: bool = option(
+        True, help="Divide each advantage by its group's reward std (GRPO); false = reward minus group mean only."
+    )
+    adv_eps: float = option(1e-6, help="Added to the group std before dividing, so near-equal groups stay finite.")
+    max_grad_norm: float = option(1.0, help="Clip the policy gradient's global L2 norm to this; 0 = no clipping.")
+    weight_decay: float = option(0.0, help="AdamW weight decay of the policy.")
+    micro_batch: int = option(
+        4, help="Responses per learner forward/backward; gradients accumulate over micro-batches (bounds memory)."
+    )
+    mini_batches: int = option(
+        1, help="Optimizer steps per RL step: the step's responses are split into this many mini-batches."
+    )
+    recompute_logprobs: bool = option(
+        False,
+        help="Recompute the old log-probs with the learner's dense forward before the update instead of using "
+        "the engine's (equal up to float rounding, since the engine samples exactly from the policy).",
+    )
+    learner_shard: Literal["none", "fsdp"] = option(
+        "none",
+        help="How the learner's weights and optimizer state are held: 'none' = a full replica per worker "
+        "process, gradients all-reduced; 'fsdp' = sharded over every worker process with FSDP2 (fp32 master "
+        "shards; bf16 compute on GPU), the engines given the gathered weights after each update.",
+    )
+    checkpoint_every: int = option(
+        1, help="RL steps between checkpoints; 1 means killing the driver loses at most the current step."
+    )
+    keep_checkpoints: int = option(2, help="Most recent checkpoints kept in output_dir/name/checkpoints.")
+
+    def __post_init__(self) -> None:
+        check_min(self, "group_size", 2)
+        check_min(self, "adv_eps", 0.0)
+        check_min(self, "max_grad_norm", 0.0)
+        check_min(self, "weight_decay", 0.0)
+        check_min(self, "micro_batch", 1)
+        check_min(self, "mini_batches", 1)
+        check_min(self, "checkpoint_every", 1)
+        check_min(self, "keep_checkpoints", 1)
+        check_min(self, "prompts_per_step", 1)
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check(0 < self.clip_low < 1, "clip_low", f"must be in (0, 1), got {self.clip_low}")
+        check(
+            self.clip_high >= self.clip_low,
+            "clip_high",
+            f"must be >= clip_low ({self.clip_low}), got {self.clip_high}",
+        )
+        check_min(self, "kl_coef", 0.0)
+        check_min(self, "steps", 1)
+        check(
+            self.learner_shard in ("none", "fsdp"), "learner_shard", f"must be none or fsdp, got {self.learner_shard!r}"
+        )
+
+
+@register
+@dataclasses.dataclass
+class LoggingConfig:
+    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = option(
+        ["jsonl"],
+        help="Where step metrics go: 'jsonl' (RUN/metrics.jsonl, always written: resume and the report read it), "
+        "'tensorboard' (RUN/tb; pip install tensorboard) and 'wandb' (pip install wandb; offline by default).",
+    )
+    wandb_project: str = option("tlt_rt", help="wandb project name.")
+    wandb_mode: Literal["offline", "online"] = option(
+        "offline", help="wandb mode: 'offline' writes under RUN/wandb (wandb sync uploads later); 'online' uploads."
+    )
+    progress_every_s: float = option(
+        30.0,
+        help="Seconds between plain progress lines (step k of N, time left) while a step runs; they also reach "
+        "redirected logs, where progress bars are off. 0 = only the line after each step.",
+    )
+
+    def __post_init__(self) -> None:
+        check("jsonl" in self.loggers, "loggers", "must include jsonl: resume and the report read metrics.jsonl")
+        check(len(set(self.loggers)) == len(self.loggers), "loggers", "has duplicates")
+        check_min(self, "progress_every_s", 0.0)

@@ -1,0 +1,155 @@
+"""Fail on import circles among tlt_rt's modules; `make lint` runs it.
+
+    python tools/check_imports.py [--local]
+
+Every `import` / `from ... import` inside tlt_rt/ is an edge, wherever it sits (a function-local import
+still ties the two modules together), except those under `if TYPE_CHECKING:`. `from pkg import name`
+points at `pkg.name` when that is a module, else at `pkg` (its __init__). A circle is a strongly
+connected component of more than one module (or a module importing itself); each is printed with one
+path through it. `--local` also lists the imports made inside functions, which must say why (a heavy
+optional dependency) in a comment.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = "tlt_rt"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(path: Path, modules: set[str]) -> list[tuple[str, int, bool]]:
+    """(imported tlt_rt module, line, inside a function) for every import in `path`."""
+    name = module_name(path)
+    is_pkg = path.name == "__init__.py"
+    out: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, local: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                for sub in child.orelse:
+                    visit(sub, local)
+                continue
+            inner = local or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name.split(".")[0] == PKG:
+                        out.append((alias.name, child.lineno, local))
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = name.split(".") if is_pkg else name.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - (child.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                if base.split(".")[0] != PKG:
+                    continue
+                for alias in child.names:
+                    sub = f"{base}.{alias.name}"
+                    out.append((sub if sub in modules else base, child.lineno, local))
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with a circle in them (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    sys.setrecursionlimit(10_000)
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph[v]:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return found
+
+
+def path_through(graph: dict[str, set[str]], comp: list[str]) -> list[str]:
+    """One circle inside the component: from its first module back to it."""
+    start, members = comp[0], set(comp)
+    prev: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & members):
+                if w == start:
+                    chain = [v]
+                    while chain[-1] != start:
+                        chain.append(prev[chain[-1]])
+                    return [start, *reversed(chain[:-1]), start] if v != start else [start, start]
+                if w not in prev:
+                    prev[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return comp
+
+
+def main(argv: list[str]) -> int:
+    files = sorted((ROOT / PKG).rglob("*.py"))
+    modules = {module_name(p) for p in files}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    local: list[str] = []
+    for path in files:
+        for target, line, inside in imports(path, modules):
+            if target in modules:
+                graph[module_name(path)].add(target)
+            if inside:
+                local.append(f"{path.relative_to(ROOT)}:{line}: {target}")
+    found = cycles(graph)
+    for comp in found:
+        print("import circle: " + " -> ".join(path_through(graph, comp)))
+        if len(comp) > 2:
+            print("  (all of: " + ", ".join(comp) + ")")
+    if "--local" in argv:
+        print(f"{len(local)} function-local imports of tlt_rt modules:")
+        print("\n".join(local))
+    if found:
+        print(f"{len(found)} import circle(s) in {PKG}/")
+        return 1
+    print(f"no import circles among {len(modules)} modules of {PKG}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
