@@ -17,8 +17,8 @@ import torch
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.rollout.engine import Engine
 from tlt_rt.rollout.params import Completion
-from tlt_rt.train.drafter_data import DrafterBuffer
-from tlt_rt.train.drafter_trainer import DrafterTrainer
+from tlt_rt.train.drafter.data import DrafterBuffer
+from tlt_rt.train.drafter.trainer import DrafterTrainer
 
 
 class SpotDrafter:
