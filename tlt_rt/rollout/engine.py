@@ -13,7 +13,6 @@ never been preempted; sampled speculation stays exactly distributed but may take
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -26,7 +25,7 @@ from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import prepare
 from tlt_rt.rollout.block_manager import BlockManager, auto_num_blocks
 from tlt_rt.rollout.config import EngineConfig, engine_config
-from tlt_rt.rollout.model_runner import ModelRunner, engine_drafter
+from tlt_rt.rollout.model_runner import ModelRunner, engine_drafter, on_stream
 from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
 from tlt_rt.rollout.policy import SDPolicy
 from tlt_rt.rollout.prefill import prefill
@@ -173,7 +172,7 @@ class Engine:
                 flush_hidden(sched.done)
         self._gen_time += time.perf_counter() - t_start
         sched.done.sort(key=lambda s: (s.prompt_index, s.sample_index))
-        return [self._completion(s, params) for s in sched.done]
+        return [s.completion(params.return_hidden) for s in sched.done]
 
     def _step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool) -> None:
         """schedule -> run -> postprocess: a prefill of waiting work, else a decode step of the running."""
@@ -227,32 +226,9 @@ class Engine:
             }
         )
 
-    @contextlib.contextmanager
     def on_stream(self):
-        """Run the enclosed work on the engine's own CUDA stream, ordered after the caller's stream (weights
-        it updated) and before what the caller queues next (results it reads)."""
-        if self.stream is None:
-            yield
-            return
-        caller = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(caller)
-        with torch.cuda.stream(self.stream):
-            yield
-        caller.wait_stream(self.stream)
-
-    def _completion(self, s: Sequence, params: SamplingParams) -> Completion:
-        hidden = None
-        if params.return_hidden:
-            hidden = s.hidden()[: s.length - 1].detach()
-        return Completion(
-            s.prompt_index,
-            s.sample_index,
-            list(s.output),
-            list(s.logprobs),
-            s.finish_reason or "length",
-            hidden,
-            {"preemptions": s.preemptions},
-        )
+        """The engine's own CUDA stream as a context (`model_runner.on_stream`)."""
+        return on_stream(self.stream, self.device)
 
     # ----------------------------------------------------------------------------------------- stats
     def stats(self) -> dict:

@@ -12,6 +12,7 @@ blocks) is the scheduler's business (`Scheduler.postprocess`).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 
@@ -47,6 +48,20 @@ def engine_drafter(drafter: Drafter | None, target: CausalLM, glue) -> Drafter:
     if glue is not None:
         set_glue(drafter, glue)
     return drafter
+
+
+@contextlib.contextmanager
+def on_stream(stream, device):
+    """Run the enclosed work on `stream` (None: as is), ordered after the caller's stream (weights it updated)
+    and before what the caller queues next (results it reads)."""
+    if stream is None:
+        yield
+        return
+    caller = torch.cuda.current_stream(device)
+    stream.wait_stream(caller)
+    with torch.cuda.stream(stream):
+        yield
+    caller.wait_stream(stream)
 
 
 def row_params(seqs: list[Sequence], params: SamplingParams) -> list[SamplingParams]:

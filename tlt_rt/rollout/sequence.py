@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tlt_rt.rollout.params import SamplingParams
+from tlt_rt.rollout.params import Completion, SamplingParams
 
 
 @dataclass
@@ -107,6 +107,12 @@ class Sequence:
         if len(out) < n:
             out = self.prompt[max(0, len(self.prompt) - (n - len(out))) :] + out
         return [pad] * (n - len(out)) + out
+
+    def completion(self, with_hidden: bool = False) -> Completion:
+        """What the caller gets back for this sample (its hidden rows when asked)."""
+        hidden = self.hidden()[: self.length - 1].detach() if with_hidden else None
+        return Completion(self.prompt_index, self.sample_index, list(self.output), list(self.logprobs),
+                          self.finish_reason or "length", hidden, {"preemptions": self.preemptions})  # fmt: skip
 
     def reset_for_recompute(self) -> None:
         """Forget every cached row (blocks were taken away); the tokens are kept."""
