@@ -80,9 +80,9 @@ def evaluate(target, drafter, prompts, strategy: str, temperature: float, a) -> 
         warnings.simplefilter("ignore")
         eng = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,), max_batch=a.gen_batch)
     params = SamplingParams(n=1, temperature=temperature, max_new_tokens=a.max_new_tokens, seed=a.seed + 1)
-    before = dict(eng._accept_hist)
+    before = eng.stats()["accept_length_hist"]
     outs = eng.generate(prompts, params)
-    hist = {k: v - before.get(k, 0) for k, v in eng._accept_hist.items()}
+    hist = {k: v - before.get(k, 0) for k, v in eng.stats()["accept_length_hist"].items()}
     n = sum(hist.values())
     acc = sum(k * v for k, v in hist.items()) / n if n else float("nan")
     dev = target.lm_head.weight.device

@@ -38,7 +38,6 @@ import torch
 from tlt_rt.rollout.engine import Engine
 from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
 from tlt_rt.rollout.rng import sequence_seed
-from tlt_rt.rollout.scheduler import Scheduler
 from tlt_rt.rollout.sequence import PrefillJob, Sequence
 
 TIMELINE_KEEP = 10_000
@@ -129,8 +128,7 @@ class AsyncEngine:
         self.collect_hidden = collect_hidden
         self.on_sample, self.on_idle = on_sample, on_idle
         self.eos = tuple(engine.target.arch.eos_token_ids)
-        self.sched = Scheduler(engine.blocks, engine.max_batch, engine.max_prefill_tokens, engine._stats, frozenset(),
-                               engine.max_context)  # fmt: skip
+        self.sched = engine.scheduler()
         self._default = SamplingParams()  # never read: every sequence carries its own params
         self._requests: dict[str, _Request] = {}
         self._owner: dict[int, _Request] = {}  # seq_id -> request
@@ -158,7 +156,7 @@ class AsyncEngine:
             (sampling_params or {}).get(k) is not None for k in ("seed", "sampling_seed")
         )
         (prompt,), params = check_prompts([prompt_ids], params, self.engine.target.arch.vocab_size)
-        self.engine._validate([prompt])
+        self.engine.validate([prompt])
         self._arrivals += 1
         request_id = str(request_id if request_id is not None else f"req-{self._arrivals}")
         if request_id in self._requests:
@@ -215,7 +213,7 @@ class AsyncEngine:
                 seed = sequence_seed(params.seed, 0, j)
             else:
                 seed = sequence_seed(self.seed, 0, j, self._arrivals)
-            seq = Sequence(self.engine._new_id(), 0, j, prompt, seed, params.max_new_tokens, params=params, stop=stop)
+            seq = Sequence(self.engine.new_id(), 0, j, prompt, seed, params.max_new_tokens, params=params, stop=stop)
             seqs.append(seq)
         return seqs
 
@@ -256,7 +254,7 @@ class AsyncEngine:
             for seq in req.seqs:
                 self._owner[seq.seq_id] = req
             for k in range(0, len(req.seqs), eng.max_batch):
-                job = PrefillJob(eng._new_id(), list(req.prompt), group=req.seqs[k : k + eng.max_batch])
+                job = PrefillJob(eng.new_id(), list(req.prompt), group=req.seqs[k : k + eng.max_batch])
                 req.jobs.append(job)
                 self.sched.waiting.append(job)
         while self._aborts:
@@ -298,7 +296,7 @@ class AsyncEngine:
             if s.finish_reason is None:
                 s.finish_reason = "abort"
             want = req.params.return_hidden or (self.collect_hidden and s.finish_reason != "abort")
-            outs.append(self.engine._completion(s, SamplingParams(return_hidden=want) if want else req.params))
+            outs.append(s.completion(want))
             if self.on_sample is not None and want and s.finish_reason != "abort":
                 self.on_sample(req.prompt, outs[-1])
             if not req.params.return_hidden:

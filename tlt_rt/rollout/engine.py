@@ -123,12 +123,13 @@ class Engine:
             drafter = load_eagle(drafter_path, target)
         return cls(target, drafter=drafter, speculative=speculative, **options)
 
-    def _new_id(self) -> int:
+    def new_id(self) -> int:
+        """A fresh id for a sequence or a prefill job (block-manager owner)."""
         self._next_id += 1
         return self._next_id
 
     # ---------------------------------------------------------------------------------------- checks
-    def _validate(self, prompts: list[list[int]]) -> None:
+    def validate(self, prompts: list[list[int]]) -> None:
         """What `check_prompts` cannot know: the context and the KV cache this engine has."""
         for i, p in enumerate(prompts):
             if len(p) >= self.max_context:
@@ -149,21 +150,21 @@ class Engine:
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[Completion]:
         """Sample `params.n` continuations of every prompt; returns them ordered by (prompt, sample)."""
         prompts, params = check_prompts(prompts, params, self.target.arch.vocab_size)
-        self._validate(prompts)
+        self.validate(prompts)
         stop = set(params.stop_token_ids if params.stop_token_ids is not None else self.target.arch.eos_token_ids)
         keep_hidden = params.return_hidden or self.runner.drafter is not None
-        sched = Scheduler(self.blocks, self.max_batch, self.max_prefill_tokens, self._stats, stop, self.max_context)
+        sched = self.scheduler(stop)
         seen: Counter = Counter()
         for i, p in enumerate(prompts):
             occurrence = seen[tuple(p)]
             seen[tuple(p)] += 1
             group = [
-                Sequence(self._new_id(), i, j, p, sequence_seed(params.seed, i, j, occurrence), params.max_new_tokens)
+                Sequence(self.new_id(), i, j, p, sequence_seed(params.seed, i, j, occurrence), params.max_new_tokens)
                 for j in range(params.n)
             ]
             # a group never outgrows the running batch: larger n prefills the prompt once per slice
             for k in range(0, len(group), self.max_batch):
-                sched.waiting.append(PrefillJob(self._new_id(), list(p), group=group[k : k + self.max_batch]))
+                sched.waiting.append(PrefillJob(self.new_id(), list(p), group=group[k : k + self.max_batch]))
         self._t_start = t_start = time.perf_counter()
         with self.on_stream():
             while sched.busy:
@@ -173,6 +174,10 @@ class Engine:
         self._gen_time += time.perf_counter() - t_start
         sched.done.sort(key=lambda s: (s.prompt_index, s.sample_index))
         return [s.completion(params.return_hidden) for s in sched.done]
+
+    def scheduler(self, stop=frozenset()) -> Scheduler:
+        """A scheduler over this engine's blocks and limits, counting into its stats."""
+        return Scheduler(self.blocks, self.max_batch, self.max_prefill_tokens, self._stats, stop, self.max_context)
 
     def _step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool) -> None:
         """schedule -> run -> postprocess: a prefill of waiting work, else a decode step of the running."""
