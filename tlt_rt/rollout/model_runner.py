@@ -33,8 +33,6 @@ from tlt_rt.rollout.runner import Layout, TargetRunner
 from tlt_rt.rollout.sequence import Sequence
 from tlt_rt.rollout.step_graph import StepArgs, StepGraphs, StepValues, batch_mode
 
-MODES = ("greedy", "sampled", "filtered")
-
 
 def engine_drafter(drafter: Drafter | None, target: CausalLM, glue) -> Drafter:
     """The drafter as the engine runs it: the target's attention backend and glue, fused projections (a
