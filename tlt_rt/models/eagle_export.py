@@ -123,7 +123,8 @@ def export_eagle(
                 f"(max |b| = {float(bias.abs().max()):.3g}): train the drafter with fc_bias=False for vLLM, pass "
                 f"--drop-fc-bias to export it anyway (it then drafts differently), or serve it with SGLang"
             )
-    cfg.update(num_hidden_layers=1, torch_dtype=str(dtype).removeprefix("torch."))
+    cfg.pop("torch_dtype", None)  # transformers 5 reads "dtype"; the deprecated name is not written
+    cfg.update(num_hidden_layers=1, dtype=str(dtype).removeprefix("torch."))
     folder.mkdir(parents=True, exist_ok=True)
     if include_embed:
         state["embed_tokens.weight"] = drafter.embed_tokens.weight
