@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 
+import pytest
 import torch
 
 from tests.test_engine import make_engine, tiny_pair
@@ -170,3 +171,56 @@ def test_a_new_request_stops_idle_training():
     done.join(30)
     assert not done.is_alive()
     assert h.spot.trained_steps == h.spot.trainer.steps
+
+
+def test_aborted_samples_are_not_collected_and_weights_update_during_training():
+    h = Hooked(min_tokens=8, max_steps=None, lr=1e-2, batch_tokens=64)
+    long = {"temperature": 0.8, "max_tokens": 400, "ignore_eos": True, "seed": 1}
+    new_target, _ = tiny_pair(seed=5, scale=4.0)
+
+    async def main():
+        h.idle_done.clear()
+        x = asyncio.ensure_future(h.aeng.generate([1, 2, 3], long, "x"))
+        y = await h.aeng.generate([5, 6], GREEDY, "y")
+        h.aeng.abort("x")
+        x = await x
+        deadline = time.monotonic() + 30
+        while h.spot.trainer.steps < 1:  # the idle spell trains on y alone
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        # a weight update is engine-thread work: it stops the training spell instead of waiting behind it
+        n = await asyncio.wait_for(h.aeng.update_weights(new_target.state_dict().items()), 30)
+        return x, y, n
+
+    x, y, n = asyncio.run(main())
+    h.aeng.shutdown()
+    assert x.finish_reason == "abort" and y.finish_reason == "length"
+    assert [ids for ids, _ in _buffer_samples(h.spot.buffer)] == [[5, 6] + y.token_ids[:-1]]
+    assert n == len(new_target.state_dict()) and h.returns and h.returns[0][0] == h.returns[0][1] >= 1
+
+
+def test_on_idle_errors_are_logged_and_serving_goes_on(caplog):
+    calls = []
+
+    def broken(stop):
+        calls.append(stop)
+        raise RuntimeError("drafter training broke")
+
+    aeng = AsyncEngine(make_engine("on", ONE), on_idle=broken)
+
+    async def main():
+        first = await aeng.generate([1, 2, 3], GREEDY)
+        while not calls:
+            await asyncio.sleep(0.01)
+        return first, await aeng.generate([1, 2, 3], GREEDY)
+
+    with caplog.at_level("ERROR", logger="tlt_rt.rollout.async_engine"):
+        first, second = asyncio.run(main())
+    aeng.shutdown()
+    assert first.token_ids == second.token_ids == _plain([1, 2, 3], GREEDY)[0]
+    assert "on_idle failed" in caplog.text and "drafter training broke" in caplog.text
+
+
+def test_spot_drafter_needs_speculation():
+    with pytest.raises(ValueError, match="speculation on"):
+        SpotDrafter(make_engine("off"))
