@@ -19,7 +19,8 @@ of its own (the engine's seed and the request's arrival number), so repeated pro
 
 Drafter training from the rollout (the speculative machinery is unchanged): `on_sample(prompt, completion)`
 receives every finished sample with its target hidden states when `collect_hidden` is set, and `on_idle(stop)`
-runs in the worker thread whenever no request is left, until a new request sets `stop`
+runs in the worker thread whenever no request is left, until a new request, an abort or any other call for
+the worker thread (weights, sleep / wake, shutdown) sets `stop`; its errors are logged, serving goes on
 (`tlt_rt.integrations.drafter_hook` builds both from a DrafterBuffer and a DrafterTrainer).
 """
 
