@@ -2,9 +2,9 @@
 
 The rollout's finished samples bring their target hidden states (`AsyncEngine(collect_hidden=True,
 on_sample=spot.collect)`); when no request is left the engine thread runs `spot.train_while_idle(stop)`
-(`on_idle`), which trains a float32 replica of the serving drafter until a new request sets `stop`, then
-copies it into the serving drafter (between steps: the engine thread is the one training). It is the
-worker's recipe (`train/worker.py`): same buffer, same trainer, same push.
+(`on_idle`), which trains a float32 replica of the serving drafter until a new request (or a weight update,
+sleep, shutdown) sets `stop`, then copies it into the serving drafter (between steps: the engine thread is
+the one training). It is the worker's recipe (`train/worker.py`): same buffer, same trainer, same push.
 """
 
 from __future__ import annotations

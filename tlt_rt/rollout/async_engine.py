@@ -19,13 +19,15 @@ of its own (the engine's seed and the request's arrival number), so repeated pro
 
 Drafter training from the rollout (the speculative machinery is unchanged): `on_sample(prompt, completion)`
 receives every finished sample with its target hidden states when `collect_hidden` is set, and `on_idle(stop)`
-runs in the worker thread whenever no request is left, until a new request sets `stop`
+runs in the worker thread whenever no request is left, until a new request, an abort or any other call for
+the worker thread (weights, sleep / wake, shutdown) sets `stop`; its errors are logged, serving goes on
 (`tlt_rt.integrations.drafter_hook` builds both from a DrafterBuffer and a DrafterTrainer).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -39,6 +41,8 @@ from tlt_rt.rollout.engine import Engine
 from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
 from tlt_rt.rollout.rng import sequence_seed
 from tlt_rt.rollout.sequence import PrefillJob, Sequence
+
+log = logging.getLogger(__name__)
 
 TIMELINE_KEEP = 10_000
 # vLLM / SGLang sampling parameter names -> ours; names that change nothing when left at their neutral value
@@ -202,6 +206,7 @@ class AsyncEngine:
         return len(self._requests)
 
     def shutdown(self) -> None:
+        self._stop_idle.set()  # an idle spell with no step limit would otherwise keep the thread forever
         self._exec.shutdown(wait=True)
 
     # ------------------------------------------------------------------------------------ the requests
@@ -225,6 +230,7 @@ class AsyncEngine:
             self._task = loop.create_task(self._run())
 
     async def _call(self, fn, *args):
+        self._stop_idle.set()  # work for the engine thread (a step, weights, sleep) ends an idle spell first
         return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
 
     async def _run(self) -> None:
@@ -242,10 +248,19 @@ class AsyncEngine:
                 continue
             if self.on_idle is not None and not self._asleep:
                 self._stop_idle.clear()
-                self._exec.submit(self.on_idle, self._stop_idle)  # ends when a request arrives
+                self._exec.submit(self._idle, self._stop_idle)  # ends when a request (or any call) arrives
             await self._work.wait()
 
     # ----------------------------------------------------------------------------- the engine thread
+    def _idle(self, stop: threading.Event) -> None:
+        """`on_idle`; its error is logged, not raised: nobody awaits it, and serving goes on."""
+        if self._asleep:  # a sleep() queued between the last step and this spell: the memory is the trainer's
+            return
+        try:
+            self.on_idle(stop)
+        except Exception:
+            log.exception("AsyncEngine: on_idle failed")
+
     def _step(self) -> bool:
         """Take in new requests and aborts, then one schedule -> run -> postprocess step; False when idle."""
         while self._inbox:
