@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 
 from tlt_rt.config import TLTConfig, load_config
 from tlt_rt.train.__main__ import main as train_main
+from tlt_rt.train.batching import build_minibatches, share_seed, split_even
 from tlt_rt.train.drafter.tail import TailTrainer, tail_training_on
-from tlt_rt.train.loop import RunExistsError, build_minibatches, share_seed, split_even, train
+from tlt_rt.train.loop import RunExistsError, train
 from tlt_rt.train.rl import checkpoint as ckpt
 from tlt_rt.train.rl.learner import LearnSample
 
