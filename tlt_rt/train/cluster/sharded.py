@@ -36,6 +36,7 @@ from tlt_rt.models import save_target
 from tlt_rt.models.tensor_parallel import check_tp_divisible, shard_for_tp
 from tlt_rt.rollout import Engine
 from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine
+from tlt_rt.train.cluster.comm import all_reduce_sum
 from tlt_rt.train.cluster.fsdp import full_state_for_engine, iter_full_state, reshard_for_tp, shard_learner
 from tlt_rt.train.cluster.results import RolloutResult
 from tlt_rt.train.cluster.worker import Worker, copy_tokenizer_files
@@ -108,7 +109,7 @@ class ShardedWorker(Worker):
             shard_learner(self.model, mixed_precision=self.device.type == "cuda")
             self.learner = Learner(self.model, self.cfg.rl, self.sampling, None, self.learner.ref_model, lockstep=True)
         elif total > 1:
-            self.learner.grad_sync = self._all_reduce
+            self.learner.grad_sync = all_reduce_sum
 
     # ----------------------------------------------------------------------------------- lockstep
     def rollout(self, step: int, prompts: list[list[int]], params: dict) -> RolloutResult:
