@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from tlt_rt.codegen.kernels.sampling import filter_thresholds
 from tlt_rt.config import RLConfig
 from tlt_rt.train.rl.grpo import policy_loss, token_logprobs
 
@@ -116,8 +117,6 @@ class Learner:
         logits = model(ids).logits  # [B, T, V]
         keep = None
         if self.sampling.filtering:
-            from tlt_rt.codegen.kernels.sampling import filter_thresholds
-
             b = logits.shape[0]
             s = self.sampling
             thr = filter_thresholds(
