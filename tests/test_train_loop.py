@@ -251,7 +251,7 @@ def test_worker_in_process_rollout_train_merge_learn(tiny, tmp_path):
         assert torch.equal(served[k], v.to(served[k].dtype)), k
     toks, lps = res.samples[0].token_ids, res.samples[0].logprobs
     out = w.learn(0, [MiniBatch([LearnSample([1, 2, 3], toks, lps, 1.0)], len(toks), 1)])
-    assert out["version"] == 1 and out["optimizer_steps"] == 1
+    assert out.version == 1 and out.optimizer_steps == 1
     other = Worker(1, 1, to_dict(cfg), str(tmp_path / "w"))
     other.import_state(w.export_state())
     for k, v in w.model.state_dict().items():

@@ -27,7 +27,7 @@ from tlt_rt.train.records import step_record, summary_line, timelines
 from tlt_rt.train.rl import checkpoint as ckpt
 from tlt_rt.train.rl.data import ArithmeticTask, PromptSource, format_prompt, load_dataset_file
 from tlt_rt.train.rl.grpo import equal_reward_groups, group_advantages
-from tlt_rt.train.rl.learner import LearnSample
+from tlt_rt.train.rl.learner import LearnResult, LearnSample
 from tlt_rt.train.rl.loggers import open_loggers
 from tlt_rt.train.rl.metrics import MetricsWriter
 from tlt_rt.train.rl.progress import Progress, run_summary
@@ -184,7 +184,7 @@ class Trainer:
             LearnSample(prompts[i], list(responses[i][j][0]), list(responses[i][j][1]), float(adv[i, j]))
             for i in range(len(prompts)) if not drop[i] for j in range(n)
         ]  # fmt: skip
-        learn: list[dict] = []
+        learn: list[LearnResult] = []
         if samples:
             self.progress.begin(step, "learner update")
             per_worker = build_minibatches(samples, cfg.rl.mini_batches, pool.size)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tlt_rt.train.cluster.results import StepRollout
+from tlt_rt.train.rl.learner import LearnResult
 from tlt_rt.train.rl.metrics import percentile, rollout_metrics, spot_metrics, worker_timeline
 
 
@@ -13,7 +14,7 @@ def step_record(
     responses,
     drop,
     samples,
-    learn,
+    learn: list[LearnResult],
     t0,
     t_rollout,
     t_end,
@@ -30,7 +31,7 @@ def step_record(
     idle = sum(max(0.0, outcome.end - res.end) for res in results)
     # preemption waits for the current drafter micro-step: how long that held the step up
     overrun = max([t.end - outcome.end for t in outcome.trainings.values() if t.steps], default=0.0)
-    tokens = sum(x.get("tokens", 0.0) for x in learn)
+    tokens = sum(x.tokens for x in learn)
     rec = {
         "step": step,
         "reward_mean": float(rewards.mean()),
@@ -45,14 +46,14 @@ def step_record(
         **spot_metrics(trainings, idle),
         "spot_overrun_seconds": max(0.0, overrun),
         "learner_seconds": t_end - t_rollout,
-        "loss": sum(x.get("loss", 0.0) for x in learn) if learn else None,
-        "grad_norm": learn[0].get("grad_norm") if learn else None,
-        "clip_low_share": sum(x.get("clipped_low", 0.0) for x in learn) / tokens if tokens else None,
-        "clip_high_share": sum(x.get("clipped_high", 0.0) for x in learn) / tokens if tokens else None,
+        "loss": sum(x.loss for x in learn) if learn else None,
+        "grad_norm": learn[0].grad_norm if learn else None,
+        "clip_low_share": sum(x.clipped_low for x in learn) / tokens if tokens else None,
+        "clip_high_share": sum(x.clipped_high for x in learn) / tokens if tokens else None,
         # exp(new - old log-prob) averaged over tokens: 1 on the first mini-batch when the engine's
         # log-probs are the policy's own
-        "ratio_mean": sum(x.get("ratio_sum", 0.0) for x in learn) / tokens if tokens else None,
-        "kl": sum(x.get("kl_sum", 0.0) for x in learn) / tokens if tokens and kl else None,
+        "ratio_mean": sum(x.ratio_sum for x in learn) / tokens if tokens else None,
+        "kl": sum(x.kl_sum for x in learn) / tokens if tokens and kl else None,
         "policy_version": version,
         "step_seconds": t_end - t0,
         "worker_restarts": restarts,

@@ -37,7 +37,7 @@ from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.tail import DrafterTraining, TailTrainer, tail_training_on
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
-from tlt_rt.train.rl.learner import Learner, MiniBatch, SamplingFilter
+from tlt_rt.train.rl.learner import Learner, LearnResult, MiniBatch, SamplingFilter
 from tlt_rt.train.rl.metrics import stats_delta
 from tlt_rt.train.rl.sd_explain import explain_policy
 
@@ -216,13 +216,14 @@ class Worker:
                 d.refresh_head()
 
     # ----------------------------------------------------------------------------------- learner
-    def learn(self, step: int, minibatches: list[MiniBatch]) -> dict:
+    def learn(self, step: int, minibatches: list[MiniBatch]) -> LearnResult:
         self._maybe_fail("learn", step)
         if self.cfg.rl.recompute_logprobs:
             self.learner.recompute_logprobs([s for mb in minibatches for s in mb.samples])
         out = self.learner.update(minibatches)
         self._policy_updated()
-        return {**out, "rank": self.rank, "version": self.learner.version}
+        out.rank, out.version = self.rank, self.learner.version
+        return out
 
     def _policy_updated(self) -> None:
         for d in (self.drafter, self.serving_drafter):
