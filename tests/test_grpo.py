@@ -164,7 +164,7 @@ def test_learner_step_changes_parameters_and_counts_tokens():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     learner = Learner(model, cfg, SamplingFilter(temperature=1.0))
     out = learner.update([MiniBatch(_samples(), num_tokens=6, num_seqs=3)])
-    assert out["optimizer_steps"] == 1 and out["tokens"] == 6 and learner.version == 1
+    assert out.optimizer_steps == 1 and out.tokens == 6 and learner.version == 1
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     assert "model.layers.0.self_attn.q_proj.weight" in changed and "lm_head.weight" in changed
 
@@ -229,9 +229,9 @@ def test_learner_kl_to_reference_and_bf16_master_weights():
     ref = copy.deepcopy(model).requires_grad_(False)
     learner = Learner(model, cfg, SamplingFilter(1.0), ref_model=ref)
     first = learner.update([MiniBatch(_samples(), 6, 3)])
-    assert first["kl_sum"] == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
+    assert first.kl_sum == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
     second = learner.update([MiniBatch(_samples(), 6, 3)])
-    assert second["kl_sum"] > 0
+    assert second.kl_sum > 0
 
     model, cfg, Learner, SamplingFilter = _tiny_learner(lr=1e-3)
     model = model.to(torch.bfloat16)

@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 
 from tlt_rt.config import TLTConfig, load_config
 from tlt_rt.train.__main__ import main as train_main
+from tlt_rt.train.batching import build_minibatches, share_seed, split_even
 from tlt_rt.train.drafter.tail import TailTrainer, tail_training_on
-from tlt_rt.train.loop import RunExistsError, build_minibatches, share_seed, split_even, train
+from tlt_rt.train.loop import RunExistsError, train
 from tlt_rt.train.rl import checkpoint as ckpt
 from tlt_rt.train.rl.learner import LearnSample
 
@@ -250,7 +251,7 @@ def test_worker_in_process_rollout_train_merge_learn(tiny, tmp_path):
         assert torch.equal(served[k], v.to(served[k].dtype)), k
     toks, lps = res.samples[0].token_ids, res.samples[0].logprobs
     out = w.learn(0, [MiniBatch([LearnSample([1, 2, 3], toks, lps, 1.0)], len(toks), 1)])
-    assert out["version"] == 1 and out["optimizer_steps"] == 1
+    assert out.version == 1 and out.optimizer_steps == 1
     other = Worker(1, 1, to_dict(cfg), str(tmp_path / "w"))
     other.import_state(w.export_state())
     for k, v in w.model.state_dict().items():

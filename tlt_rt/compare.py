@@ -66,6 +66,7 @@ def compare_table(runs: dict[str, list[dict]]) -> list[str]:
 
 
 def plot_compare(runs: dict[str, list[dict]], path: Path) -> None:
+    # local: matplotlib is slow to import and its backend must be chosen before pyplot; only a plot needs it
     import matplotlib
 
     matplotlib.use("Agg")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import types
 
+from tlt_rt.config import ConfigError, TLTConfig, load_config, parse_cli
 from tlt_rt.rollout import Engine
 from tlt_rt.rollout.profiling import cost_path, engine_cost_key, profile
 
@@ -36,8 +37,6 @@ def compile(config) -> dict:  # noqa: A001 - the public name this module is for
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tlt_rt.config import ConfigError, TLTConfig, load_config, parse_cli
-
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print("usage: python -m tlt_rt.compile CONFIG [key.sub=value ...]\n\n" + __doc__.split("\n\n", 1)[1])

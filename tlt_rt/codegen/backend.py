@@ -47,12 +47,14 @@ class TritonAttention:
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata, scale: float
     ) -> torch.Tensor:
         if meta.mode == "decode":
+            # local: the kernels import Triton, which the torch backend (CPU, no Triton) must not need
             from tlt_rt.codegen.kernels.decode_attention import paged_decode_attention
 
             return paged_decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits=self.num_splits
             )
         if meta.mode == "verify":
+            # local: Triton, as above
             from tlt_rt.codegen.kernels.tree_attention import paged_tree_attention
 
             if meta.tree_mask is None:

@@ -48,6 +48,7 @@ class TltServer:
     """One replica's server (a Ray actor): verl's token-in-token-out calls over an AsyncEngine."""
 
     def __init__(self, config, model_config, replica_rank: int = 0):
+        # local: verl's plugin entry point imports this module in every verl process; only this actor runs an engine
         from tlt_rt.rollout import AsyncEngine, Engine
 
         kw = dict(_option(_option(config, "engine_kwargs", {}) or {}, NAME, {}) or {})
@@ -69,6 +70,7 @@ class TltServer:
         self.spot = None
         hooks = {}
         if drafter_training:
+            # local: drafter training is opt-in; its trainer is not loaded into servers that do not train
             from tlt_rt.integrations.drafter_hook import SpotDrafter
 
             self.spot = SpotDrafter(self.engine, **(drafter_training if isinstance(drafter_training, dict) else {}))

@@ -68,6 +68,7 @@ def convert_gguf(gguf: str | Path) -> Path:
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # local: transformers takes seconds to import, and HF_HUB_OFFLINE must be set first; only a conversion needs it
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer

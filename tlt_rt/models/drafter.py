@@ -78,7 +78,7 @@ def _run_lengths(segment_ids: torch.Tensor) -> list[int]:
 
 
 def _xformers_packed(q, k, v, scale, segment_ids):
-    from xformers.ops import fmha, memory_efficient_attention
+    from xformers.ops import fmha, memory_efficient_attention  # local: optional extra (tlt_rt[xformers])
 
     b, t, hq, d = q.shape
     rep = hq // k.shape[2]

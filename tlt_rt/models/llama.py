@@ -178,6 +178,7 @@ def _inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     shape is outside its domain."""
     if torch.is_grad_enabled():
         return F.linear(x, weight, bias)
+    # local: the kernel imports Triton, a GPU-only dependency that the CPU paths must not need
     from tlt_rt.codegen.kernels.skinny_gemm import skinny_linear
 
     return skinny_linear(x, weight, bias)
@@ -201,6 +202,7 @@ class CompiledGlue(Glue):
 
     def linear_swiglu(self, x, weight, bias=None):
         if self.skinny and not torch.is_grad_enabled():
+            # local: Triton, as in _inference_linear
             from tlt_rt.codegen.kernels.skinny_gemm import skinny_swiglu
 
             out = skinny_swiglu(x, weight, bias)  # one kernel with the activation as its epilogue, or None
@@ -210,6 +212,7 @@ class CompiledGlue(Glue):
 
     def rope_write(self, q, k, v, positions, inv_freq, k_cache, v_cache, slots, resolved=False):
         if self.fused_rope and q.is_cuda and resolved:
+            # local: Triton, as in _inference_linear
             from tlt_rt.codegen.kernels.rope_cache import rope_write_kv
 
             return rope_write_kv(q, k, v, positions, inv_freq, k_cache, v_cache, slots)

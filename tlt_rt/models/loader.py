@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import torch
+from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -144,8 +145,6 @@ def load_target(
 def save_target(model: CausalLM, folder: str | Path, tokenizer=None, max_shard_size: int | str = "5GB") -> Path:
     """Write `model` as a HF folder that transformers can also read: config.json and model.safetensors, or
     shards of at most `max_shard_size` with model.safetensors.index.json (the hub library's layout)."""
-    from huggingface_hub import split_torch_state_dict_into_shards
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = model.arch.to_hf()

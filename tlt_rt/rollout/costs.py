@@ -24,7 +24,7 @@ def option_name(strategy: Strategy | None) -> str:
 
 def cost_key(model_shape: dict, dtype: object, device: object) -> dict:
     """What a measured cost table is only valid for: model shape, dtype, device name, torch/triton versions."""
-    import torch
+    import torch  # local: only the key reads torch's version; the table itself is plain JSON
 
     dev = torch.device(device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type

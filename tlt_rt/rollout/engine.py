@@ -112,12 +112,14 @@ class Engine:
         device: str | None = None,
         **options,
     ) -> Engine:
+        # local: only from_pretrained loads from a folder; no circle, could move to the top with a rollout change
         from tlt_rt.models.loader import load_target
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         target = load_target(target_path, dtype=dtype, device=device)
         drafter = None
         if drafter_path is not None:
+            # local: as load_target above
             from tlt_rt.models.eagle_export import load_eagle
 
             drafter = load_eagle(drafter_path, target)

@@ -176,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    # local: the loop pulls in the engine, the models and the Ray workers, which --dry-run and config errors never need
     from tlt_rt.train.loop import RunExistsError, train
 
     try:

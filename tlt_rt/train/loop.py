@@ -1,32 +1,35 @@
 """The RL loop. Each step: sample prompts, roll them out over the workers (idle workers train the drafter),
 score the responses, compute GRPO advantages, run the data-parallel learner update, merge the drafter,
 then write metrics and a checkpoint. Tensor-parallel engines and the FSDP learner run on sharded workers
-(train/sharded.py); the loop talks to each engine's rank 0 alone.
+(train/cluster/sharded.py); the loop talks to each engine's rank 0 alone. How a step is cut up lives in
+batching.py, what it records in records.py.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import random
 import shutil
 import time
 from pathlib import Path
 
+import ray
 import torch
 from tqdm import tqdm
 
 from tlt_rt.config import ConfigError, TLTConfig, dump_yaml
+from tlt_rt.models.default import load_tokenizer
+from tlt_rt.train.batching import build_minibatches, share_seed, split_even
 from tlt_rt.train.cluster import placement
 from tlt_rt.train.cluster.coordinator import Coordinator
 from tlt_rt.train.cluster.pool import WorkerPool, make_pool
-from tlt_rt.train.cluster.results import StepRollout
+from tlt_rt.train.records import step_record, summary_line, timelines
 from tlt_rt.train.rl import checkpoint as ckpt
 from tlt_rt.train.rl.data import ArithmeticTask, PromptSource, format_prompt, load_dataset_file
 from tlt_rt.train.rl.grpo import equal_reward_groups, group_advantages
-from tlt_rt.train.rl.learner import LearnSample, MiniBatch
+from tlt_rt.train.rl.learner import LearnResult, LearnSample
 from tlt_rt.train.rl.loggers import open_loggers
-from tlt_rt.train.rl.metrics import MetricsWriter, percentile, rollout_metrics, spot_metrics, worker_timeline
+from tlt_rt.train.rl.metrics import MetricsWriter
 from tlt_rt.train.rl.progress import Progress, run_summary
 from tlt_rt.train.rl.reward import resolve_reward
 from tlt_rt.train.rl.sd_explain import sd_reason
@@ -38,8 +41,6 @@ class RunExistsError(ValueError):
 
 def init_ray(cfg: TLTConfig) -> bool:
     """Join `cluster.ray_address` / $RAY_ADDRESS, else start a local Ray; True when this call connected."""
-    import ray
-
     if ray.is_initialized():
         return False
     address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
@@ -63,48 +64,8 @@ def make_source(cfg: TLTConfig) -> PromptSource:
     return PromptSource(problems, cfg.rl.prompts_per_step, seed=t.seed)
 
 
-def split_even(n: int, parts: int) -> list[tuple[int, int]]:
-    """Contiguous [lo, hi) ranges of n items over `parts`, sizes differing by at most one."""
-    base, extra = divmod(n, parts)
-    out, lo = [], 0
-    for r in range(parts):
-        hi = lo + base + (1 if r < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
-
-
-def share_seed(seed: int, step: int, first_prompt: int) -> int:
-    """Sampling seed of one share: fixed by (run seed, step, the share's first prompt), not by the worker,
-    so a redone share draws the same samples."""
-    return random.Random(f"rollout:{seed}:{step}:{first_prompt}").getrandbits(62)
-
-
-def build_minibatches(samples: list[LearnSample], num_minibatches: int, num_workers: int) -> list[list[MiniBatch]]:
-    """Split the step's samples into mini-batches, and each mini-batch over workers balanced by tokens.
-
-    Returns per worker its list of mini-batches (same length for every worker; a part may be empty), each
-    carrying the mini-batch's global response-token and response counts for the loss normalisation.
-    """
-    chunks = [samples[i::num_minibatches] for i in range(min(num_minibatches, len(samples)))]
-    per_worker: list[list[MiniBatch]] = [[] for _ in range(num_workers)]
-    for chunk in chunks:
-        n_tokens = sum(len(s.response) for s in chunk)
-        parts: list[list[LearnSample]] = [[] for _ in range(num_workers)]
-        load = [0] * num_workers
-        for s in sorted(chunk, key=lambda s: -(len(s.prompt) + len(s.response))):  # largest first
-            r = min(range(num_workers), key=lambda i: (load[i], i))
-            parts[r].append(s)
-            load[r] += len(s.prompt) + len(s.response)
-        for r in range(num_workers):
-            per_worker[r].append(MiniBatch(parts[r], n_tokens, len(chunk)))
-    return per_worker
-
-
 class Trainer:
     def __init__(self, cfg: TLTConfig) -> None:
-        from tlt_rt.models.default import load_tokenizer
-
         c = cfg.cluster
         if c.gpus_per_worker > c.tensor_parallel:
             raise ConfigError(
@@ -183,7 +144,7 @@ class Trainer:
             if (step + 1) % self.cfg.rl.checkpoint_every == 0 or step + 1 == self.cfg.rl.steps:
                 self.checkpoint = self.save_checkpoint(step + 1)
             self.progress.step_done()
-            tqdm.write(f"{self.progress.prefix(step)} {_summary(record)}")
+            tqdm.write(f"{self.progress.prefix(step)} {summary_line(record)}")
             tqdm.write(f"    {sd_reason(record, self.cfg.rollout.speculative)}")
         tqdm.write(run_summary(self.history, self.run_dir, self.checkpoint, self.cfg.rollout.speculative,
                                time.time() - t0))  # fmt: skip
@@ -223,7 +184,7 @@ class Trainer:
             LearnSample(prompts[i], list(responses[i][j][0]), list(responses[i][j][1]), float(adv[i, j]))
             for i in range(len(prompts)) if not drop[i] for j in range(n)
         ]  # fmt: skip
-        learn: list[dict] = []
+        learn: list[LearnResult] = []
         if samples:
             self.progress.begin(step, "learner update")
             per_worker = build_minibatches(samples, cfg.rl.mini_batches, pool.size)
@@ -232,8 +193,9 @@ class Trainer:
                 bar.update(1)
             pool.version += len(per_worker[0])
         t_end = time.time()
-        record = self._record(step, outcome, rewards, responses, drop, samples, learn, t0, t_rollout, t_end)
-        self.metrics.write(record, self._timelines(outcome))
+        record = step_record(step, outcome, rewards, responses, drop, samples, learn, t0, t_rollout, t_end,
+                             kl=bool(cfg.rl.kl_coef), version=pool.version, restarts=pool.restarts)  # fmt: skip
+        self.metrics.write(record, timelines(outcome))
         return record
 
     def _reward(self, text: str, answer: str) -> float:
@@ -245,60 +207,8 @@ class Trainer:
             raise RuntimeError(f"task.reward {self.cfg.task.reward} returned {value} (rewards must be finite)")
         return value
 
-    def _record(self, step, outcome, rewards, responses, drop, samples, learn, t0, t_rollout, t_end) -> dict:
-        lengths = [len(c[0]) for row in responses for c in row]
-        results = outcome.results
-        rollout_s = outcome.end - outcome.start
-        trainings = list(outcome.trainings.values()) + [res.tail for res in results if res.tail]
-        idle = sum(max(0.0, outcome.end - res.end) for res in results)
-        # preemption waits for the current drafter micro-step: how long that held the step up
-        overrun = max([t.end - outcome.end for t in outcome.trainings.values() if t.steps], default=0.0)
-        tokens = sum(x.get("tokens", 0.0) for x in learn)
-        rec = {
-            "step": step,
-            "reward_mean": float(rewards.mean()),
-            "accuracy": float((rewards >= 1.0).float().mean()),
-            "response_len_p50": percentile(lengths, 50),
-            "response_len_p90": percentile(lengths, 90),
-            "response_len_max": max(lengths) if lengths else 0,
-            "truncated_share": sum(c[2] == "length" for row in responses for c in row) / max(len(lengths), 1),
-            "groups_dropped": int(drop.sum()),
-            "samples_trained": len(samples),
-            **rollout_metrics(results, rollout_s),
-            **spot_metrics(trainings, idle),
-            "spot_overrun_seconds": max(0.0, overrun),
-            "learner_seconds": t_end - t_rollout,
-            "loss": sum(x.get("loss", 0.0) for x in learn) if learn else None,
-            "grad_norm": learn[0].get("grad_norm") if learn else None,
-            "clip_low_share": sum(x.get("clipped_low", 0.0) for x in learn) / tokens if tokens else None,
-            "clip_high_share": sum(x.get("clipped_high", 0.0) for x in learn) / tokens if tokens else None,
-            # exp(new - old log-prob) averaged over tokens: 1 on the first mini-batch when the engine's
-            # log-probs are the policy's own
-            "ratio_mean": sum(x.get("ratio_sum", 0.0) for x in learn) / tokens if tokens else None,
-            "kl": sum(x.get("kl_sum", 0.0) for x in learn) / tokens if tokens and self.cfg.rl.kl_coef else None,
-            "policy_version": self.pool.version,
-            "step_seconds": t_end - t0,
-            "worker_restarts": self.pool.restarts,
-            "sd_policy": _merge_sd_policy([res.sd_policy for res in results]),
-        }
-        return rec
-
-    def _timelines(self, outcome: StepRollout) -> dict[str, list]:
-        t0, end = outcome.start, outcome.end - outcome.start
-        out = {}
-        for res in outcome.results:
-            roll = {"start": res.start - t0, "end": res.end - t0, "timeline": res.timeline}
-            if res.tail and res.tail.steps:
-                roll["tail_training"] = [res.tail.start - t0, res.tail.end - t0]
-            tr = outcome.trainings.get(res.rank)
-            tr = {"steps": tr.steps, "start": tr.start - t0, "end": tr.end - t0} if tr and tr.steps else None
-            out[str(res.rank)] = worker_timeline(roll, tr, max(end, tr["end"] if tr else end))
-        return out
-
     # ---------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, steps_done: int) -> Path:
-        import ray
-
         tmp = ckpt.staging_dir(self.run_dir, steps_done)
         try:
             self.pool.call_all("save_checkpoint", [(str(tmp),)] * self.pool.size)
@@ -312,8 +222,6 @@ class Trainer:
         return ckpt.commit(tmp, self.run_dir, steps_done, state, self.cfg.rl.keep_checkpoints)
 
     def close(self) -> None:
-        import ray
-
         if getattr(self, "progress", None) is not None:
             self.progress.close()
         if self.metrics is not None:
@@ -335,33 +243,6 @@ class _Both:
     def update(self, n: int) -> None:
         for h in self.hooks:
             h.update(n)
-
-
-def _merge_sd_policy(parts: list[dict | None]) -> dict | None:
-    """The workers' SD policy readings in one: per batch bucket, the first worker's that decoded there."""
-    parts = [p for p in parts if p]
-    if not parts:
-        return None
-    buckets: dict[str, dict] = {}
-    for p in parts:
-        for b, row in p["buckets"].items():
-            buckets.setdefault(b, row)
-    return {"mode": parts[0]["mode"], "buckets": dict(sorted(buckets.items(), key=lambda kv: int(kv[0])))}
-
-
-def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def _summary(r: dict) -> str:
-    return (
-        f"reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "
-        f"{r['response_len_p50']:.0f}/{r['response_len_max']} | rollout {r['rollout_seconds']:.1f}s tail "
-        f"{r['tail_share']:.0%} SD {r['sd_share']:.0%} accept {_fmt(r['accept_length'], '.2f')} "
-        f"{r['tokens_per_second']:.0f} tok/s | drafter {r['spot_steps']} steps loss {_fmt(r['drafter_loss'], '.3f')} "
-        f"harvested {r['harvested_worker_seconds']:.1f}s | learner {r['learner_seconds']:.1f}s "
-        f"loss {_fmt(r['loss'], '.4f')}"
-    )
 
 
 def train(cfg: TLTConfig) -> list[dict]:

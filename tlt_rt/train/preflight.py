@@ -10,18 +10,19 @@ import difflib
 from pathlib import Path
 
 from tlt_rt.config import ConfigError, TLTConfig
+from tlt_rt.models.default import default_gguf
+from tlt_rt.models.loader import check_model_folder
 from tlt_rt.train.rl import checkpoint as ckpt
+from tlt_rt.train.rl.data import load_dataset_file
+from tlt_rt.train.rl.loggers import check_loggers as check_logger_names
+from tlt_rt.train.rl.reward import resolve_reward
 
 
 def check_model(cfg: TLTConfig, dry_run: bool = False) -> None:
     """model.path names a whole model: config.json parses, every safetensors file is complete. A dry run
     of a checkpoint that is not on this machine is allowed when model.arch gives its shape."""
-    from tlt_rt.models.loader import check_model_folder
-
     path = cfg.model.path
     if path == "smollm2":
-        from tlt_rt.models.default import default_gguf
-
         try:
             default_gguf()
         except FileNotFoundError as e:
@@ -49,8 +50,6 @@ def planned_elsewhere(cfg: TLTConfig) -> bool:
 def check_dataset(cfg: TLTConfig, dry_run: bool = False) -> int:
     """The dataset file reads into problems; returns how many (0 for the generated arithmetic task, -1 for a
     dry run planned for another machine, whose dataset is not here either)."""
-    from tlt_rt.train.rl.data import load_dataset_file
-
     t = cfg.task
     if t.kind == "arithmetic":
         return 0
@@ -63,8 +62,6 @@ def check_dataset(cfg: TLTConfig, dry_run: bool = False) -> int:
 
 
 def check_reward(cfg: TLTConfig) -> None:
-    from tlt_rt.train.rl.reward import resolve_reward
-
     try:
         resolve_reward(cfg.task.reward)
     except ValueError as e:
@@ -72,11 +69,9 @@ def check_reward(cfg: TLTConfig) -> None:
 
 
 def check_loggers(cfg: TLTConfig) -> None:
-    from tlt_rt.train.rl.loggers import check_loggers as check
-
     names = list(cfg.logging.loggers) + (["tensorboard"] if cfg.tensorboard else [])
     try:
-        check(names)
+        check_logger_names(names)
     except ValueError as e:
         raise ConfigError("logging.loggers", str(e)) from e
 
@@ -95,8 +90,6 @@ def check_resume(cfg: TLTConfig) -> None:
         raise ConfigError("resume", f"is true but there is no run {run_dir} to resume{hint}")
     last = ckpt.latest_checkpoint(run_dir)
     if last is not None:
-        from tlt_rt.models.loader import check_model_folder
-
         ckpt.verify_pt_files(last)
         try:
             check_model_folder(last / "policy")

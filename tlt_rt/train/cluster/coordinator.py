@@ -23,7 +23,7 @@ from typing import Any
 
 import ray
 
-from tlt_rt.train.cluster.results import DrafterTraining, RolloutResult, StepRollout
+from tlt_rt.train.cluster.results import DrafterTraining, LearnResult, RolloutResult, StepRollout
 
 
 class Coordinator:
@@ -75,6 +75,6 @@ class Coordinator:
         if total > 0 and len(self.pool.actors) > 1:
             self.pool.collective("merge_drafter", [(s, total) for s in steps])
 
-    def learn(self, step: int, minibatches: list[list], version: int) -> list[dict]:
+    def learn(self, step: int, minibatches: list[list], version: int) -> list[LearnResult]:
         """Run the learner on every worker; on a failure, redo the mini-batches not yet applied everywhere."""
         return self.pool.collective("learn", [(step, mbs) for mbs in minibatches], resume_from=version)

@@ -13,6 +13,7 @@ import ray
 
 from tlt_rt.config import to_dict
 from tlt_rt.train.cluster.placement import Layout, scheduling_strategy
+from tlt_rt.train.cluster.results import LearnResult
 from tlt_rt.train.cluster.sharded import ShardedWorker, uses_sharded_workers
 from tlt_rt.train.cluster.worker import Worker
 from tlt_rt.train.rl.checkpoint import latest_checkpoint
@@ -136,7 +137,7 @@ class WorkerPool:
         done = (versions[src] if src is not None else self.version) - resume_from
         rest = [(a[0], a[1][done:]) for a in args]
         if not rest[0][1]:
-            return [{"rank": r, "optimizer_steps": 0.0} for r in range(self.size)]
+            return [LearnResult(rank=r) for r in range(self.size)]
         return self.collective(method, rest, resume_from + done)
 
 

@@ -6,8 +6,9 @@ import dataclasses
 from typing import Any
 
 from tlt_rt.train.drafter.tail import DrafterTraining
+from tlt_rt.train.rl.learner import LearnResult
 
-__all__ = ["DrafterTraining", "RolloutResult", "Sample", "StepRollout"]
+__all__ = ["DrafterTraining", "LearnResult", "RolloutResult", "Sample", "StepRollout"]
 
 
 @dataclasses.dataclass

@@ -36,13 +36,12 @@ from tlt_rt.models import save_target
 from tlt_rt.models.tensor_parallel import check_tp_divisible, shard_for_tp
 from tlt_rt.rollout import Engine
 from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine
+from tlt_rt.train.cluster.comm import all_reduce_sum
 from tlt_rt.train.cluster.fsdp import full_state_for_engine, iter_full_state, reshard_for_tp, shard_learner
 from tlt_rt.train.cluster.results import RolloutResult
 from tlt_rt.train.cluster.worker import Worker, copy_tokenizer_files
 from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
-from tlt_rt.train.rl.learner import Learner, MiniBatch
-
-SUMMED = ("loss", "tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum")  # learn() totals over ranks
+from tlt_rt.train.rl.learner import Learner, LearnResult, MiniBatch
 
 
 def uses_sharded_workers(cfg) -> bool:
@@ -108,7 +107,7 @@ class ShardedWorker(Worker):
             shard_learner(self.model, mixed_precision=self.device.type == "cuda")
             self.learner = Learner(self.model, self.cfg.rl, self.sampling, None, self.learner.ref_model, lockstep=True)
         elif total > 1:
-            self.learner.grad_sync = self._all_reduce
+            self.learner.grad_sync = all_reduce_sum
 
     # ----------------------------------------------------------------------------------- lockstep
     def rollout(self, step: int, prompts: list[list[int]], params: dict) -> RolloutResult:
@@ -117,7 +116,7 @@ class ShardedWorker(Worker):
         ray.get(refs)  # surfaces a peer's failure; its tokens are rank 0's
         return out
 
-    def learn(self, step: int, minibatches: list[MiniBatch]) -> dict:
+    def learn(self, step: int, minibatches: list[MiniBatch]) -> LearnResult:
         if not self.peers:
             return super().learn(step, minibatches)
         n = len(self.peers) + 1
@@ -125,8 +124,7 @@ class ShardedWorker(Worker):
         refs = [p.learn.remote(step, parts[t + 1]) for t, p in enumerate(self.peers)]
         out = super().learn(step, parts[0])
         for other in ray.get(refs):
-            for k in SUMMED:
-                out[k] = out.get(k, 0.0) + other.get(k, 0.0)
+            out.add(other)
         return out
 
     def merge_drafter(self, my_steps: int, total_steps: int) -> None:

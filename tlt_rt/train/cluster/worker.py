@@ -3,7 +3,8 @@ the data-parallel learner, and a drafter replica with its trainer.
 
 The engine and the learner hold the same model object, so an optimizer step is the engine's new policy.
 Gradients are all-reduced through a torch.distributed group made inside the actors (gloo on CPU, NCCL on
-GPU), so every worker holds identical weights after an update without a round trip through the driver.
+GPU; the collectives live in comm.py), so every worker holds identical weights after an update without a round
+trip through the driver.
 The drafter trains on a separate replica (the engine may be drafting with its own copy meanwhile); merged
 replicas are copied into the engine's drafter before the next rollout.
 
@@ -15,14 +16,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import threading
 import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
 
-import ray
 import torch
 import torch.distributed as dist
 
@@ -32,16 +31,16 @@ from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import load_eagle
 from tlt_rt.models.loader import resolve_model_path
 from tlt_rt.rollout import Engine, SamplingParams
+from tlt_rt.train.cluster.comm import all_reduce_sum, node_address_and_port
 from tlt_rt.train.cluster.results import RolloutResult, Sample
 from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.tail import DrafterTraining, TailTrainer, tail_training_on
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
-from tlt_rt.train.rl.learner import Learner, MiniBatch, SamplingFilter
+from tlt_rt.train.rl.learner import Learner, LearnResult, MiniBatch, SamplingFilter
 from tlt_rt.train.rl.metrics import stats_delta
 from tlt_rt.train.rl.sd_explain import explain_policy
 
-BUCKET_BYTES = 64 << 20  # gradient all-reduce bucket
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens", "chat_template",
                    "generation_config")  # fmt: skip
 
@@ -86,7 +85,7 @@ class Worker:
             ref = load_target(c.model.path, dtype=c.model.dtype, device=self.device).requires_grad_(False)
         r = c.rollout
         self.sampling = sampling = SamplingFilter(r.temperature, r.top_k, r.top_p)
-        sync = self._all_reduce if world_size > 1 else None
+        sync = all_reduce_sum if world_size > 1 else None
         self.learner = Learner(self.model, c.rl, sampling, sync, ref)
         self.collects = True  # keeps (token, hidden) rows for the drafter and may train it in the tail
         self._stops: dict[int, threading.Event] = {}
@@ -109,10 +108,7 @@ class Worker:
 
     def group_address(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 to host the rendezvous."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return node_address_and_port()
 
     def form_group(self, addr: str, port: int, world_size: int) -> None:
         """(Re)create the gradient group; called on every worker at once, e.g. after a worker was replaced."""
@@ -126,24 +122,7 @@ class Worker:
             backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=world_size,
             timeout=timedelta(seconds=self.cfg.cluster.collective_timeout_s),
         )  # fmt: skip
-        self.learner.grad_sync = self._all_reduce
-
-    def _all_reduce(self, tensors: list[torch.Tensor]) -> None:
-        """Sum `tensors` over workers in place, in flat buckets of about BUCKET_BYTES."""
-        bucket: list[torch.Tensor] = []
-        size = 0
-        for t in [*tensors, None]:
-            if t is not None:
-                bucket.append(t)
-                size += t.numel() * t.element_size()
-            if bucket and (t is None or size >= BUCKET_BYTES):
-                flat = torch.cat([b.reshape(-1) for b in bucket])
-                dist.all_reduce(flat)
-                offset = 0
-                for b in bucket:
-                    b.copy_(flat[offset : offset + b.numel()].view_as(b))
-                    offset += b.numel()
-                bucket, size = [], 0
+        self.learner.grad_sync = all_reduce_sum
 
     # ----------------------------------------------------------------------------------- rollout
     def _maybe_fail(self, phase: str, step: int) -> None:
@@ -223,7 +202,7 @@ class Worker:
             tensors = [t for t in self.drafter.state_dict().values() if t.is_floating_point()]
             # scaled copies: if a peer dies mid-reduce, this replica is still whole
             shares = [t * (my_steps / total_steps) for t in tensors]
-            self._all_reduce(shares)
+            all_reduce_sum(shares)
             for t, s in zip(tensors, shares, strict=True):
                 t.copy_(s)
         if total_steps > 0:
@@ -237,13 +216,14 @@ class Worker:
                 d.refresh_head()
 
     # ----------------------------------------------------------------------------------- learner
-    def learn(self, step: int, minibatches: list[MiniBatch]) -> dict:
+    def learn(self, step: int, minibatches: list[MiniBatch]) -> LearnResult:
         self._maybe_fail("learn", step)
         if self.cfg.rl.recompute_logprobs:
             self.learner.recompute_logprobs([s for mb in minibatches for s in mb.samples])
         out = self.learner.update(minibatches)
         self._policy_updated()
-        return {**out, "rank": self.rank, "version": self.learner.version}
+        out.rank, out.version = self.rank, self.learner.version
+        return out
 
     def _policy_updated(self) -> None:
         for d in (self.drafter, self.serving_drafter):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tlt_rt.ir.tree import Candidates, build_tree
 from tlt_rt.models.drafter import Drafter
 
 
@@ -155,8 +156,6 @@ def tree_accepts(
     the tree is built exactly as the engine builds it (tlt_rt.ir.tree: topk children of the topk best
     frontier nodes per level, the best verify_tokens - 1 candidates kept by cumulative log-prob), and the
     step accepts the sample's own next tokens while they follow a path of that tree."""
-    from tlt_rt.ir.tree import Candidates, build_tree
-
     ids = s["ids"].to(target.lm_head.weight.device)
     n = ids.shape[0] - 1  # root rows 0 .. L-2
     kv, logits = _prefix_kv(target, ids)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from tlt_rt.codegen.kernels.sampling import filter_thresholds
 from tlt_rt.config import RLConfig
 from tlt_rt.train.rl.grpo import policy_loss, token_logprobs
 
@@ -45,6 +46,32 @@ class MiniBatch:
     samples: list[LearnSample]
     num_tokens: int
     num_seqs: int
+
+
+# the sums a worker's update adds up and the driver totals over workers
+SUMMED = ("loss", "tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum")
+
+
+@dataclass
+class LearnResult:
+    """One `learn` call on one worker: sums over its mini-batches, for the driver to total over workers."""
+
+    loss: float = 0.0
+    tokens: float = 0.0  # response tokens in the loss
+    clipped_low: float = 0.0
+    clipped_high: float = 0.0
+    ratio_sum: float = 0.0  # exp(new - old log-prob) summed over tokens
+    kl_sum: float = 0.0
+    grad_norm: float | None = None  # of the last optimizer step; None when the call had nothing to apply
+    optimizer_steps: float = 0.0
+    seconds: float = 0.0
+    rank: int = 0
+    version: int = 0  # the learner's version after the call
+
+    def add(self, other: LearnResult) -> None:
+        """Add `other`'s sums (SUMMED) to these."""
+        for k in SUMMED:
+            setattr(self, k, getattr(self, k) + getattr(other, k))
 
 
 @dataclass
@@ -116,8 +143,6 @@ class Learner:
         logits = model(ids).logits  # [B, T, V]
         keep = None
         if self.sampling.filtering:
-            from tlt_rt.codegen.kernels.sampling import filter_thresholds
-
             b = logits.shape[0]
             s = self.sampling
             thr = filter_thresholds(
@@ -140,11 +165,10 @@ class Learner:
                 s.old_logprobs = lp[i, p - 1 : p - 1 + len(s.response)].tolist()
 
     # ------------------------------------------------------------------------------------- update
-    def update(self, minibatches: list[MiniBatch]) -> dict[str, float]:
+    def update(self, minibatches: list[MiniBatch]) -> LearnResult:
         """One optimizer step per mini-batch; returns sums (loss, clip counts, ...) for the driver to total."""
         t0 = time.perf_counter()
-        totals = {"loss": 0.0, "tokens": 0.0, "clipped_low": 0.0, "clipped_high": 0.0, "ratio_sum": 0.0,
-                  "kl_sum": 0.0, "grad_norm": 0.0, "optimizer_steps": 0.0}  # fmt: skip
+        totals = LearnResult(grad_norm=0.0, version=self.version)
         was_training = self.model.training
         self.model.train()
         for p in self.params:  # a failed earlier attempt may have left partial sums
@@ -152,14 +176,15 @@ class Learner:
         try:
             for mb in minibatches:
                 self._accumulate(mb, totals)
-                totals["grad_norm"] = self._step()
-                totals["optimizer_steps"] += 1
+                totals.grad_norm = self._step()
+                totals.optimizer_steps += 1
         finally:
             self.model.train(was_training)
-        totals["seconds"] = time.perf_counter() - t0
+        totals.seconds = time.perf_counter() - t0
+        totals.version = self.version
         return totals
 
-    def _accumulate(self, mb: MiniBatch, totals: dict[str, float]) -> None:
+    def _accumulate(self, mb: MiniBatch, totals: LearnResult) -> None:
         for chunk in self._micro_batches(mb.samples):
             if not chunk:  # lockstep: join the collectives of the others' forward and backward
                 ids, targets, _, _ = pad_batch([self._dummy()], self.pad_id, self.device)
@@ -178,9 +203,9 @@ class Learner:
                 num_tokens=mb.num_tokens, num_seqs=mb.num_seqs,
             )  # fmt: skip
             loss.backward()
-            totals["loss"] += loss.item()
-            for k in ("tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum"):
-                totals[k] += getattr(st, k)
+            totals.loss += loss.item()
+            for k in SUMMED[1:]:  # the loss's own statistics; the loss itself is added above
+                setattr(totals, k, getattr(totals, k) + getattr(st, k))
 
     def _micro_batches(self, samples: list[LearnSample]) -> list[list[LearnSample]]:
         """This rank's micro-batches; in lockstep padded with empty ones to the most any rank has."""

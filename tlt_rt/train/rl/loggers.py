@@ -31,7 +31,7 @@ def _scalars(record: dict[str, Any]) -> dict[str, float]:
 
 class TensorBoardLogger:
     def __init__(self, folder: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # local: optional extra (tlt_rt[tensorboard])
 
         self._w = SummaryWriter(str(folder))
 
@@ -48,7 +48,7 @@ class WandbLogger:
     """One wandb run per tlt_rt run (its id from the run name, so a resumed run continues it)."""
 
     def __init__(self, run_dir: Path, name: str, project: str, mode: str) -> None:
-        import wandb
+        import wandb  # local: optional extra (tlt_rt[wandb])
 
         run_id = re.sub(r"[^A-Za-z0-9_-]", "-", name)[:64]
         self._run = wandb.init(project=project, name=name, id=run_id, dir=str(run_dir), mode=mode, resume="allow")

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tlt_rt.train.rl.loggers import TensorBoardLogger, check_loggers
+
 # the tail: fewer than a quarter of a worker's full batch (its sequences, or the engine's max_batch when
 # smaller) still running
 TAIL_FRACTION = 0.25
@@ -177,8 +179,6 @@ class MetricsWriter:
             _truncate_from(p, start_step)
         self.loggers = list(loggers or [])
         if tensorboard:
-            from tlt_rt.train.rl.loggers import TensorBoardLogger, check_loggers
-
             check_loggers(["tensorboard"])
             self.loggers.append(TensorBoardLogger(self.run_dir / "tb"))
 

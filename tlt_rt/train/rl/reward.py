@@ -143,7 +143,7 @@ RewardFn = Callable[[str, str], float]
 
 def math_verify_reward(text: str, answer: str) -> float:
     """1.0 when math-verify finds the completion's answer equal to the reference (LaTeX, fractions, sets...)."""
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # local: optional extra (tlt_rt[math])
 
     try:
         gold = parse(answer if "$" in answer or "\\" in answer else f"${answer}$")

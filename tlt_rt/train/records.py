@@ -1,0 +1,103 @@
+"""A step's metrics record, its per-worker timelines and its one-line summary for the console."""
+
+from __future__ import annotations
+
+from tlt_rt.train.cluster.results import StepRollout
+from tlt_rt.train.rl.learner import LearnResult
+from tlt_rt.train.rl.metrics import percentile, rollout_metrics, spot_metrics, worker_timeline
+
+
+def step_record(
+    step,
+    outcome,
+    rewards,
+    responses,
+    drop,
+    samples,
+    learn: list[LearnResult],
+    t0,
+    t_rollout,
+    t_end,
+    *,
+    kl: bool,
+    version: int,
+    restarts: int,
+) -> dict:
+    """The metrics record of one step, as `metrics.jsonl` holds it."""
+    lengths = [len(c[0]) for row in responses for c in row]
+    results = outcome.results
+    rollout_s = outcome.end - outcome.start
+    trainings = list(outcome.trainings.values()) + [res.tail for res in results if res.tail]
+    idle = sum(max(0.0, outcome.end - res.end) for res in results)
+    # preemption waits for the current drafter micro-step: how long that held the step up
+    overrun = max([t.end - outcome.end for t in outcome.trainings.values() if t.steps], default=0.0)
+    tokens = sum(x.tokens for x in learn)
+    rec = {
+        "step": step,
+        "reward_mean": float(rewards.mean()),
+        "accuracy": float((rewards >= 1.0).float().mean()),
+        "response_len_p50": percentile(lengths, 50),
+        "response_len_p90": percentile(lengths, 90),
+        "response_len_max": max(lengths) if lengths else 0,
+        "truncated_share": sum(c[2] == "length" for row in responses for c in row) / max(len(lengths), 1),
+        "groups_dropped": int(drop.sum()),
+        "samples_trained": len(samples),
+        **rollout_metrics(results, rollout_s),
+        **spot_metrics(trainings, idle),
+        "spot_overrun_seconds": max(0.0, overrun),
+        "learner_seconds": t_end - t_rollout,
+        "loss": sum(x.loss for x in learn) if learn else None,
+        "grad_norm": learn[0].grad_norm if learn else None,
+        "clip_low_share": sum(x.clipped_low for x in learn) / tokens if tokens else None,
+        "clip_high_share": sum(x.clipped_high for x in learn) / tokens if tokens else None,
+        # exp(new - old log-prob) averaged over tokens: 1 on the first mini-batch when the engine's
+        # log-probs are the policy's own
+        "ratio_mean": sum(x.ratio_sum for x in learn) / tokens if tokens else None,
+        "kl": sum(x.kl_sum for x in learn) / tokens if tokens and kl else None,
+        "policy_version": version,
+        "step_seconds": t_end - t0,
+        "worker_restarts": restarts,
+        "sd_policy": merge_sd_policy([res.sd_policy for res in results]),
+    }
+    return rec
+
+
+def timelines(outcome: StepRollout) -> dict[str, list]:
+    """Per worker, its rollout and drafter-training bars of the step, relative to the rollout's start."""
+    t0, end = outcome.start, outcome.end - outcome.start
+    out = {}
+    for res in outcome.results:
+        roll = {"start": res.start - t0, "end": res.end - t0, "timeline": res.timeline}
+        if res.tail and res.tail.steps:
+            roll["tail_training"] = [res.tail.start - t0, res.tail.end - t0]
+        tr = outcome.trainings.get(res.rank)
+        tr = {"steps": tr.steps, "start": tr.start - t0, "end": tr.end - t0} if tr and tr.steps else None
+        out[str(res.rank)] = worker_timeline(roll, tr, max(end, tr["end"] if tr else end))
+    return out
+
+
+def merge_sd_policy(parts: list[dict | None]) -> dict | None:
+    """The workers' SD policy readings in one: per batch bucket, the first worker's that decoded there."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    buckets: dict[str, dict] = {}
+    for p in parts:
+        for b, row in p["buckets"].items():
+            buckets.setdefault(b, row)
+    return {"mode": parts[0]["mode"], "buckets": dict(sorted(buckets.items(), key=lambda kv: int(kv[0])))}
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def summary_line(r: dict) -> str:
+    return (
+        f"reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "
+        f"{r['response_len_p50']:.0f}/{r['response_len_max']} | rollout {r['rollout_seconds']:.1f}s tail "
+        f"{r['tail_share']:.0%} SD {r['sd_share']:.0%} accept {_fmt(r['accept_length'], '.2f')} "
+        f"{r['tokens_per_second']:.0f} tok/s | drafter {r['spot_steps']} steps loss {_fmt(r['drafter_loss'], '.3f')} "
+        f"harvested {r['harvested_worker_seconds']:.1f}s | learner {r['learner_seconds']:.1f}s "
+        f"loss {_fmt(r['loss'], '.4f')}"
+    )
