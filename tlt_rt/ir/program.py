@@ -1,3 +1,5 @@
+# Over ~300 lines on purpose: the IR's one program type with its node, tensor signatures and the validation
+# that is the contract between the IR, codegen and the engine; split, that contract would be in pieces.
 """A speculative step as a program: DRAFT -> VERIFY -> ACCEPT -> COMMIT.
 
 One node type (`Node`: an `Op` plus attributes, edited through `replace`) in a straight-line

@@ -1,3 +1,5 @@
+# Over ~300 lines on purpose: the drafter module and the packed attention its training forward needs stay
+# together, laid out with the names serving engines load (EAGLE's state dict).
 """The one-layer EAGLE-style drafter, laid out as serving engines load an EAGLE(-2) draft model.
 
     feature f_t    = target.norm(h_t)                       # the target's final-norm output (EAGLE's "feature")

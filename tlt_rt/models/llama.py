@@ -1,3 +1,5 @@
+# Over ~300 lines on purpose: one model tree whose parameter names are HF's, with the glue (fused
+# projections, compiled inference linears) its two forwards run through; split, the names would be spread out.
 """Our torch implementation of the Llama family (Llama 2/3, Qwen2/2.5, SmolLM2) with grouped-query attention.
 
 Two forwards share the same weights:

@@ -1,3 +1,5 @@
+# Over ~300 lines on purpose: one request front, the asyncio side and the worker thread it hands steps to,
+# whose hand-offs (kick, step, collect, finish) read best in one place.
 """A per-request front of the engine: one persistent scheduler that requests join and leave at any step.
 
     aeng = AsyncEngine(engine)

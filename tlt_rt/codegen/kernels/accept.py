@@ -1,3 +1,5 @@
+# Over ~300 lines on purpose: one kernel family, the Triton kernel with its launcher (input checks, filtering
+# choice) and the torch reference its tests compare against, read side by side.
 """Tree acceptance for speculative decoding: walk the verified draft tree, greedy or exact sampling.
 
 B sequences, T tree nodes, D = max depth, V vocab. logits [B, T, V]: row i is the target's prediction of

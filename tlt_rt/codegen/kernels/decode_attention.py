@@ -1,3 +1,5 @@
+# Over ~300 lines on purpose: one kernel family, the split-K kernel, its combine kernel, the split-size
+# heuristics and the launcher, which the other attention kernels import from here.
 """Paged decode attention: one new query token per sequence over its paged KV cache, split-K.
 
 For sequence b, query head h (KV head kv = h // group) and its L = seq_lens[b] cached positions
