@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from tlt_rt.config import ConfigError, TLTConfig, dump_yaml
 from tlt_rt.models.default import load_tokenizer
+from tlt_rt.train import heldout
 from tlt_rt.train.batching import build_minibatches, share_seed, split_even
 from tlt_rt.train.cluster import placement
 from tlt_rt.train.cluster.coordinator import Coordinator
@@ -58,7 +59,7 @@ def init_ray(cfg: TLTConfig) -> bool:
 def make_source(cfg: TLTConfig) -> PromptSource:
     t = cfg.task
     if t.kind == "arithmetic":
-        task = ArithmeticTask(t.digits, t.num_ops, t.word_problems, t.seed)
+        task = ArithmeticTask(t.digits, t.num_ops, t.word_problems, t.seed, ops=t.ops)
         return PromptSource(task, cfg.rl.prompts_per_step, seed=t.seed)
     problems = load_dataset_file(t.path, t.question_field, t.answer_field)
     return PromptSource(problems, cfg.rl.prompts_per_step, seed=t.seed)
@@ -110,6 +111,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.source = make_source(cfg)
         self.reward_fn = resolve_reward(cfg.task.reward)
+        self.held_out = heldout.held_out_problems(cfg)
         (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
         self.start_step, state = 0, None
         if last is not None:
@@ -153,6 +155,7 @@ class Trainer:
     # --------------------------------------------------------------------------------------- a step
     def step(self, step: int) -> dict:
         cfg, pool = self.cfg, self.pool
+        before = self._evaluate(step) if heldout.due(cfg, step) else {}
         t0 = time.time()
         problems = self.source.next_batch()
         prompts = [format_prompt(p, self.tokenizer, instruction=cfg.task.instruction or None) for p in problems]
@@ -195,8 +198,17 @@ class Trainer:
         t_end = time.time()
         record = step_record(step, outcome, rewards, responses, drop, samples, learn, t0, t_rollout, t_end,
                              kl=bool(cfg.rl.kl_coef), version=pool.version, restarts=pool.restarts)  # fmt: skip
+        if cfg.logging.accept_ceiling and cfg.rollout.speculative != "off":
+            record.update(heldout.accept_ceiling(pool, record["strategy_use"]))
+        record.update(before)
+        if self.held_out and step + 1 == cfg.rl.steps:  # the trained policy, after the last update
+            record.update({f"{k}_end": v for k, v in self._evaluate(step).items()})
         self.metrics.write(record, timelines(outcome))
         return record
+
+    def _evaluate(self, step: int) -> dict:
+        self.progress.begin(step, "held-out evaluation")
+        return heldout.evaluate(self.pool, self.tokenizer, self.held_out, self.cfg, self._reward)
 
     def _reward(self, text: str, answer: str) -> float:
         try:

@@ -38,7 +38,9 @@ def step_record(
         "accuracy": float((rewards >= 1.0).float().mean()),
         "response_len_p50": percentile(lengths, 50),
         "response_len_p90": percentile(lengths, 90),
+        "response_len_p99": percentile(lengths, 99),
         "response_len_max": max(lengths) if lengths else 0,
+        "response_lengths": lengths,  # the step's length histogram (report.py, e2e plots)
         "truncated_share": sum(c[2] == "length" for row in responses for c in row) / max(len(lengths), 1),
         "groups_dropped": int(drop.sum()),
         "samples_trained": len(samples),
@@ -93,11 +95,13 @@ def _fmt(v, spec: str) -> str:
 
 
 def summary_line(r: dict) -> str:
+    ceiling = f" of {r['accept_ceiling']:.2f} ceiling" if r.get("accept_ceiling") is not None else ""
+    held = f" | held-out acc {r['heldout_accuracy']:.2f}" if r.get("heldout_accuracy") is not None else ""
     return (
         f"reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "
         f"{r['response_len_p50']:.0f}/{r['response_len_max']} | rollout {r['rollout_seconds']:.1f}s tail "
-        f"{r['tail_share']:.0%} SD {r['sd_share']:.0%} accept {_fmt(r['accept_length'], '.2f')} "
+        f"{r['tail_share']:.0%} SD {r['sd_share']:.0%} accept {_fmt(r['accept_length'], '.2f')}{ceiling} "
         f"{r['tokens_per_second']:.0f} tok/s | drafter {r['spot_steps']} steps loss {_fmt(r['drafter_loss'], '.3f')} "
         f"harvested {r['harvested_worker_seconds']:.1f}s | learner {r['learner_seconds']:.1f}s "
-        f"loss {_fmt(r['loss'], '.4f')}"
+        f"loss {_fmt(r['loss'], '.4f')}{held}"
     )

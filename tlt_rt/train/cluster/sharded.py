@@ -38,7 +38,7 @@ from tlt_rt.rollout import Engine
 from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine
 from tlt_rt.train.cluster.comm import all_reduce_sum
 from tlt_rt.train.cluster.fsdp import full_state_for_engine, iter_full_state, reshard_for_tp, shard_learner
-from tlt_rt.train.cluster.results import RolloutResult
+from tlt_rt.train.cluster.results import RolloutResult, Sample
 from tlt_rt.train.cluster.worker import Worker, copy_tokenizer_files
 from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
 from tlt_rt.train.rl.learner import Learner, LearnResult, MiniBatch
@@ -114,6 +114,12 @@ class ShardedWorker(Worker):
         refs = [p.rollout.remote(step, prompts, params) for p in self.peers]
         out = super().rollout(step, prompts, params)
         ray.get(refs)  # surfaces a peer's failure; its tokens are rank 0's
+        return out
+
+    def evaluate(self, prompts: list[list[int]], params: dict) -> list[Sample]:
+        refs = [p.evaluate.remote(prompts, params) for p in self.peers]
+        out = super().evaluate(prompts, params)
+        ray.get(refs)
         return out
 
     def learn(self, step: int, minibatches: list[MiniBatch]) -> LearnResult:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from tlt_rt.config import TLTConfig, from_dict
+from tlt_rt.ir.strategy import Strategy
 from tlt_rt.models import load_target, save_target
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import load_eagle
@@ -34,6 +35,7 @@ from tlt_rt.rollout import Engine, SamplingParams
 from tlt_rt.train.cluster.comm import all_reduce_sum, node_address_and_port
 from tlt_rt.train.cluster.results import RolloutResult, Sample
 from tlt_rt.train.drafter.data import DrafterBuffer
+from tlt_rt.train.drafter.eval import oracle_counts
 from tlt_rt.train.drafter.tail import DrafterTraining, TailTrainer, tail_training_on
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
@@ -66,6 +68,7 @@ class Worker:
         self.model = load_target(policy_path or c.model.path, dtype=c.model.dtype, device=self.device)
         dtype = self.model.lm_head.weight.dtype
         heads = self._drafter_target()  # what the drafters take embedding, final norm and LM head from
+        self.heads = heads
         if c.drafter.path:
             serving = load_eagle(c.drafter.path, heads)
         else:
@@ -88,6 +91,7 @@ class Worker:
         sync = all_reduce_sum if world_size > 1 else None
         self.learner = Learner(self.model, c.rl, sampling, sync, ref)
         self.collects = True  # keeps (token, hidden) rows for the drafter and may train it in the tail
+        self._answers: list[dict] = []  # the last rollout's answers, for accept_ceiling
         self._stops: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
 
@@ -165,12 +169,40 @@ class Worker:
             # hidden has one row per position the target processed: the prompt and every token but the last
             ids = [torch.tensor(prompts[o.prompt_index] + o.token_ids[:-1]) for o in outs]
             self.buffer.add(step, ids, [o.hidden for o in outs])
+            if self.cfg.logging.accept_ceiling:
+                self._answers = [dict(ids=i, hidden=o.hidden, prompt_len=len(prompts[o.prompt_index]))
+                                 for i, o in zip(ids, outs, strict=True)]  # fmt: skip
         if tail_stats is not None:
             self._push_drafter()
         samples = [Sample(o.prompt_index, o.sample_index, o.token_ids, o.logprobs, o.finish_reason) for o in outs]
         stats = stats_delta(self.engine.stats(), before)
         sd_policy = explain_policy(getattr(self.engine, "policy", None), timeline)
         return RolloutResult(self.rank, samples, timeline, stats, sd_policy, start, end, n_seqs, capacity, tail_stats)
+
+    @torch.no_grad()
+    def accept_ceiling(self) -> dict[str, tuple[int, int]]:
+        """Per strategy, (tokens, steps) a perfect drafter would give on the last rollout's answers
+        (`oracle_counts`: each step accepts the sampled tokens while they lie in the target's top-k, at most
+        `depth` of them); {} when that rollout kept no hidden states. Called after the step, outside its timing."""
+        answers, self._answers = self._answers, []
+        if not answers:
+            return {}
+        temperature = self.cfg.rollout.temperature
+        out = {}
+        for text in self.cfg.rollout.strategies:
+            s = Strategy.parse(text)
+            out[text] = oracle_counts(self.heads, answers, temperature, s.topk, s.depth)
+        return out
+
+    def evaluate(self, prompts: list[list[int]], params: dict) -> list[Sample]:
+        """Answer held-out prompts with the current policy. Nothing is kept for the drafter, and the engine's
+        steps for them are left out of every RL step's timeline."""
+        if not prompts:
+            return []
+        n0 = len(self.engine.timeline)
+        outs = self.engine.generate(prompts, SamplingParams(**params))
+        del self.engine.timeline[n0:]
+        return [Sample(o.prompt_index, o.sample_index, o.token_ids, o.logprobs, o.finish_reason) for o in outs]
 
     # ------------------------------------------------------------------------- drafter training
     def _stop_event(self, epoch: int) -> threading.Event:

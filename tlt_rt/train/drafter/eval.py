@@ -20,20 +20,27 @@ from tlt_rt.models.drafter import Drafter
 def oracle_steps(target, samples: list[dict], temperature: float, topk: int, depth: int) -> float:
     """Tokens per step a perfect drafter would give: the step accepts the sampled tokens while each lies in
     the target's top-k at its position (at most `depth`), plus one."""
+    emitted, steps = oracle_counts(target, samples, temperature, topk, depth)
+    return emitted / max(steps, 1)
+
+
+def oracle_counts(target, samples: list[dict], temperature: float, topk: int, depth: int) -> tuple[int, int]:
+    """(tokens emitted, steps taken) of `oracle_steps`, so that several workers' answers add up."""
     emitted = steps = 0
     for s in samples:
         logits = F.linear(target.model.norm(s["hidden"]), target.lm_head.weight)
         if temperature > 0:
             logits = logits / temperature
         top = logits.topk(topk, -1).indices  # row t predicts x_{t+1}
-        hit = (top[:-1] == s["ids"][1:, None]).any(-1).tolist()  # hit[t]: x_{t+1} in top-k
+        ids = s["ids"].to(top.device)
+        hit = (top[:-1] == ids[1:, None]).any(-1).tolist()  # hit[t]: x_{t+1} in top-k
         t = s["prompt_len"] - 1  # the first draft: root x_P
         while t < len(hit):
             a = 0
             while a < depth and t + a < len(hit) and hit[t + a]:
                 a += 1
             emitted, steps, t = emitted + a + 1, steps + 1, t + a + 1
-    return emitted / max(steps, 1)
+    return emitted, steps
 
 
 @torch.no_grad()

@@ -22,10 +22,19 @@ class TaskConfig:
         "'jsonl' / 'parquet' read question/answer records from `path`.",
     )
     path: str | None = option(None, help="Dataset file; required when kind is jsonl or parquet.")
+    eval_path: str | None = option(
+        None,
+        help="jsonl/parquet: held-out records for `logging.eval_every` (same fields as `path`). Arithmetic tasks "
+        "hold out problems of another seed and need no file.",
+    )
     digits: int = option(2, help="Arithmetic: digits per operand; more digits = harder problems.")
     num_ops: int = option(2, help="Arithmetic: operators per problem (2 means three operands).")
     word_problems: bool = option(
         True, help="Arithmetic: phrase problems in words rather than bare expressions (longer reasoning)."
+    )
+    ops: list[str] = option(
+        ["+", "-", "*", "/"],
+        help="Arithmetic: the operators problems draw from (division appears only where it divides exactly).",
     )
     seed: int = option(0, help="Seed for generating and shuffling prompts, so runs see the same data.")
     question_field: str = option(
@@ -58,6 +67,8 @@ class TaskConfig:
             check(bool(self.path), "path", f"is required when kind is {self.kind!r}")
         check_min(self, "digits", 1)
         check_min(self, "num_ops", 1)
+        bad = [op for op in self.ops if op not in ("+", "-", "*", "/")]
+        check(bool(self.ops) and not bad, "ops", f"must be a non-empty subset of + - * /, got {self.ops}")
         check(bool(self.question_field), "question_field", "must not be empty")
         check(bool(self.answer_field), "answer_field", "must not be empty")
         check(
@@ -155,6 +166,24 @@ class LoggingConfig:
     wandb_mode: Literal["offline", "online"] = option(
         "offline", help="wandb mode: 'offline' writes under RUN/wandb (wandb sync uploads later); 'online' uploads."
     )
+    eval_every: int = option(
+        0,
+        help="RL steps between held-out evaluations (at step 0 and every N steps after, and after the last); "
+        "0 = none. Their time is logged apart (eval_seconds) and is not part of step_seconds.",
+    )
+    eval_prompts: int = option(64, help="Held-out prompts per evaluation, one answer each.")
+    eval_temperature: float = option(
+        0.0, help="Sampling temperature of held-out answers; 0 = greedy (the usual held-out accuracy)."
+    )
+    eval_max_new_tokens: int | None = option(
+        None, help="Token limit of held-out answers; null = rollout.max_new_tokens."
+    )
+    accept_ceiling: bool = option(
+        True,
+        help="With speculation on, log each step's perfect-drafter ceiling of accept length per strategy "
+        "(accept_ceiling): the tokens per step a drafter that always proposed the target's top-k would get on "
+        "the step's own answers. Accept length is judged against it.",
+    )
     progress_every_s: float = option(
         30.0,
         help="Seconds between plain progress lines (step k of N, time left) while a step runs; they also reach "
@@ -165,3 +194,8 @@ class LoggingConfig:
         check("jsonl" in self.loggers, "loggers", "must include jsonl: resume and the report read metrics.jsonl")
         check(len(set(self.loggers)) == len(self.loggers), "loggers", "has duplicates")
         check_min(self, "progress_every_s", 0.0)
+        check_min(self, "eval_every", 0)
+        check_min(self, "eval_prompts", 1)
+        check_min(self, "eval_temperature", 0.0)
+        if self.eval_max_new_tokens is not None:
+            check_min(self, "eval_max_new_tokens", 1)
