@@ -1,36 +1,95 @@
 import json
+import math
 
 import pytest
 
-from tlt_rt.compare import main, run_means, write_compare
+from tlt_rt.compare import agreement, bucket_table, main, run_means, speedup, write_compare
+from tlt_rt.report import main as report_main
 
 
-def _write_run(folder, step_seconds, rewards):
+def _write_run(folder, step_seconds, rewards, **per_step):
     folder.mkdir()
     with open(folder / "metrics.jsonl", "w") as f:
         for i, (s, r) in enumerate(zip(step_seconds, rewards, strict=True)):
-            f.write(json.dumps({"step": i, "step_seconds": s, "rollout_seconds": s / 2, "reward_mean": r}) + "\n")
+            rec = {"step": i, "step_seconds": s, "rollout_seconds": s / 2, "reward_mean": r}
+            rec.update({k: v[i] for k, v in per_step.items() if v[i] is not None})
+            f.write(json.dumps(rec) + "\n")
 
 
-def test_means_leave_out_step_zero_and_speedup_is_against_the_first_run(tmp_path):
+def _rows(text):
+    return {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+
+
+def test_means_leave_out_warmup_steps_and_speedup_is_against_the_first_run(tmp_path):
     _write_run(tmp_path / "off", [30.0, 10.0, 12.0], [0.1, 0.2, 0.3])
     _write_run(tmp_path / "auto", [40.0, 5.0, 6.0], [0.1, 0.25, 0.3])
     assert run_means([{"step": 0, "step_seconds": 9.0}])["step_seconds"] == 9.0  # a single step is kept
-    path = write_compare([tmp_path / "off", tmp_path / "auto"], tmp_path / "cmp")
-    text = path.read_text()
-    rows = {
-        line.split("|")[1].strip(): line
-        for line in text.splitlines()
-        if line.startswith("| off") or line.startswith("| auto")
-    }
-    assert "| 11.00 |" in rows["off"] and rows["off"].endswith("| 1.00x |")
-    assert "| 5.50 |" in rows["auto"] and rows["auto"].endswith("| 2.00x |")  # 11.0 / 5.5
+    rows = _rows(write_compare([tmp_path / "off", tmp_path / "auto"], tmp_path / "cmp").read_text())
+    assert "| 11.00 |" in rows["off"] and "| 1.00x ± " in rows["off"]
+    assert "| 5.50 |" in rows["auto"] and "| 2.00x ± " in rows["auto"]  # 11.0 / 5.5
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000
+    # warmup=0 counts every step
+    rows = _rows(write_compare([tmp_path / "off", tmp_path / "auto"], tmp_path / "cmp0", warmup=0).read_text())
+    assert "| 17.33 |" in rows["off"] and "| 17.00 |" in rows["auto"]
+
+
+def test_speedup_standard_error_by_the_delta_method():
+    base = [{"step": i, "step_seconds": s} for i, s in enumerate([9.0, 10.0, 12.0, 14.0])]
+    run = [{"step": i, "step_seconds": s} for i, s in enumerate([9.0, 5.0, 6.0, 7.0])]
+    ratio, se = speedup(base, run, warmup=1)
+    assert ratio == pytest.approx(12.0 / 6.0)
+    se_a, se_b = 2.0 / math.sqrt(3), 1.0 / math.sqrt(3)  # stdev 2 and 1 over three steps
+    assert se == pytest.approx(2.0 * math.hypot(se_a / 12.0, se_b / 6.0))
+    assert speedup(base, [{"step": 0}], warmup=1) is None
+
+
+def test_agreement_pairs_rewards_by_step_and_judges_held_out_by_binomial_noise():
+    base = [{"step": i, "reward_mean": r} for i, r in enumerate([0.2, 0.3, 0.4, 0.5])]
+    same = [{"step": i, "reward_mean": r} for i, r in enumerate([0.22, 0.29, 0.41, 0.49])]
+    lines = agreement(base, same)
+    assert len(lines) == 1 and "paired over 4 steps" in lines[0] and "within noise" in lines[0]
+    worse = [{"step": i, "reward_mean": r - 0.1 + 0.001 * i} for i, r in enumerate([0.2, 0.3, 0.4, 0.5])]
+    assert "OUTSIDE" in agreement(base, worse)[0]
+    base[-1].update(heldout_accuracy_end=0.40, heldout_n_end=100)
+    same[-1].update(heldout_accuracy_end=0.45, heldout_n_end=100)
+    held = agreement(base, same)[1]
+    assert "baseline 0.400 (n=100), run 0.450 (n=100)" in held and "within noise" in held
+    same[-1].update(heldout_accuracy_end=0.70)
+    assert "OUTSIDE" in agreement(base, same)[1]
+
+
+def test_bucket_table_sums_measured_steps_per_batch_size():
+    def rec(step, sd_s):
+        return {"step": step, "batch_buckets": {"1": dict(decode_s=1.0, sd_s=sd_s, decode_tokens=100, sd_tokens=60,
+                                                          sd_rows=20 if sd_s else 0)}}  # fmt: skip
+
+    runs = {"off": [rec(0, 0.0), rec(1, 0.0)], "auto": [rec(0, 9.0), rec(1, 1.0)]}
+    table = bucket_table(runs, warmup=1)
+    # off: 1 s, 100 tokens (+60 counted by the record) -> 160 tok/s; auto: 2 s, 50% SD, accept 60/20
+    assert table[2] == "| 1 | 1.0 | 160 | 0% | - | 2.0 | 80 | 50% | 3.00 |"
+    assert bucket_table({"a": [{"step": 0}], "b": [{"step": 0}]}) == []
+
+
+def test_report_with_two_runs_writes_the_comparison(tmp_path, capsys):
+    lengths = [[10, 12, 200, 11], [9, 30, 15, 12], [20, 22, 21, 400]]
+    _write_run(tmp_path / "off", [3.0, 2.0, 2.2], [0.1, 0.2, 0.3], response_lengths=lengths,
+               heldout_accuracy=[0.1, None, 0.2], heldout_n=[50, None, 50])  # fmt: skip
+    _write_run(tmp_path / "auto", [3.0, 1.5, 1.4], [0.1, 0.2, 0.3], response_lengths=lengths,
+               accept_length=[1.5, 1.8, 1.9], accept_ceiling=[2.5, 2.6, 2.6], heldout_accuracy=[0.1, None, 0.22],
+               heldout_n=[50, None, 50])  # fmt: skip
+    assert report_main([str(tmp_path / "off"), str(tmp_path / "auto")]) == 0
+    text = capsys.readouterr().out
+    assert "Learning, auto against off" in text and "response lengths of the first 3 steps" in text
+    assert (tmp_path / "auto" / "report" / "compare-off" / "compare.png").is_file()
+    assert "| 2.60 |" in _rows(text)["auto"]  # the ceiling column
 
 
 def test_bad_input_is_a_clear_error(tmp_path, capsys):
     _write_run(tmp_path / "a", [1.0], [0.0])
     with pytest.raises(ValueError, match="at least two"):
         write_compare([tmp_path / "a"], tmp_path / "o")
+    with pytest.raises(ValueError, match="warmup"):
+        write_compare([tmp_path / "a", tmp_path / "a"], tmp_path / "o", warmup=-1)
     assert main([str(tmp_path / "a"), str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+    assert report_main([str(tmp_path / "a"), str(tmp_path / "missing")]) == 2

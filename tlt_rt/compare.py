@@ -1,20 +1,27 @@
 """`python -m tlt_rt.compare RUN_DIR [RUN_DIR ...] --out DIR`: runs side by side.
 
 For runs of the same config and seed that differ in one setting (typically SD auto + spot drafter training
-against SD off), writes DIR/compare.md (per-run means of the step-time breakdown, speedup over the first
-run) and DIR/compare.png (reward, step time and rollout time per step, one line per run), so a speedup
-and "the learning is unchanged" can be read from one page. Step 0 is left out of the means when a run has
-more than one step (it carries start-up work: first captures, first compiles).
+against SD off), writes DIR/compare.md and DIR/compare.png so that a speedup and "the learning is unchanged"
+read from one page:
+- per run, the means of the step-time breakdown over the steps after `--warmup` (they carry start-up work:
+  first captures, first compiles), and the speedup over the first run with its standard error;
+- whether the learning agrees: per-step reward differences paired by step (same prompts), and the held-out
+  accuracy with its binomial standard error;
+- where the rollout's time goes per batch size (power-of-two buckets): seconds, tokens per second, SD share
+  and accept length beside the perfect-drafter ceiling;
+- the response-length histogram of the first steps (the tail the rollout waits for).
+`python -m tlt_rt.report RUN_A RUN_B` writes the same page.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
 
-from tlt_rt.train.rl.metrics import read_jsonl
+from tlt_rt.train.rl.metrics import percentile, read_jsonl
 
 # (metrics key, column heading, format)
 COLUMNS = (
@@ -24,11 +31,13 @@ COLUMNS = (
     ("learner_seconds", "learner s", ".2f"),
     ("sd_share", "SD share", ".0%"),
     ("accept_length", "accept", ".2f"),
+    ("accept_ceiling", "ceiling", ".2f"),
     ("spot_steps", "spot steps", ".1f"),
     ("harvested_worker_seconds", "harvested s", ".1f"),
     ("tokens_per_second", "tok/s", ".0f"),
     ("reward_mean", "reward", ".3f"),
 )
+HIST_STEPS = 3  # the length histogram pools the first steps, before the policy has moved much
 
 
 def load_run(run_dir: str | Path) -> list[dict]:
@@ -41,62 +50,219 @@ def load_run(run_dir: str | Path) -> list[dict]:
     return records
 
 
-def run_means(records: list[dict]) -> dict[str, float | None]:
-    """Mean of each column over the run's steps (step 0 dropped when there are others)."""
-    rows = records[1:] if len(records) > 1 else records
+def measured(records: list[dict], warmup: int = 1) -> list[dict]:
+    """The steps that count for timing: those after the first `warmup`, or all when there are no more."""
+    return records[warmup:] if len(records) > warmup else records
+
+
+def _values(records: list[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in records if isinstance(r.get(key), int | float)]
+
+
+def run_means(records: list[dict], warmup: int = 1) -> dict[str, float | None]:
+    """Mean of each column over the run's measured steps."""
+    rows = measured(records, warmup)
     out: dict[str, float | None] = {}
     for key, _, _ in COLUMNS:
-        vals = [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
+        vals = _values(rows, key)
         out[key] = statistics.fmean(vals) if vals else None
     return out
 
 
-def compare_table(runs: dict[str, list[dict]]) -> list[str]:
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and its standard error (0 for fewer than two values)."""
+    m = statistics.fmean(values)
+    return m, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0)
+
+
+def speedup(base: list[dict], run: list[dict], warmup: int = 1) -> tuple[float, float] | None:
+    """Mean base step time over mean run step time, and its standard error (delta method over the two
+    means' standard errors); None without step times."""
+    a, b = _values(measured(base, warmup), "step_seconds"), _values(measured(run, warmup), "step_seconds")
+    if not a or not b:
+        return None
+    (ma, sa), (mb, sb) = mean_se(a), mean_se(b)
+    if mb <= 0:
+        return None
+    ratio = ma / mb
+    return ratio, ratio * math.hypot(sa / ma if ma else 0.0, sb / mb)
+
+
+def compare_table(runs: dict[str, list[dict]], warmup: int = 1) -> list[str]:
     names = list(runs)
-    means = {n: run_means(runs[n]) for n in names}
-    base = means[names[0]]["step_seconds"]
+    base = runs[names[0]]
     head = "| run | steps | " + " | ".join(h for _, h, _ in COLUMNS) + " | speedup |"
     md = [head, "|---|---:|" + "---:|" * (len(COLUMNS) + 1)]
     for n in names:
-        m = means[n]
+        m = run_means(runs[n], warmup)
         cells = [("-" if m[k] is None else format(m[k], f)) for k, _, f in COLUMNS]
-        speed = "-" if not (base and m["step_seconds"]) else f"{base / m['step_seconds']:.2f}x"
+        sp = speedup(base, runs[n], warmup)
+        speed = "-" if sp is None else f"{sp[0]:.2f}x ± {sp[1]:.2f}"
         md.append(f"| {n} | {len(runs[n])} | " + " | ".join(cells) + f" | {speed} |")
     return md
 
 
-def plot_compare(runs: dict[str, list[dict]], path: Path) -> None:
+def _last_heldout(records: list[dict]) -> tuple[float, int] | None:
+    for r in reversed(records):
+        for acc, n in (("heldout_accuracy_end", "heldout_n_end"), ("heldout_accuracy", "heldout_n")):
+            if isinstance(r.get(acc), int | float):
+                return float(r[acc]), int(r.get(n) or 0)
+    return None
+
+
+def agreement(base: list[dict], run: list[dict]) -> list[str]:
+    """Whether `run` learned as `base` did, within the noise: reward paired by step (both runs see the same
+    prompts each step), and the last held-out accuracy of each with its binomial standard error."""
+    lines = []
+    rb = {r["step"]: r["reward_mean"] for r in base if isinstance(r.get("reward_mean"), int | float)}
+    diffs = [r["reward_mean"] - rb[r["step"]] for r in run if r["step"] in rb and "reward_mean" in r]
+    if len(diffs) > 1:
+        d, se = mean_se(diffs)
+        verdict = "within noise" if abs(d) <= 2 * se else "OUTSIDE the noise"
+        lines.append(f"- reward, run - baseline, paired over {len(diffs)} steps: {d:+.3f} ± {2 * se:.3f} "
+                     f"(2 standard errors): {verdict}")  # fmt: skip
+    ha, hb = _last_heldout(base), _last_heldout(run)
+    if ha and hb and ha[1] and hb[1]:
+        sa, sb = (math.sqrt(p * (1 - p) / n) for p, n in (ha, hb))
+        gap, noise = hb[0] - ha[0], 2 * math.hypot(sa, sb)
+        verdict = "within noise" if abs(gap) <= noise else "OUTSIDE the noise"
+        lines.append(f"- last held-out accuracy: baseline {ha[0]:.3f} (n={ha[1]}), run {hb[0]:.3f} (n={hb[1]}); "
+                     f"gap {gap:+.3f} against ± {noise:.3f} (2 binomial standard errors): {verdict}")  # fmt: skip
+    return lines
+
+
+def buckets(records: list[dict]) -> dict[int, dict[str, float]]:
+    """Per batch bucket, the run's decode and SD seconds and tokens summed over `records`."""
+    out: dict[int, dict[str, float]] = {}
+    for r in records:
+        for b, row in (r.get("batch_buckets") or {}).items():
+            acc = out.setdefault(int(b), {})
+            for k, v in row.items():
+                acc[k] = acc.get(k, 0.0) + v
+    return dict(sorted(out.items()))
+
+
+def bucket_table(runs: dict[str, list[dict]], warmup: int = 1) -> list[str]:
+    """Where the rollout's time goes per batch size: each run's seconds and tokens per second per bucket, SD
+    share and accept length where it speculated, and the bucket's speedup over the first run (tok/s ratio)."""
+    per = {n: buckets(measured(r, warmup)) for n, r in runs.items()}
+    all_b = sorted({b for p in per.values() for b in p})
+    if not all_b:
+        return []
+    names = list(runs)
+    head = "| batch | " + " | ".join(f"{n} s | {n} tok/s | {n} SD | {n} accept" for n in names) + " |"
+    md = [head, "|---:|" + "---:|---:|---:|---:|" * len(names)]
+    for b in all_b:
+        cells = []
+        for n in names:
+            row = per[n].get(b)
+            if not row:
+                cells += ["-"] * 4
+                continue
+            secs = row["decode_s"] + row["sd_s"]
+            toks = row["decode_tokens"] + row["sd_tokens"]
+            rate, share = (f"{toks / secs:.0f}", f"{row['sd_s'] / secs:.0%}") if secs else ("-", "-")
+            accept = f"{row['sd_tokens'] / row['sd_rows']:.2f}" if row["sd_rows"] else "-"
+            cells += [f"{secs:.1f}", rate, share, accept]
+        md.append(f"| {b} | " + " | ".join(cells) + " |")
+    return md
+
+
+def first_lengths(records: list[dict]) -> list[int]:
+    return [n for r in records[:HIST_STEPS] for n in r.get("response_lengths", [])]
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def plot_compare(runs: dict[str, list[dict]], path: Path, warmup: int = 1) -> None:
     # local: matplotlib is slow to import and its backend must be chosen before pyplot; only a plot needs it
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = (("reward_mean", "reward mean"), ("step_seconds", "step seconds"), ("rollout_seconds", "rollout seconds"))
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4))
-    for ax, (key, label) in zip(axes, keys, strict=True):
+    fig, axes = plt.subplots(2, 3, figsize=(13.5, 7.2))
+    series = (("reward_mean", "reward mean per step"), ("heldout_accuracy", "held-out accuracy"),
+              ("step_seconds", "step seconds"))  # fmt: skip
+    for ax, (key, title) in zip(axes[0], series, strict=True):
         for n, records in runs.items():
-            pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), int | float)]
+            pts = [(r["step"] + 1, r[key]) for r in records if isinstance(r.get(key), int | float)]
+            if key == "heldout_accuracy" and isinstance(records[-1].get("heldout_accuracy_end"), int | float):
+                pts.append((records[-1]["step"] + 2, records[-1]["heldout_accuracy_end"]))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, label=n)
-        ax.set_title(label, fontsize=9)
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("RL step")
-        ax.legend(fontsize=7)
+        _legend(ax)
+    ax = axes[1][0]
+    for n, records in runs.items():
+        pts = [(r["step"] + 1, r["accept_length"], r.get("accept_ceiling")) for r in records
+               if isinstance(r.get("accept_length"), int | float)]  # fmt: skip
+        if pts:
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, label=f"{n} accept")
+            ceil = [(p[0], p[2]) for p in pts if p[2] is not None]
+            ax.plot([c[0] for c in ceil], [c[1] for c in ceil], "--", color=line.get_color(), label=f"{n} ceiling")
+    ax.set_title("accept length and perfect-drafter ceiling", fontsize=9)
+    ax.set_xlabel("RL step")
+    _legend(ax)
+    ax = axes[1][1]
+    per = {n: buckets(measured(r, warmup)) for n, r in runs.items()}
+    all_b = sorted({b for p in per.values() for b in p})
+    width = 0.8 / max(len(runs), 1)
+    for i, (n, rows) in enumerate(per.items()):
+        secs = [rows[b]["decode_s"] + rows[b]["sd_s"] if b in rows else 0.0 for b in all_b]
+        ax.bar([x + i * width for x in range(len(all_b))], secs, width, label=n)
+    ax.set_xticks([x + width * (len(runs) - 1) / 2 for x in range(len(all_b))], [str(b) for b in all_b])
+    ax.set_title("rollout seconds per batch size (measured steps)", fontsize=9)
+    ax.set_xlabel("running sequences (bucket)")
+    _legend(ax)
+    ax = axes[1][2]
+    for n, records in runs.items():
+        lengths = first_lengths(records)
+        if lengths:
+            ax.hist(lengths, bins=40, alpha=0.5, label=n)
+    ax.set_title(f"response lengths, first {HIST_STEPS} steps", fontsize=9)
+    ax.set_xlabel("tokens")
+    ax.set_yscale("log")
+    _legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def write_compare(run_dirs: list[str | Path], out: str | Path) -> Path:
+def write_compare(run_dirs: list[str | Path], out: str | Path, warmup: int = 1) -> Path:
     if len(run_dirs) < 2:
         raise ValueError("compare needs at least two run folders")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
     runs = {Path(d).name: load_run(d) for d in run_dirs}
     if len(runs) != len(run_dirs):
         raise ValueError("run folders must have distinct names")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    plot_compare(runs, out / "compare.png")
-    md = [f"Means over steps (step 0 left out when a run has more); speedup = {next(iter(runs))} step s / run's.", ""]
-    md += compare_table(runs) + ["", "![compare](compare.png)", ""]
+    plot_compare(runs, out / "compare.png", warmup)
+    names = list(runs)
+    md = [f"Means over the steps after the first {warmup} (all steps when a run has no more); speedup = "
+          f"{names[0]}'s mean step time / the run's, ± one standard error.", ""]  # fmt: skip
+    md += compare_table(runs, warmup) + [""]
+    for n in names[1:]:
+        lines = agreement(runs[names[0]], runs[n])
+        if lines:
+            md += [f"Learning, {n} against {names[0]}:", "", *lines, ""]
+    table = bucket_table(runs, warmup)
+    if table:
+        md += ["Rollout time per batch size (running sequences, power-of-two buckets; measured steps):", "", *table, ""]
+    for n, records in runs.items():
+        lengths = first_lengths(records)
+        if lengths:
+            p50, p99 = percentile(lengths, 50), percentile(lengths, 99)
+            md.append(f"- {n}: response lengths of the first {min(HIST_STEPS, len(records))} steps: p50 {p50:.0f}, "
+                      f"p99 {p99:.0f} ({p99 / max(p50, 1):.1f}x the median), max {max(lengths)}")  # fmt: skip
+    md += ["", "![compare](compare.png)", ""]
     path = out / "compare.md"
     path.write_text("\n".join(md))
     return path
@@ -106,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tlt_rt.compare", description=__doc__.splitlines()[0])
     ap.add_argument("run_dirs", nargs="+", help="run folders; the first is the baseline")
     ap.add_argument("--out", required=True, help="folder for compare.md and compare.png")
+    ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the timing means (default 1)")
     args = ap.parse_args(argv)
     try:
-        path = write_compare(args.run_dirs, args.out)
+        path = write_compare(args.run_dirs, args.out, args.warmup)
     except (FileNotFoundError, ValueError) as e:
         print(f"compare: {e}", file=sys.stderr)
         return 2

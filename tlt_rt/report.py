@@ -1,4 +1,5 @@
 """`python -m tlt_rt.report RUN_DIR`: PNG plots and an HTML page for a training run.
+`python -m tlt_rt.report RUN_A RUN_B ...`: the runs side by side (tlt_rt/compare.py), RUN_A the baseline.
 
 Reads RUN_DIR/metrics.jsonl and RUN_DIR/timelines.jsonl (written by `python -m tlt_rt.train`) and writes
 RUN_DIR/report/{reward.png, accept.png, rollout.png, timeline.png, index.html}.
@@ -20,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from tlt_rt.compare import write_compare  # noqa: E402
 from tlt_rt.train.rl.metrics import read_jsonl  # noqa: E402
 from tlt_rt.train.rl.sd_explain import sd_reason  # noqa: E402
 
@@ -200,10 +202,23 @@ img{{max-width:100%;border:1px solid #eee;margin:8px 0}}</style></head><body>
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tlt_rt.report", description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", help="a run folder, e.g. runs/smollm2-arith")
+    ap.add_argument(
+        "run_dirs",
+        nargs="+",
+        help="a run folder, e.g. runs/smollm2-arith; with two or more, a "
+        "comparison page (the first is the baseline), as `python -m tlt_rt.compare` writes it",
+    )
+    ap.add_argument("--out", default=None, help="comparison only: its folder (default RUN_B/report/compare-RUN_A)")
+    ap.add_argument("--warmup", type=int, default=1, help="comparison only: first steps left out of timing means")
     args = ap.parse_args(argv)
     try:
-        path = write_report(args.run_dir)
+        if len(args.run_dirs) > 1:
+            first, last = Path(args.run_dirs[0]), Path(args.run_dirs[-1])
+            out = args.out or last / "report" / f"compare-{first.name}"
+            path = write_compare(args.run_dirs, out, args.warmup)
+            print(path.read_text())
+        else:
+            path = write_report(args.run_dirs[0])
     except (FileNotFoundError, ValueError) as e:
         print(f"report: {e}", file=sys.stderr)
         return 2

@@ -69,6 +69,7 @@ def evaluate(pool, tokenizer, problems: list[Problem], cfg: TLTConfig, score: Ca
         "heldout_accuracy": sum(x >= 1.0 for x in rewards) / n,
         "heldout_reward": sum(rewards) / n,
         "heldout_len_p50": percentile(lengths, 50),
+        "heldout_n": len(rewards),
         "eval_seconds": time.time() - t0,
     }
 

@@ -82,6 +82,7 @@ def warmup(
     draft_vocab: int = 0,
     fc_bias: bool = True,
     export_format: str = "sglang",
+    task: ArithmeticTask | None = None,
 ) -> dict:
     """steps=None trains for `epochs` passes over the generated tokens: a one-layer drafter over-fits a small
     set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
@@ -91,13 +92,14 @@ def warmup(
     `eval_temperatures` (greedy, 0.0, bounds the drafter alone: at T > 0 even a perfect drafter loses the
     steps where the target samples a token outside the tree). `gen_batch` caps the generating engine's batch.
     `unroll_context`, `loss_temperature`, `sampled_weight` and `draft_vocab` are the trainer's (drafter_loss,
-    DrafterTrainer); `fc_bias=False` builds a drafter vLLM serves as is; `export_format` picks the engine layout."""
+    DrafterTrainer); `fc_bias=False` builds a drafter vLLM serves as is; `export_format` picks the engine layout.
+    `task` makes the prompts (default: two-step two-digit word problems of `seed`)."""
     temps = list(dict.fromkeys([temperature, *eval_temperatures]))
     if any(t < 0 for t in temps):
         raise ValueError(f"warmup: temperatures must be >= 0, got {temps}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tok = load_tokenizer(target_path)
-    task = ArithmeticTask(digits=2, num_ops=2, seed=seed)
+    task = task or ArithmeticTask(digits=2, num_ops=2, seed=seed)
     problems = task.sample(num_prompts + held_out)
     prompts = [format_prompt(p, tok) for p in problems]
     train_prompts, eval_prompts = prompts[:num_prompts], prompts[num_prompts:]
@@ -202,7 +204,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--batch-tokens", type=int, default=8192)
     ap.add_argument("--device", default=None)
+    ap.add_argument(
+        "--config",
+        default=None,
+        help="an RL config whose arithmetic task makes the prompts (the "
+        "workload the drafter will serve); default: two-step two-digit word problems",
+    )
     a = ap.parse_args(argv)
+    task = None
+    if a.config:
+        # local: the RL config pulls in every section's module; only this option needs it
+        from tlt_rt.config import TLTConfig, load_config
+
+        t = load_config(TLTConfig, a.config).task
+        if t.kind != "arithmetic":
+            ap.error(f"--config {a.config}: task.kind is {t.kind}; warm-up generates arithmetic prompts only")
+        task = ArithmeticTask(t.digits, t.num_ops, t.word_problems, t.seed, ops=t.ops)
     rep = warmup(
         a.target,
         a.out,
@@ -228,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
         draft_vocab=a.draft_vocab,
         fc_bias=not a.no_fc_bias,
         export_format=a.format,
+        task=task,
     )
     print(
         f"{rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "

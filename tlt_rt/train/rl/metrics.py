@@ -101,13 +101,39 @@ def worker_timeline(rollout: dict, training: dict | None, step_end: float) -> li
     return [[k, round(a, 4), round(b, 4)] for k, a, b in bars]
 
 
+def batch_bucket(batch: int) -> int:
+    """The power of two at or below `batch`: the rows a per-batch-size breakdown groups steps by."""
+    return 1 << (max(batch, 1).bit_length() - 1)
+
+
+def by_batch(timeline: Iterable[dict], into: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Decode and speculative steps summed per batch bucket: seconds of each, tokens emitted by each, and the
+    sequence-steps of SD (accept length of a bucket = sd_tokens / sd_rows)."""
+    out = {} if into is None else into
+    for e in timeline:
+        if e["kind"] not in ("decode", "sd"):
+            continue
+        row = out.setdefault(str(batch_bucket(e["batch"])), dict.fromkeys(
+            ("decode_s", "sd_s", "decode_tokens", "sd_tokens", "sd_rows"), 0))  # fmt: skip
+        if e["kind"] == "sd":
+            row["sd_s"] += e["seconds"]
+            row["sd_tokens"] += e["tokens"]
+            row["sd_rows"] += e["batch"]
+        else:
+            row["decode_s"] += e["seconds"]
+            row["decode_tokens"] += e["tokens"]
+    return out
+
+
 def rollout_metrics(rollouts: Sequence, rollout_seconds: float) -> dict[str, Any]:
     """Aggregate engine statistics of one step's rollout over workers."""
     tail = busy = sd = dec = 0.0
     tokens = 0
     hist: dict[str, int] = {}
     strategies: dict[str, int] = {}
+    buckets: dict[str, dict] = {}
     for r in rollouts:
+        by_batch(r.timeline, buckets)
         a, b = tail_seconds(r.timeline, r.capacity)
         tail, busy = tail + a, busy + b
         a, b = sd_seconds(r.timeline)
@@ -125,6 +151,7 @@ def rollout_metrics(rollouts: Sequence, rollout_seconds: float) -> dict[str, Any
         "accept_length": sum(int(k) * v for k, v in hist.items()) / n_sd if n_sd else None,
         "accept_length_hist": hist,
         "strategy_use": strategies,
+        "batch_buckets": dict(sorted(buckets.items(), key=lambda kv: int(kv[0]))),
         "generated_tokens": tokens,
         "tokens_per_second": tokens / rollout_seconds if rollout_seconds > 0 else 0.0,
     }

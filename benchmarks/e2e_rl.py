@@ -1,0 +1,121 @@
+"""The end-to-end RL figure in one command: SD auto + spot drafter training against SD off, same config and
+seed, then the comparison page (tlt_rt/compare.py: step time and its breakdown, speedup ± standard error,
+reward and held-out accuracy overlaid, accept length beside the perfect-drafter ceiling, time per batch size,
+the response-length histogram).
+
+    python benchmarks/e2e_rl.py --steps 20 --out runs/e2e            # GPU; configs/smollm2-tail-gpu.yaml
+    python benchmarks/e2e_rl.py --steps 20 --out runs/e2e -- rl.lr=1e-6   # keys after -- go to both runs
+
+Stages: (1) unless --drafter is given, a drafter warm-up on the config's own task (the target's answers at
+the RL temperature, tlt_rt.train.drafter.warmup), which both runs are given (the off run never loads it);
+(2) the off run; (3) the auto + spot run; (4) the page, printed and written to OUT/compare.md. Timing means
+leave out the first --timing-warmup steps (captures, first compiles, the auto policy's first readings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tlt_rt.compare import write_compare  # noqa: E402
+from tlt_rt.config import TLTConfig, load_config  # noqa: E402
+
+
+def warm_drafter(cfg: TLTConfig, out: Path, prompts: int, epochs: float, max_new_tokens: int, strategy: str) -> Path:
+    # local: warm-up loads torch and the engine; a run given --drafter never needs them in this process
+    from tlt_rt.train.drafter.warmup import warmup
+    from tlt_rt.train.rl.tasks import ArithmeticTask
+
+    t = cfg.task
+    if t.kind != "arithmetic":
+        raise SystemExit(f"e2e_rl: the drafter warm-up generates arithmetic prompts; task.kind is {t.kind}. "
+                         "Warm one up on your data and pass --drafter DIR")  # fmt: skip
+    # another seed than the RL prompts: the warm-up's answers are not the runs' own
+    task = ArithmeticTask(t.digits, t.num_ops, t.word_problems, t.seed + 101, ops=t.ops)
+    rep = warmup(cfg.model.path, out, num_prompts=prompts, held_out=16, samples=4, max_new_tokens=max_new_tokens,
+                 temperature=cfg.rollout.temperature, strategy=strategy, epochs=epochs, eval_temperatures=(),
+                 dtype=cfg.model.dtype, task=task, progress=False)  # fmt: skip
+    acc = rep["accept_length"][cfg.rollout.temperature]
+    print(f"drafter warm-up: {rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
+          f"{rep['train_steps']} steps in {rep['train_seconds']:.0f}s; held-out accept with {strategy} at "
+          f"T={cfg.rollout.temperature}: {acc['before']:.2f} -> {acc['after']:.2f}", flush=True)  # fmt: skip
+    return Path(rep["drafter"])
+
+
+def run(config: str, out: Path, name: str, steps: int, keys: list[str], timeout: float) -> int:
+    """One training run as its own process (its own Ray); its console goes to OUT/NAME.log, step lines here."""
+    cmd = [sys.executable, "-m", "tlt_rt.train", config, f"name={name}", f"output_dir={out / 'runs'}",
+           f"rl.steps={steps}", *keys]  # fmt: skip
+    print(f"== {name}: {' '.join(cmd[2:])}", flush=True)
+    t0 = time.time()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(out / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                if line.startswith("[step ") or "Error" in line:
+                    print(f"   {line.rstrip()}", flush=True)
+                if time.time() - t0 > timeout:
+                    proc.kill()
+                    print(f"== {name}: stopped after {timeout:.0f}s (--time-limit)", flush=True)
+                    break
+        finally:
+            rc = proc.wait()
+    print(f"== {name}: exit {rc} after {time.time() - t0:.0f}s", flush=True)
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    keys = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "smollm2-tail-gpu.yaml"))
+    ap.add_argument("--steps", type=int, default=20, help="RL steps of each run")
+    ap.add_argument("--timing-warmup", type=int, default=2, help="first steps left out of the timing means")
+    ap.add_argument("--out", default=f"runs/e2e-{time.strftime('%Y%m%d-%H%M%S')}")
+    ap.add_argument("--drafter", default=None, help="a warmed-up drafter (run, checkpoint or EAGLE folder)")
+    ap.add_argument("--fresh-drafter", action="store_true", help="no warm-up: the auto run starts from a fresh drafter")
+    ap.add_argument("--warmup-prompts", type=int, default=512, help="drafter warm-up: prompts (4 answers each)")
+    ap.add_argument("--warmup-epochs", type=float, default=2.0, help="drafter warm-up: passes over its data")
+    ap.add_argument("--warmup-max-new-tokens", type=int, default=384, help="drafter warm-up: answer length cap")
+    ap.add_argument("--strategy", default="8_4_32", help="drafter warm-up: the strategy its accept length uses")
+    ap.add_argument("--time-limit", type=float, default=0, help="seconds for both runs together; 0 = none")
+    args = ap.parse_args(argv)
+    if args.steps <= args.timing_warmup:
+        ap.error(f"--steps ({args.steps}) must exceed --timing-warmup ({args.timing_warmup})")
+    cfg = load_config(TLTConfig, args.config, keys)  # fails here, not in a subprocess, on a bad key
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    drafter = args.drafter
+    if drafter is None and not args.fresh_drafter:
+        drafter = str(warm_drafter(cfg, out / "drafter", args.warmup_prompts, args.warmup_epochs,
+                                   args.warmup_max_new_tokens, args.strategy))  # fmt: skip
+    per_run = float("inf")
+    if args.time_limit:
+        per_run = max(60.0, (args.time_limit - (time.time() - t0)) / 2)
+    shared = [*keys, f"drafter.path={drafter}"] if drafter else list(keys)
+    rc = run(args.config, out, "rl-off", args.steps, [*shared, "rollout.speculative=off", "drafter.train_online=false"],
+             per_run)  # fmt: skip
+    rc |= run(args.config, out, "rl-auto", args.steps, [*shared, "rollout.speculative=auto"], per_run)
+    runs = [out / "runs" / "rl-off", out / "runs" / "rl-auto"]
+    if not all((r / "metrics.jsonl").is_file() for r in runs):
+        print("e2e_rl: a run wrote no steps; see its log in", out, file=sys.stderr)
+        return 1
+    page = write_compare(runs, out, warmup=args.timing_warmup)
+    print(page.read_text())
+    print(f"page: {page}  plot: {page.with_suffix('.png')}  ({time.time() - t0:.0f}s in all)")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""benchmarks/e2e_rl.py on CPU with the tiny policy: both runs, then the comparison page."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_train_loop import tiny  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("e2e_rl", ROOT / "benchmarks" / "e2e_rl.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_e2e_runs_off_and_auto_and_writes_the_page(tiny, tmp_path, capsys):  # noqa: F811
+    keys = [f"model.path={tiny / 'policy'}", "model.dtype=float32", "model.device=cpu", "model.max_context=256",
+            "task.kind=jsonl", f"task.path={tiny / 'data.jsonl'}", f"task.eval_path={tiny / 'data.jsonl'}",
+            "logging.eval_every=2", "logging.eval_prompts=2", "rollout.max_new_tokens=6", "rollout.strategies=[3_2_4]",
+            "rl.prompts_per_step=2", "rl.group_size=2", "rl.micro_batch=4", "cluster.num_workers=1",
+            "cluster.gpus_per_worker=0", "cluster.cpus_per_worker=1", "tensorboard=false"]  # fmt: skip
+    rc = _script().main(["--config", str(ROOT / "configs" / "smollm2-arith.yaml"), "--steps", "3",
+                         "--timing-warmup", "1", "--out", str(tmp_path), "--fresh-drafter", "--", *keys])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.count("[step 3/3") == 2  # both runs' step lines reach the console
+    for name in ("rl-off", "rl-auto"):
+        records = [json.loads(x) for x in (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == [0, 1, 2]
+        assert "heldout_accuracy" in records[0] and "heldout_accuracy_end" in records[-1]
+    page = (tmp_path / "compare.md").read_text()
+    assert "| rl-auto | 3 |" in page and "Learning, rl-auto against rl-off" in page
+    assert (tmp_path / "compare.png").stat().st_size > 1000
+
+
+def test_e2e_refuses_too_few_steps(tmp_path):
+    with pytest.raises(SystemExit):
+        _script().main(["--steps", "2", "--timing-warmup", "2", "--out", str(tmp_path)])
