@@ -42,7 +42,7 @@ def warm_drafter(cfg: TLTConfig, out: Path, prompts: int, epochs: float, max_new
     rep = warmup(cfg.model.path, out, num_prompts=prompts, held_out=16, samples=4, max_new_tokens=max_new_tokens,
                  temperature=cfg.rollout.temperature, strategy=strategy, epochs=epochs, eval_temperatures=(),
                  dtype=cfg.model.dtype, task=task, progress=False)  # fmt: skip
-    acc = rep["accept_length"][cfg.rollout.temperature]
+    acc = {"before": rep["accept_length_before"], "after": rep["accept_length_after"]}
     print(f"drafter warm-up: {rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
           f"{rep['train_steps']} steps in {rep['train_seconds']:.0f}s; held-out accept with {strategy} at "
           f"T={cfg.rollout.temperature}: {acc['before']:.2f} -> {acc['after']:.2f}", flush=True)  # fmt: skip

@@ -93,3 +93,11 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
     assert main([str(tmp_path / "a"), str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
     assert report_main([str(tmp_path / "a"), str(tmp_path / "missing")]) == 2
+
+
+def test_runs_of_different_lengths_are_compared_on_their_common_steps(tmp_path):
+    _write_run(tmp_path / "off", [3.0, 2.0, 2.0, 9.0], [0.1, 0.2, 0.3, 0.4])
+    _write_run(tmp_path / "auto", [3.0, 1.0, 1.0], [0.1, 0.2, 0.3])
+    text = write_compare([tmp_path / "off", tmp_path / "auto"], tmp_path / "cmp").read_text()
+    assert "Only the first 3 steps are compared: off ran more." in text
+    assert "| 2.00x ± " in _rows(text)["auto"]  # off's fourth step (9 s) is left out

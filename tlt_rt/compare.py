@@ -242,12 +242,18 @@ def write_compare(run_dirs: list[str | Path], out: str | Path, warmup: int = 1) 
     runs = {Path(d).name: load_run(d) for d in run_dirs}
     if len(runs) != len(run_dirs):
         raise ValueError("run folders must have distinct names")
+    # a run cut short (a time limit) is compared on the steps all runs have: later steps have other answers
+    common = min(len(r) for r in runs.values())
+    cut = [n for n, r in runs.items() if len(r) > common]
+    runs = {n: r[:common] for n, r in runs.items()}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plot_compare(runs, out / "compare.png", warmup)
     names = list(runs)
     md = [f"Means over the steps after the first {warmup} (all steps when a run has no more); speedup = "
           f"{names[0]}'s mean step time / the run's, ± one standard error.", ""]  # fmt: skip
+    if cut:
+        md += [f"Only the first {common} steps are compared: {', '.join(cut)} ran more.", ""]
     md += compare_table(runs, warmup) + [""]
     for n in names[1:]:
         lines = agreement(runs[names[0]], runs[n])
