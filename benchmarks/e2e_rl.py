@@ -15,9 +15,13 @@ leave out the first --timing-warmup steps (captures, first compiles, the auto po
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from tlt_rt.compare import write_compare  # noqa: E402
 from tlt_rt.config import TLTConfig, load_config  # noqa: E402
+
+STARTUP_S = 80  # a GPU run's start-up before its first step (SmolLM2 on an H100: Ray, load, captures)
 
 
 def warm_drafter(cfg: TLTConfig, out: Path, prompts: int, epochs: float, max_new_tokens: int, strategy: str) -> Path:
@@ -49,28 +55,46 @@ def warm_drafter(cfg: TLTConfig, out: Path, prompts: int, epochs: float, max_new
     return Path(rep["drafter"])
 
 
-def run(config: str, out: Path, name: str, steps: int, keys: list[str], timeout: float) -> int:
-    """One training run as its own process (its own Ray); its console goes to OUT/NAME.log, step lines here."""
+def run(config: str, out: Path, name: str, steps: int, keys: list[str], budget: float) -> int:
+    """One training run as its own process (its own Ray); its console goes to OUT/NAME.log, step lines here.
+    With a budget the run stops itself after the step that passes it (rl.time_limit_s); should a step hang
+    past it by far, the run's process group gets SIGINT (the trainer shuts its Ray workers down), then SIGKILL."""
     cmd = [sys.executable, "-m", "tlt_rt.train", config, f"name={name}", f"output_dir={out / 'runs'}",
            f"rl.steps={steps}", *keys]  # fmt: skip
+    if budget < float("inf"):  # start-up (Ray, model, graph captures) comes before the run's own clock starts
+        cmd.append(f"rl.time_limit_s={max(30.0, budget - STARTUP_S):.0f}")
     print(f"== {name}: {' '.join(cmd[2:])}", flush=True)
     t0 = time.time()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(out / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+                                start_new_session=True)  # fmt: skip
+        watchdog = threading.Timer(budget * 1.5 + 60, _stop, (proc, name)) if budget < float("inf") else None
+        if watchdog is not None:
+            watchdog.start()
         try:
             for line in proc.stdout:
                 log.write(line)
-                if line.startswith("[step ") or "Error" in line:
+                if line.startswith(("[step ", "rl.time_limit_s")) or "Error" in line:
                     print(f"   {line.rstrip()}", flush=True)
-                if time.time() - t0 > timeout:
-                    proc.kill()
-                    print(f"== {name}: stopped after {timeout:.0f}s (--time-limit)", flush=True)
-                    break
         finally:
             rc = proc.wait()
+            if watchdog is not None:
+                watchdog.cancel()
     print(f"== {name}: exit {rc} after {time.time() - t0:.0f}s", flush=True)
     return rc
+
+
+def _stop(proc: subprocess.Popen, name: str) -> None:
+    print(f"== {name}: past its time budget; stopping it", flush=True)
+    for sig, wait in ((signal.SIGINT, 60), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-epochs", type=float, default=2.0, help="drafter warm-up: passes over its data")
     ap.add_argument("--warmup-max-new-tokens", type=int, default=384, help="drafter warm-up: answer length cap")
     ap.add_argument("--strategy", default="8_4_32", help="drafter warm-up: the strategy its accept length uses")
-    ap.add_argument("--time-limit", type=float, default=0, help="seconds for both runs together; 0 = none")
+    ap.add_argument(
+        "--time-limit",
+        type=float,
+        default=0,
+        help="seconds for everything; each run gets half of what the warm-up leaves (0 = no limit)",
+    )
     args = ap.parse_args(argv)
     if args.steps <= args.timing_warmup:
         ap.error(f"--steps ({args.steps}) must exceed --timing-warmup ({args.timing_warmup})")
@@ -111,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     if not all((r / "metrics.jsonl").is_file() for r in runs):
         print("e2e_rl: a run wrote no steps; see its log in", out, file=sys.stderr)
         return 1
+    for r in runs:  # the records beside the page, without the run folders' checkpoints
+        for f in ("metrics.jsonl", "timelines.jsonl"):
+            if (r / f).is_file():
+                shutil.copy(r / f, out / f"{r.name}.{f}")
     page = write_compare(runs, out, warmup=args.timing_warmup)
     print(page.read_text())
     print(f"page: {page}  plot: {page.with_suffix('.png')}  ({time.time() - t0:.0f}s in all)")

@@ -348,3 +348,34 @@ def test_checkpoint_commit_and_prune(tmp_path):
     (ckpt.checkpoint_root(tmp_path) / "step_000009").mkdir()  # no COMPLETE marker: ignored
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_000002", "step_000003"]
     assert ckpt.load_state(ckpt.latest_checkpoint(tmp_path)) == {"step": 3}
+
+
+def test_a_collective_that_fails_on_live_workers_raises_instead_of_retrying(ray_cluster):
+    import ray
+
+    from tlt_rt.train.cluster.pool import WorkerPool
+
+    @ray.remote
+    class Failing:
+        def __init__(self):
+            self.calls = 0
+
+        def learn(self, step, minibatches):
+            self.calls += 1
+            raise MemoryError("CUDA out of memory (simulated)")
+
+        def count(self):
+            return self.calls
+
+    pool = WorkerPool.__new__(WorkerPool)  # only what collective() reads
+    pool.workers, pool.size, pool._dirty, pool.version = [Failing.remote()], 1, False, 0
+    with pytest.raises(ray.exceptions.RayTaskError, match="out of memory"):
+        pool.collective("learn", [(0, [1, 2])], resume_from=0)
+    assert ray.get(pool.workers[0].count.remote()) == 1
+
+
+def test_time_limit_stops_after_a_step_with_a_checkpoint(ray_cluster, tiny, tmp_path):
+    records = train(tiny_config(tiny, tmp_path, "boxed", "rl.steps=5", "rl.time_limit_s=0.001",
+                                "cluster.num_workers=1"))  # fmt: skip
+    assert [r["step"] for r in records] == [0]
+    assert ckpt.latest_checkpoint(tmp_path / "boxed").name == "step_000001"

@@ -140,14 +140,20 @@ class Trainer:
 
     def run(self) -> list[dict]:
         t0 = time.time()
+        limit = self.cfg.rl.time_limit_s
         for step in range(self.start_step, self.cfg.rl.steps):
             record = self.step(step)
             self.history.append(record)
-            if (step + 1) % self.cfg.rl.checkpoint_every == 0 or step + 1 == self.cfg.rl.steps:
+            out_of_time = limit > 0 and time.time() - t0 >= limit and step + 1 < self.cfg.rl.steps
+            if (step + 1) % self.cfg.rl.checkpoint_every == 0 or step + 1 == self.cfg.rl.steps or out_of_time:
                 self.checkpoint = self.save_checkpoint(step + 1)
             self.progress.step_done()
             tqdm.write(f"{self.progress.prefix(step)} {summary_line(record)}")
             tqdm.write(f"    {sd_reason(record, self.cfg.rollout.speculative)}")
+            if out_of_time:
+                tqdm.write(f"rl.time_limit_s={limit:g} reached after {step + 1} of {self.cfg.rl.steps} steps; "
+                           "resume=true continues from the checkpoint")  # fmt: skip
+                break
         tqdm.write(run_summary(self.history, self.run_dir, self.checkpoint, self.cfg.rollout.speculative,
                                time.time() - t0))  # fmt: skip
         return self.history

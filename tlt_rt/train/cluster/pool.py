@@ -112,17 +112,19 @@ class WorkerPool:
         if self._dirty:
             self.form_group()
         refs = [getattr(w, method).remote(*a) for w, a in zip(self.workers, args, strict=True)]
-        results, dead, failed = [], [], False
+        results, dead, failed, raised = [], [], False, None
         for rank, ref in enumerate(refs):
             try:
                 results.append(ray.get(ref))
             except ray.exceptions.RayActorError:
                 dead.append(rank)
                 failed = True
-            except ray.exceptions.RayTaskError:  # a survivor whose collective lost its peer
-                failed = True
+            except ray.exceptions.RayTaskError as e:  # a survivor whose collective lost its peer, or a bug
+                failed, raised = True, raised or e
         if not failed:
             return results
+        if not dead:  # every worker lives: the call itself failed (out of memory, a bug), and would again
+            raise raised
         alive = [r for r in range(self.size) if r not in dead]
         versions = dict(zip(alive, ray.get([self.workers[r].version.remote() for r in alive]), strict=True))
         src = max(versions, key=lambda r: (versions[r], -r)) if versions else None

@@ -101,6 +101,11 @@ class RLConfig:
         True, help="Skip groups whose rewards are all equal: their advantages are zero, no signal."
     )
     steps: int = option(100, help="RL steps to train.")
+    time_limit_s: float = option(
+        0.0,
+        help="Stop after the first step that ends this many seconds after the run started (a checkpoint is "
+        "written; resume=true continues): for time-boxed jobs. 0 = no limit.",
+    )
     seed: int = option(0, help="Seed of rollout sampling and the learner.")
     normalize_adv_std: bool = option(
         True, help="Divide each advantage by its group's reward std (GRPO); false = reward minus group mean only."
@@ -149,6 +154,7 @@ class RLConfig:
         )
         check_min(self, "kl_coef", 0.0)
         check_min(self, "steps", 1)
+        check_min(self, "time_limit_s", 0.0)
         check(
             self.learner_shard in ("none", "fsdp"), "learner_shard", f"must be none or fsdp, got {self.learner_shard!r}"
         )
