@@ -29,30 +29,40 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tlt_rt.compare import write_compare  # noqa: E402
-from tlt_rt.config import TLTConfig, load_config  # noqa: E402
+from tlt_rt.config import TLTConfig, dump_yaml, load_config  # noqa: E402
 
 STARTUP_S = 80  # a GPU run's start-up before its first step (SmolLM2 on an H100: Ray, load, captures)
 
 
-def warm_drafter(cfg: TLTConfig, out: Path, prompts: int, epochs: float, max_new_tokens: int, strategy: str) -> Path:
-    # local: warm-up loads torch and the engine; a run given --drafter never needs them in this process
-    from tlt_rt.train.drafter.warmup import warmup
-    from tlt_rt.train.rl.tasks import ArithmeticTask
-
-    t = cfg.task
-    if t.kind != "arithmetic":
-        raise SystemExit(f"e2e_rl: the drafter warm-up generates arithmetic prompts; task.kind is {t.kind}. "
+def warm_drafter(
+    config: str, keys: list[str], out: Path, prompts: int, epochs: float, max_new_tokens: int, strategy: str
+) -> Path:
+    """The drafter warm-up (tlt_rt.train.drafter.warmup) on the config's task, in its own process: its engines
+    hold half the GPU's memory each, and all of it goes back when that process ends."""
+    cfg = load_config(TLTConfig, config, keys)
+    if cfg.task.kind != "arithmetic":
+        raise SystemExit(f"e2e_rl: the drafter warm-up generates arithmetic prompts; task.kind is {cfg.task.kind}. "
                          "Warm one up on your data and pass --drafter DIR")  # fmt: skip
-    # another seed than the RL prompts: the warm-up's answers are not the runs' own
-    task = ArithmeticTask(t.digits, t.num_ops, t.word_problems, t.seed + 101, ops=t.ops)
-    rep = warmup(cfg.model.path, out, num_prompts=prompts, held_out=16, samples=4, max_new_tokens=max_new_tokens,
-                 temperature=cfg.rollout.temperature, strategy=strategy, epochs=epochs, eval_temperatures=(),
-                 dtype=cfg.model.dtype, task=task, progress=False)  # fmt: skip
-    acc = {"before": rep["accept_length_before"], "after": rep["accept_length_after"]}
-    print(f"drafter warm-up: {rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
-          f"{rep['train_steps']} steps in {rep['train_seconds']:.0f}s; held-out accept with {strategy} at "
-          f"T={cfg.rollout.temperature}: {acc['before']:.2f} -> {acc['after']:.2f}", flush=True)  # fmt: skip
-    return Path(rep["drafter"])
+    cfg_file = out.parent / "warmup-config.yaml"
+    cfg_file.write_text(dump_yaml(cfg))
+    cmd = [sys.executable, "-m", "tlt_rt.train.drafter.warmup", "--config", str(cfg_file), "--out", str(out),
+           "--prompts", str(prompts), "--held-out", "16", "--samples", "4", "--epochs", str(epochs),
+           "--max-new-tokens", str(max_new_tokens), "--temperature", str(cfg.rollout.temperature),
+           "--eval-temperatures", "--strategy", strategy]  # fmt: skip
+    if cfg.model.path:
+        cmd += ["--target", str(cfg.model.path)]
+    print(f"== drafter warm-up: {' '.join(cmd[2:])}", flush=True)
+    t0 = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    (out.parent / "warmup.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(
+            f"e2e_rl: the drafter warm-up failed (exit {done.returncode}); see {out.parent / 'warmup.log'}"
+        )
+    for line in done.stdout.splitlines()[-3:]:
+        print(f"   {line}", flush=True)
+    print(f"== drafter warm-up: {time.time() - t0:.0f}s", flush=True)
+    return out
 
 
 def run(config: str, out: Path, name: str, steps: int, keys: list[str], budget: float) -> int:
@@ -121,13 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps <= args.timing_warmup:
         ap.error(f"--steps ({args.steps}) must exceed --timing-warmup ({args.timing_warmup})")
-    cfg = load_config(TLTConfig, args.config, keys)  # fails here, not in a subprocess, on a bad key
+    load_config(TLTConfig, args.config, keys)  # fails here, not in a subprocess, on a bad key
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     drafter = args.drafter
     if drafter is None and not args.fresh_drafter:
-        drafter = str(warm_drafter(cfg, out / "drafter", args.warmup_prompts, args.warmup_epochs,
+        drafter = str(warm_drafter(args.config, keys, out / "drafter", args.warmup_prompts, args.warmup_epochs,
                                    args.warmup_max_new_tokens, args.strategy))  # fmt: skip
     per_run = float("inf")
     if args.time_limit:
