@@ -242,3 +242,30 @@ def test_learner_kl_to_reference_and_bf16_master_weights():
     assert not torch.equal(model.lm_head.weight, before) and model.lm_head.weight.dtype == torch.bfloat16
     master = dict(zip([n for n, _ in model.named_parameters()], learner.master, strict=True))
     assert torch.equal(master["lm_head.weight"].to(torch.bfloat16), model.lm_head.weight)
+
+
+def test_micro_batches_by_tokens_give_the_same_update():
+    from tlt_rt.train.rl.learner import LearnSample, MiniBatch, _token_chunks
+
+    samples = _samples() + [LearnSample([2, 3, 4, 5], [6, 7, 8, 9, 10], [-2.0] * 5, 0.3)]
+    # sorted by length (rows = prompt + response - 1: 1, 4, 4, 8), packed while count x longest <= 8
+    chunks = _token_chunks(samples, 8)
+    assert [[len(s.prompt) + len(s.response) - 1 for s in c] for c in chunks] == [[1, 4], [4], [8]]
+    assert _token_chunks(samples, 2) == [[samples[2]], [samples[0]], [samples[1]], [samples[3]]]  # alone if over
+    states = []
+    for rl in ({"micro_batch": 4}, {"micro_batch_tokens": 8}):
+        model, cfg, Learner, SamplingFilter = _tiny_learner(**rl)
+        learner = Learner(model, cfg, SamplingFilter(temperature=1.0))
+        out = learner.update([MiniBatch([LearnSample(s.prompt, s.response, list(s.old_logprobs), s.advantage)
+                                         for s in samples], num_tokens=11, num_seqs=4)])  # fmt: skip
+        states.append((out.tokens, model.state_dict()))
+    assert states[0][0] == states[1][0] == 11
+    for k, v in states[0][1].items():
+        torch.testing.assert_close(states[1][1][k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_micro_batch_tokens_must_not_be_negative():
+    from tlt_rt.config import ConfigError, RLConfig
+
+    with pytest.raises(ConfigError, match="micro_batch_tokens"):
+        RLConfig(micro_batch_tokens=-1)

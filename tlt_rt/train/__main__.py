@@ -109,9 +109,15 @@ def plan(cfg: TLTConfig) -> str:
         mem["drafter's full embedding + LM head"] = (
             (1 if arch.tie_word_embeddings else 2) * arch.vocab_size * (arch.hidden_size * nbytes)
         )
-    mem[f"learner logits (micro_batch {cfg.rl.micro_batch} x {seq} x vocab, fp32 x2)"] = (
-        2 * cfg.rl.micro_batch * seq * arch.vocab_size * 4
-    )
+    if cfg.rl.micro_batch_tokens:
+        rows = max(cfg.rl.micro_batch_tokens, seq)
+        mem[f"learner logits (micro_batch_tokens {cfg.rl.micro_batch_tokens} x vocab, fp32 x2)"] = (
+            2 * rows * arch.vocab_size * 4
+        )
+    else:
+        mem[f"learner logits (micro_batch {cfg.rl.micro_batch} x {seq} x vocab, fp32 x2)"] = (
+            2 * cfg.rl.micro_batch * seq * arch.vocab_size * 4
+        )
     total = sum(mem.values())
     unit = "GPU" if gpu else "worker (CPU RAM)"
     lines = [

@@ -47,6 +47,7 @@ FOREIGN_KEYS: dict[str, tuple[str, ...]] = {
     "train_batch_size": ("rl.prompts_per_step", "verl's"),
     "ppo_mini_batch_size": ("rl.mini_batches", "verl's", "ours counts them: train_batch_size / ppo_mini_batch_size"),
     "ppo_micro_batch_size_per_gpu": ("rl.micro_batch", "verl's"),
+    "ppo_max_token_len_per_gpu": ("rl.micro_batch_tokens", "verl's", "with use_dynamic_bsz"),
     "total_training_steps": ("rl.steps", "verl's"),
     "max_steps": ("rl.steps", "TRL's"),
     "grad_clip": ("rl.max_grad_norm", "verl's"),

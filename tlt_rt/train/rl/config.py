@@ -116,6 +116,12 @@ class RLConfig:
     micro_batch: int = option(
         4, help="Responses per learner forward/backward; gradients accumulate over micro-batches (bounds memory)."
     )
+    micro_batch_tokens: int = option(
+        0,
+        help="When > 0, micro-batches are cut by padded tokens instead of responses: samples sorted by length, "
+        "each micro-batch at most this many (prompt + response) x its longest, so short answers share one pass "
+        "instead of being padded to a long one (verl's use_dynamic_bsz). 0 = micro_batch responses each.",
+    )
     mini_batches: int = option(
         1, help="Optimizer steps per RL step: the step's responses are split into this many mini-batches."
     )
@@ -141,6 +147,7 @@ class RLConfig:
         check_min(self, "max_grad_norm", 0.0)
         check_min(self, "weight_decay", 0.0)
         check_min(self, "micro_batch", 1)
+        check_min(self, "micro_batch_tokens", 0)
         check_min(self, "mini_batches", 1)
         check_min(self, "checkpoint_every", 1)
         check_min(self, "keep_checkpoints", 1)

@@ -209,7 +209,8 @@ class Learner:
 
     def _micro_batches(self, samples: list[LearnSample]) -> list[list[LearnSample]]:
         """This rank's micro-batches; in lockstep padded with empty ones to the most any rank has."""
-        chunks = _chunks(samples, self.cfg.micro_batch)
+        budget = self.cfg.micro_batch_tokens
+        chunks = _token_chunks(samples, budget) if budget else _chunks(samples, self.cfg.micro_batch)
         if self.lockstep and dist.is_initialized():
             n = torch.tensor([len(chunks)], device=self.device)
             dist.all_reduce(n, op=dist.ReduceOp.MAX)
@@ -266,3 +267,20 @@ class Learner:
 
 def _chunks(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _token_chunks(samples: list[LearnSample], budget: int) -> list[list[LearnSample]]:
+    """Samples by length, cut where one more would take the padded batch (count x longest) past `budget`
+    tokens; a sample longer than the budget goes alone. The loss is a sum normalised by the mini-batch's
+    global counts, so how its samples are cut into micro-batches does not change the update."""
+    out: list[list[LearnSample]] = []
+    cur: list[LearnSample] = []
+    longest = 0
+    for s in sorted(samples, key=lambda s: len(s.prompt) + len(s.response)):
+        n = len(s.prompt) + len(s.response) - 1  # the rows pad_batch makes
+        if cur and max(longest, n) * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(s)
+        longest = max(longest, n)
+    return out + ([cur] if cur else [])
