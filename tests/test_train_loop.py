@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from safetensors.torch import load_file
 from tlt_rt.config import TLTConfig, load_config
 from tlt_rt.train.__main__ import main as train_main
 from tlt_rt.train.batching import build_minibatches, share_seed, split_even
-from tlt_rt.train.drafter.tail import TailTrainer, tail_training_on
+from tlt_rt.train.drafter.tail import TAIL_SWITCH_INTERVAL_S, TailTrainer, tail_training_on
 from tlt_rt.train.loop import RunExistsError, train
 from tlt_rt.train.rl import checkpoint as ckpt
 from tlt_rt.train.rl.learner import LearnSample
@@ -322,12 +323,16 @@ def test_tail_trainer_starts_in_the_tail_and_stops():
 
     eng, tr = FakeEngine(), FakeTrainer()
     tail = TailTrainer(eng, tr, first_entry=0, capacity=8, fraction=0.25, max_steps=None)
+    before = sys.getswitchinterval()
     tail.start()
+    # while the trainer may run, the engine's thread gets the GIL back quickly
+    assert sys.getswitchinterval() == pytest.approx(min(before, TAIL_SWITCH_INTERVAL_S)) and before > 1e-3
     assert not tr.started.wait(0.1)  # 8 of 8 running: not the tail
     eng.timeline.append({"kind": "decode", "running": 1})
     assert tr.started.wait(5)
     out = tail.finish()
     assert out.steps == 3 and out.where == "tail" and out.end >= out.start
+    assert sys.getswitchinterval() == before
 
 
 def test_tail_training_switch():
