@@ -40,16 +40,25 @@ def _entry(rank: int, fn: Callable, world: int, port: int, args: tuple) -> None:
 
 
 def spawn_ranks(fn: Callable, world: int = 2, args: tuple = (), timeout_s: float = 120.0) -> None:
-    """Run `fn(rank, world, *args)` in `world` spawned processes; pytest.fail if they take over `timeout_s`."""
-    ctx = mp.start_processes(
-        _entry, args=(fn, world, free_port(), args), nprocs=world, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"{world} ranks running {fn.__name__} did not finish within {timeout_s:.0f} s")
+    """Run `fn(rank, world, *args)` in `world` spawned processes; pytest.fail if they take over `timeout_s`.
+
+    A rank killed by a signal (gloo aborts when its TCP rendezvous breaks, e.g. the free port was taken
+    between choosing and binding it) is retried once on a new port; an exception raised by `fn` is not."""
+    for attempt in range(2):
+        ctx = mp.start_processes(
+            _entry, args=(fn, world, free_port(), args), nprocs=world, join=False, start_method="spawn"
+        )
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=1):
+                if time.monotonic() > deadline:
+                    for p in ctx.processes:
+                        p.kill()
+                    pytest.fail(f"{world} ranks running {fn.__name__} did not finish within {timeout_s:.0f} s")
+            return
+        except mp.ProcessExitedException as e:
+            if attempt or e.signal_name is None:
+                raise
 
 
 def run_checks(rank: int, checks: dict[str, Callable], cases, out_dir: str | Path) -> None:
