@@ -384,3 +384,18 @@ def test_time_limit_stops_after_a_step_with_a_checkpoint(ray_cluster, tiny, tmp_
                                 "cluster.num_workers=1"))  # fmt: skip
     assert [r["step"] for r in records] == [0]
     assert ckpt.latest_checkpoint(tmp_path / "boxed").name == "step_000001"
+
+
+def test_dry_run_counts_the_kv_cache_the_engine_will_take(capsys):
+    import re
+
+    def kv_gib(*keys):
+        assert train_main([str(ROOT / "configs" / "smollm2-tail-gpu.yaml"), "--dry-run", *keys]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if "KV cache" in x)
+        return line, float(re.findall(r"([\d.]+) GiB", line)[-1])
+
+    # without rollout.num_blocks the engine takes half of what is free when it starts: ~40 of 80 GiB
+    line, gib = kv_gib()
+    assert "half the GPU's free memory" in line and 39 < gib < 40
+    line, gib = kv_gib("rollout.num_blocks=1024")  # 16k tokens of SmolLM2's 30 layers x 3 KV heads x 64
+    assert "rollout.num_blocks" in line and gib == pytest.approx(1024 * 16 * 2 * 30 * 3 * 64 * 2 / 2**30, abs=0.01)

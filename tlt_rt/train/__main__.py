@@ -85,7 +85,11 @@ def plan(cfg: TLTConfig) -> str:
     if r.num_blocks:
         kv_tokens, kv_note = r.num_blocks * r.block_size, "rollout.num_blocks"
     elif gpu:
-        kv_tokens, kv_note = r.max_batch * seq, f"max_batch x {seq}; the engine takes half the free memory"
+        # the engine takes half the GPU memory free when it starts (block_manager.auto_num_blocks): what is
+        # loaded by then is the model and the drafter; the learner's state and activations come later
+        before = params * nbytes / tp + draft_params * nbytes
+        kv_tokens = max(r.max_batch * seq, int((c.gpu_memory_gb * GIB - before) / 2 / (kv_per_token / tp)))
+        kv_note = "half the GPU's free memory at start; rollout.num_blocks bounds it"
     else:  # the engine's CPU rule: at most 1024 blocks or 512 MiB
         per_block = kv_per_token * r.block_size
         kv_tokens, kv_note = max(64, min(1024, (512 << 20) // per_block)) * r.block_size, "engine's CPU default"
@@ -110,14 +114,10 @@ def plan(cfg: TLTConfig) -> str:
             (1 if arch.tie_word_embeddings else 2) * arch.vocab_size * (arch.hidden_size * nbytes)
         )
     if cfg.rl.micro_batch_tokens:
-        rows = max(cfg.rl.micro_batch_tokens, seq)
-        mem[f"learner logits (micro_batch_tokens {cfg.rl.micro_batch_tokens} x vocab, fp32 x2)"] = (
-            2 * rows * arch.vocab_size * 4
-        )
+        rows, what = max(cfg.rl.micro_batch_tokens, seq), f"micro_batch_tokens {cfg.rl.micro_batch_tokens}"
     else:
-        mem[f"learner logits (micro_batch {cfg.rl.micro_batch} x {seq} x vocab, fp32 x2)"] = (
-            2 * cfg.rl.micro_batch * seq * arch.vocab_size * 4
-        )
+        rows, what = cfg.rl.micro_batch * seq, f"micro_batch {cfg.rl.micro_batch} x {seq}"
+    mem[f"learner logits ({what} rows x vocab, fp32 x2)"] = 2 * rows * arch.vocab_size * 4
     total = sum(mem.values())
     unit = "GPU" if gpu else "worker (CPU RAM)"
     lines = [
