@@ -27,7 +27,7 @@ def held_out_problems(cfg: TLTConfig) -> list[Problem]:
     if not cfg.logging.eval_every:
         return []
     if t.kind == "arithmetic":
-        task = ArithmeticTask(t.digits, t.num_ops, t.word_problems, t.seed + HELD_OUT_SEED_OFFSET, ops=t.ops)
+        task = ArithmeticTask.from_config(t, HELD_OUT_SEED_OFFSET)
         return task.sample(n)
     if not t.eval_path:
         raise ConfigError(

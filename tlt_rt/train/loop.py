@@ -59,7 +59,7 @@ def init_ray(cfg: TLTConfig) -> bool:
 def make_source(cfg: TLTConfig) -> PromptSource:
     t = cfg.task
     if t.kind == "arithmetic":
-        task = ArithmeticTask(t.digits, t.num_ops, t.word_problems, t.seed, ops=t.ops)
+        task = ArithmeticTask.from_config(t)
         return PromptSource(task, cfg.rl.prompts_per_step, seed=t.seed)
     problems = load_dataset_file(t.path, t.question_field, t.answer_field)
     return PromptSource(problems, cfg.rl.prompts_per_step, seed=t.seed)

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         t = load_config(TLTConfig, a.config).task
         if t.kind != "arithmetic":
             ap.error(f"--config {a.config}: task.kind is {t.kind}; warm-up generates arithmetic prompts only")
-        task = ArithmeticTask(t.digits, t.num_ops, t.word_problems, t.seed, ops=t.ops)
+        task = ArithmeticTask.from_config(t)
     rep = warmup(
         a.target,
         a.out,

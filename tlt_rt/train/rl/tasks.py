@@ -138,6 +138,12 @@ class ArithmeticTask:
         self.ops = tuple(ops)
         self._lo, self._hi = (1 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
 
+    @classmethod
+    def from_config(cls, task, seed_offset: int = 0) -> ArithmeticTask:
+        """The generator a `task.` config section describes (kind arithmetic), its seed moved by `seed_offset`
+        (held-out problems, warm-up prompts apart from the RL's)."""
+        return cls(task.digits, task.num_ops, task.word_problems, task.seed + seed_offset, ops=task.ops)
+
     def sample(self, n: int, start: int = 0) -> list[Problem]:
         """Problems `start .. start+n-1`; stateless, so the same call gives the same list."""
         return [self.problem(start + i) for i in range(n)]
