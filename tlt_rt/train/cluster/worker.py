@@ -35,7 +35,7 @@ from tlt_rt.rollout import Engine, SamplingParams
 from tlt_rt.train.cluster.comm import all_reduce_sum, node_address_and_port
 from tlt_rt.train.cluster.results import RolloutResult, Sample
 from tlt_rt.train.drafter.data import DrafterBuffer
-from tlt_rt.train.drafter.eval import oracle_counts
+from tlt_rt.train.drafter.eval import oracle_counts_by_shape
 from tlt_rt.train.drafter.tail import DrafterTraining, TailTrainer, tail_training_on
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
@@ -182,17 +182,17 @@ class Worker:
     @torch.no_grad()
     def accept_ceiling(self) -> dict[str, tuple[int, int]]:
         """Per strategy, (tokens, steps) a perfect drafter would give on the last rollout's answers
-        (`oracle_counts`: each step accepts the sampled tokens while they lie in the target's top-k, at most
-        `depth` of them); {} when that rollout kept no hidden states. Called after the step, outside its timing."""
+        (`oracle_counts_by_shape`: each step accepts the sampled tokens while they lie in the target's top-k,
+        at most `depth` of them); {} when that rollout kept no hidden states. Called after the step, outside its
+        timing."""
         answers, self._answers = self._answers, []
         if not answers:
             return {}
-        temperature = self.cfg.rollout.temperature
-        out = {}
+        shapes = {}
         for text in self.cfg.rollout.strategies:
             s = Strategy.parse(text)
-            out[text] = oracle_counts(self.heads, answers, temperature, s.topk, s.depth)
-        return out
+            shapes[text] = (s.topk, s.depth)
+        return oracle_counts_by_shape(self.heads, answers, self.cfg.rollout.temperature, shapes)
 
     def evaluate(self, prompts: list[list[int]], params: dict) -> list[Sample]:
         """Answer held-out prompts with the current policy. Nothing is kept for the drafter, and the engine's

@@ -26,21 +26,34 @@ def oracle_steps(target, samples: list[dict], temperature: float, topk: int, dep
 
 def oracle_counts(target, samples: list[dict], temperature: float, topk: int, depth: int) -> tuple[int, int]:
     """(tokens emitted, steps taken) of `oracle_steps`, so that several workers' answers add up."""
-    emitted = steps = 0
+    return oracle_counts_by_shape(target, samples, temperature, {"": (topk, depth)})[""]
+
+
+@torch.no_grad()
+def oracle_counts_by_shape(
+    target, samples: list[dict], temperature: float, shapes: dict[str, tuple[int, int]]
+) -> dict[str, tuple[int, int]]:
+    """`oracle_counts` for several (topk, depth) shapes at once: the LM head runs once per sample, the top-k
+    once per distinct k (a top-k of its own, not a prefix of a larger one, so tied logits pick the same ids)."""
+    counts = {name: [0, 0] for name in shapes}
     for s in samples:
         logits = F.linear(target.model.norm(s["hidden"]), target.lm_head.weight)
         if temperature > 0:
             logits = logits / temperature
-        top = logits.topk(topk, -1).indices  # row t predicts x_{t+1}
-        ids = s["ids"].to(top.device)
-        hit = (top[:-1] == ids[1:, None]).any(-1).tolist()  # hit[t]: x_{t+1} in top-k
-        t = s["prompt_len"] - 1  # the first draft: root x_P
-        while t < len(hit):
-            a = 0
-            while a < depth and t + a < len(hit) and hit[t + a]:
-                a += 1
-            emitted, steps, t = emitted + a + 1, steps + 1, t + a + 1
-    return emitted, steps
+        nxt = s["ids"].to(logits.device)[1:, None]
+        hits = {}  # per k, hit[t]: x_{t+1} in the top-k of row t
+        for k in {k for k, _ in shapes.values()}:
+            hits[k] = (logits.topk(k, -1).indices[:-1] == nxt).any(-1).tolist()
+        for name, (topk, depth) in shapes.items():
+            hit = hits[topk]
+            t = s["prompt_len"] - 1  # the first draft: root x_P
+            acc = counts[name]
+            while t < len(hit):
+                a = 0
+                while a < depth and t + a < len(hit) and hit[t + a]:
+                    a += 1
+                acc[0], acc[1], t = acc[0] + a + 1, acc[1] + 1, t + a + 1
+    return {name: (e, n) for name, (e, n) in counts.items()}
 
 
 @torch.no_grad()
