@@ -5,9 +5,10 @@ for the same cores); the cost shows in the step's rollout seconds and tail share
 
 It also competes for the GIL. A thread that wants the GIL gets it only after its holder has run for the
 interpreter's switch interval (5 ms by default), and an engine step in the tail is about 1 ms that lets the GIL
-go while it waits for the device: beside a busy training thread each step waited up to 5 ms to go on (SmolLM2
-on an H100: plain decoding at batch 8 ran at half speed with tail training on). While the trainer runs, the
-interval is TAIL_SWITCH_INTERVAL_S instead.
+go while it waits for the device, so beside a busy training thread each step can wait up to 5 ms to go on.
+While the trainer runs, the interval is TAIL_SWITCH_INTERVAL_S instead. That is not what slows the tail on a
+GPU: with SmolLM2 on an H100, plain decoding at batch 4-8 ran at under half speed beside tail training with
+either interval (benchmarks/RESULTS.md, the end-to-end figure), so the contention there is on the device.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def tail_training_on(cfg) -> bool:
     return cfg.drafter.train_online and (mode == "on" or (mode == "auto" and cfg.cluster.num_workers == 1))
 
 
-TAIL_SWITCH_INTERVAL_S = 1e-4  # beside a busy thread, a 1 ms step loop ran at 1.28 ms/step (5 ms: 6.2)
+TAIL_SWITCH_INTERVAL_S = 1e-4  # beside a busy thread, a 1 ms step loop ran at 1.28 ms/step (5 ms: 6.2; CPU)
 
 
 class TailTrainer:
