@@ -8,10 +8,12 @@ again, ... so every option runs on the same live batch at nearly the same contex
 other. A step's time is its wall time in the engine's timeline (inputs, replay, the host copy and the
 postprocessing). Per batch: the median step of each option and its ratio to plain decoding.
 
---trainer: each round runs twice, without and with a drafter trainer busy beside the engine (a thread on
-its own CUDA stream running forward, backward and an optimizer step of a one-layer drafter, over and
-over); prints each option's step time with the trainer against without. --kernels: the GPU kernels
-(count and time) of one step of each option, from the torch profiler.
+--trainer [VARIANT ...]: each round runs again with the RL worker's drafter trainer busy beside the engine
+(a thread on its own CUDA stream training on random rollout data, as tail training does), once per
+variant: `all` (back to back on every SM), `sms=N` (drafter.tail_sms), `duty=F` (drafter.tail_duty),
+`vocab=N` (reduced draft vocabulary), `tokens=N`, or several joined by ','; prints each option's step time
+with the trainer against without, and the trainer's steps. --hidden keeps hidden rows as RL rollouts do.
+--kernels: the GPU kernels (count and time) of one step of each option, from the torch profiler.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from tlt_rt.ir.strategy import Strategy  # noqa: E402
 from tlt_rt.models.default import load_tokenizer  # noqa: E402
 from tlt_rt.models.drafter import Drafter  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
+from tlt_rt.train.drafter.config import DrafterConfig  # noqa: E402
+from tlt_rt.train.drafter.data import DrafterBuffer  # noqa: E402
+from tlt_rt.train.drafter.tail import Pacer, trainer_stream  # noqa: E402
+from tlt_rt.train.drafter.trainer import DrafterTrainer  # noqa: E402
 
 
 class Rotation:
@@ -51,34 +57,44 @@ class Rotation:
 
 
 class BusyTrainer:
-    """A drafter training loop on its own stream in a thread, as spot training runs beside a rollout."""
+    """The RL worker's drafter trainer (`DrafterTrainer`: fp32 replica, bf16 autocast, the default loss) over
+    random rollout data, back to back in a thread, as tail training runs beside a rollout. `sms` and `duty`
+    are `drafter.tail_sms` / `drafter.tail_duty`: its stream's SM share and its pacing."""
 
-    def __init__(self, engine: Engine, tokens: int = 2048):
+    def __init__(self, engine: Engine, sms: int = 0, duty: float = 1.0, batch_tokens: int = 4096,
+                 draft_vocab: int = 0, samples: int = 64, length: int = 256):  # fmt: skip
         target = engine.target
-        self.drafter = Drafter(target.arch, target).to("cuda", torch.bfloat16).train()
-        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=1e-5)
         v, h = target.arch.vocab_size, target.arch.hidden_size
-        self.ids = torch.randint(0, v, (1, tokens), device="cuda")
-        self.hidden = torch.randn(1, tokens, h, device="cuda", dtype=torch.bfloat16)
+        gen = torch.Generator().manual_seed(0)
+        buffer = DrafterBuffer(max_steps=4, seed=0)
+        ids = [torch.randint(0, v, (length,), generator=gen) for _ in range(samples)]
+        hidden = [torch.randn(length, h, generator=gen, dtype=torch.bfloat16).cuda() for _ in range(samples)]
+        buffer.add(0, ids, hidden)
+        drafter = Drafter(target.arch, target).to("cuda", torch.float32)
+        cfg = DrafterConfig(batch_tokens=batch_tokens, draft_vocab=draft_vocab)
+        self.trainer = DrafterTrainer(drafter, buffer, cfg)
+        self.trainer.train(threading.Event(), max_steps=2)  # kernels loaded, allocator warm
+        self.sms, self.duty, self.used_sms = sms, duty, 0
         self.stop, self.steps, self.thread = threading.Event(), 0, None
 
+    def _count(self, _metrics) -> None:
+        self.steps += 1
+        self.pacer()
+
     def _run(self) -> None:
-        stream = torch.cuda.Stream()
+        stream, self.used_sms = trainer_stream(torch.device("cuda"), self.sms)
+        stream.wait_stream(torch.cuda.current_stream())
+        self.pacer = Pacer(self.duty, self.stop)
         with torch.cuda.stream(stream):
-            while not self.stop.is_set():
-                out = self.drafter(self.ids, self.drafter.features(self.hidden))
-                loss = torch.nn.functional.cross_entropy(out.logits[0].float(), self.ids[0])
-                loss.backward()
-                self.opt.step()
-                self.opt.zero_grad(set_to_none=True)
-                stream.synchronize()
-                self.steps += 1
+            self.trainer.train(self.stop, after_step=self._count)
+        stream.synchronize()
 
     def __enter__(self):
         self.stop.clear()
+        self.steps = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
-        while self.steps == 0:  # running before the rollout starts
+        while self.steps == 0 and self.thread.is_alive():  # running before the rollout starts
             self.stop.wait(0.01)
         return self
 
@@ -87,11 +103,28 @@ class BusyTrainer:
         self.thread.join()
 
 
-def step_times(engine: Engine, prompts, max_new: int) -> dict[str, list[float]]:
+def trainer_variant(spec: str) -> dict:
+    """'all' | 'sms=16' | 'duty=0.5' | 'vocab=8192' | combinations joined by ',' -> BusyTrainer keywords."""
+    out: dict = {}
+    for part in spec.split(","):
+        if part == "all":
+            continue
+        key, _, value = part.partition("=")
+        names = {"sms": ("sms", int), "duty": ("duty", float), "vocab": ("draft_vocab", int),
+                 "tokens": ("batch_tokens", int)}  # fmt: skip
+        if key not in names or not value:
+            raise SystemExit(f"--trainer {spec!r}: parts are all, sms=N, duty=F, vocab=N, tokens=N")
+        name, kind = names[key]
+        out[name] = kind(value)
+    return out
+
+
+def step_times(engine: Engine, prompts, max_new: int, hidden: bool = False) -> dict[str, list[float]]:
     """Step seconds per option of one generate call; the first step of each run of an option is left out
     (after a switch the drafter's windows are rebuilt from the kept hidden rows, a cost of the switch)."""
     start = len(engine.timeline)
-    engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new, stop_token_ids=[]))
+    engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new, stop_token_ids=[],
+                                            return_hidden=hidden))  # fmt: skip
     out: dict[str, list[float]] = {}
     prev = None
     for e in engine.timeline[start:]:
@@ -143,7 +176,16 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--drafter", default=None, help="an exported drafter folder (default: freshly initialised)")
-    ap.add_argument("--trainer", action="store_true", help="also time every round with a drafter trainer beside")
+    ap.add_argument(
+        "--trainer",
+        nargs="*",
+        default=None,
+        metavar="VARIANT",
+        help="also time every round with a drafter trainer beside, once per variant: all (every SM, "
+        "back to back), sms=N (drafter.tail_sms), duty=F (drafter.tail_duty), vocab=N (draft "
+        "vocabulary), tokens=N (batch tokens), joined by ','; no value = all",
+    )
+    ap.add_argument("--hidden", action="store_true", help="keep the hidden rows, as RL rollouts do")
     ap.add_argument("--kernels", type=int, default=-1,
                     help="GPU kernels per step of each option; N > 0 also prints the N most launched")  # fmt: skip
     ap.add_argument("--run", type=int, default=6, help="steps of one option before the next")
@@ -154,6 +196,9 @@ def main(argv=None) -> None:
     strategies = [Strategy.parse(s) for s in args.strategies]
     options = [None, *strategies]
     names = ["off", *args.strategies]
+    variants = [] if args.trainer is None else (args.trainer or ["all"])
+    for v in variants:
+        trainer_variant(v)  # a bad spec fails before any engine is built
     rows = []
     for b in args.batch:
         prompts = prompts_for(b, tok)
@@ -162,46 +207,52 @@ def main(argv=None) -> None:
                                         num_blocks=256 + 32 * b)  # fmt: skip
         engine.capture(profile=False, modes=("greedy",))
         engine.policy = Rotation(options)
-        step_times(engine, prompts, 16)  # prefill shapes compile here
+        step_times(engine, prompts, 16, args.hidden)  # prefill shapes compile here
         # plain decoding on an engine without speculation, timed in the same rounds: the reference the
         # SD-capable engine's plain steps (which keep hidden rows for the drafter) are compared with
         plain = Engine.from_pretrained(None, speculative="off", dtype="bfloat16", device="cuda", max_batch=max(b, 1),
                                        num_blocks=256 + 32 * b)  # fmt: skip
         plain.capture(profile=False, modes=("greedy",))
         step_times(plain, prompts, 16)
-        trainer = BusyTrainer(engine) if args.trainer else None
-        times = {(n, t): [] for n in [*names, "off-engine"] for t in (False, True)}
+        trainers = {v: BusyTrainer(engine, **trainer_variant(v)) for v in variants}
+        times = {(n, t): [] for n in [*names, "off-engine"] for t in [None, *variants]}
+        steps = dict.fromkeys(variants, 0)
         for _ in range(args.rounds):
-            times[("off-engine", False)] += step_times(plain, prompts, args.max_new_tokens)["off"]
-            for busy in (False, True) if trainer else (False,):
+            times[("off-engine", None)] += step_times(plain, prompts, args.max_new_tokens, args.hidden)["off"]
+            for v in [None, *variants]:
                 engine.policy = Rotation(options, args.run)
-                if busy:
-                    with trainer:
-                        got = step_times(engine, prompts, args.max_new_tokens)
+                if v is None:
+                    got = step_times(engine, prompts, args.max_new_tokens, args.hidden)
                 else:
-                    got = step_times(engine, prompts, args.max_new_tokens)
+                    with trainers[v] as t:
+                        got = step_times(engine, prompts, args.max_new_tokens, args.hidden)
+                    steps[v] += t.steps
                 for n, ts in got.items():
-                    times[(n, busy)] += ts
+                    times[(n, v)] += ts
         row = {"batch": b, "device": torch.cuda.get_device_name()}
-        row["off-engine_ms"] = 1e3 * statistics.median(times[("off-engine", False)])
+        row["off-engine_ms"] = 1e3 * statistics.median(times[("off-engine", None)])
         for n in names:
-            row[f"{n}_ms"] = 1e3 * statistics.median(times[(n, False)])
-            if trainer:
-                row[f"{n}_busy_ms"] = 1e3 * statistics.median(times[(n, True)])
+            row[f"{n}_ms"] = 1e3 * statistics.median(times[(n, None)])
+            for v in variants:
+                row[f"{n}_busy[{v}]_ms"] = 1e3 * statistics.median(times[(n, v)])
+        for v in variants:
+            row[f"trainer[{v}]_steps"] = steps[v]
+            row[f"trainer[{v}]_sms"] = trainers[v].used_sms
         if args.kernels >= 0:
             for n, (launches, us) in kernels_per_step(engine, prompts, options, args.kernels).items():
                 row[f"{n}_kernels"], row[f"{n}_kernel_us"] = launches, us
         rows.append(row)
-        del engine, trainer, plain
+        del engine, trainers, plain
         torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()}; median step ms, interleaved in one engine per batch")
     for r in rows:
         plain = r["off_ms"]
         cells = [f"off {plain:.3f}"] + [f"{n} {r[n + '_ms']:.3f} ({r[n + '_ms'] / plain:.2f}x)" for n in names[1:]]
         print(f"batch {r['batch']:4d}: " + ", ".join(cells) + f"; off engine {r['off-engine_ms']:.3f}")
-        if args.trainer:
-            print("    with a trainer beside / without: "
-                  + ", ".join(f"{n} {r[n + '_busy_ms'] / r[n + '_ms']:.3f}" for n in names))  # fmt: skip
+        for v in variants:
+            print(f"    trainer {v} ({r[f'trainer[{v}]_steps']} steps, SMs {r[f'trainer[{v}]_sms'] or 'all'}) "
+                  "step time beside / without: "
+                  + ", ".join(f"{n} {r[f'{n}_busy[{v}]_ms'] / r[n + '_ms']:.3f}" for n in names))  # fmt: skip
         if args.kernels >= 0:
             print("    kernels per step (launches, us): "
                   + ", ".join(f"{n} {r[n + '_kernels']} / {r[n + '_kernel_us']:.0f}" for n in names))  # fmt: skip

@@ -201,10 +201,12 @@ def test_training_reduces_the_loss_on_fixed_data():
     fixed = eval_batch.next_batch(400)
     with torch.no_grad():
         before = batch_loss(trainer.drafter, fixed)
-    summary = trainer.train(lambda: False, max_steps=12)
+    seen = []
+    summary = trainer.train(lambda: False, max_steps=12, after_step=lambda m: seen.append(m["step"]))
     with torch.no_grad():
         after = batch_loss(trainer.drafter, fixed)
     assert summary["steps"] == 12 and trainer.steps == 12 and not summary["stopped"]
+    assert seen == [float(i) for i in range(1, 13)]  # after_step sees every step's metrics, in order
     # the token loss is bounded below by the target's entropy; the feature loss and agreement move a lot
     assert float(after.loss) < float(before.loss) and float(after.hidden_loss) < 0.5 * float(before.hidden_loss)
     assert float(after.top1) > float(before.top1) + 0.3

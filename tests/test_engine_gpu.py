@@ -74,6 +74,36 @@ def test_steps_do_not_wait_for_other_streams():
     assert still_running, "an engine step synchronised the whole device instead of its own stream"
 
 
+def test_trainer_on_an_sm_partition_computes_what_it_would_on_all():
+    """`drafter.tail_sms`: the tail trainer's stream lives on a green context of a few SMs (where the build has
+    them); its kernels give the results they give on an ordinary stream, while the engine decodes beside it."""
+    from tlt_rt.train.drafter.tail import trainer_stream
+
+    dev = torch.device("cuda")
+    stream, sms = trainer_stream(dev, 16)
+    total = torch.cuda.get_device_properties(dev).multi_processor_count
+    try:
+        from torch.cuda.green_contexts import SUPPORTED
+    except ImportError:
+        SUPPORTED = False
+    assert sms in (0, 16) and (sms == 16 or not SUPPORTED or total <= 16)
+    a = torch.randn(2048, 576, device=dev)
+    b = torch.randn(576, 4096, device=dev)
+    ref = torch.softmax(a @ b, -1)
+    _, graphed = _engines(speculative="auto", strategies=("3_3_8",), max_batch=4)
+    graphed.capture()
+    params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=[])
+    alone = [o.token_ids for o in graphed.generate(PROMPTS[:2], params)]
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        got = [torch.softmax(a @ b, -1) for _ in range(20)]
+    beside = [o.token_ids for o in graphed.generate(PROMPTS[:2], params)]
+    stream.synchronize()
+    assert beside == alone
+    for g in got:
+        torch.testing.assert_close(g, ref)
+
+
 def test_smollm2_bf16_answers():
     from tlt_rt.models.default import load_tokenizer
 

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from safetensors.torch import load_file
 from tlt_rt.config import TLTConfig, load_config
 from tlt_rt.train.__main__ import main as train_main
 from tlt_rt.train.batching import build_minibatches, share_seed, split_even
-from tlt_rt.train.drafter.tail import TAIL_SWITCH_INTERVAL_S, TailTrainer, tail_training_on
+from tlt_rt.train.drafter.tail import TAIL_SWITCH_INTERVAL_S, Pacer, TailTrainer, sm_partition, tail_training_on
 from tlt_rt.train.loop import RunExistsError, train
 from tlt_rt.train.rl import checkpoint as ckpt
 from tlt_rt.train.rl.learner import LearnSample
@@ -313,7 +314,7 @@ def test_tail_trainer_starts_in_the_tail_and_stops():
         def __init__(self):
             self.started = threading.Event()
 
-        def train(self, stop, max_steps=None):
+        def train(self, stop, max_steps=None, after_step=None):
             self.started.set()
             stop.wait()
             return {"steps": 3, "loss": 1.0, "top1": 0.5}
@@ -333,6 +334,65 @@ def test_tail_trainer_starts_in_the_tail_and_stops():
     out = tail.finish()
     assert out.steps == 3 and out.where == "tail" and out.end >= out.start
     assert sys.getswitchinterval() == before
+
+
+def test_tail_trainer_paces_its_steps_to_the_duty():
+    """With tail_duty 0.25 a trainer whose steps take ~20 ms idles ~60 ms after each: its busy share of the
+    tail is a quarter; the stop ends an idle spell at once."""
+
+    class SteppingTrainer:
+        device = torch.device("cpu")
+
+        def __init__(self):
+            self.marks = []
+
+        def train(self, stop, max_steps=None, after_step=None):
+            n = 0
+            while not stop.is_set() and (max_steps is None or n < max_steps):
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < 0.02:  # a busy 20 ms step
+                    pass
+                self.marks.append((t0, time.perf_counter()))
+                n += 1
+                after_step({"tokens": 1.0})
+            return {"steps": n, "loss": 1.0, "top1": 0.5}
+
+    class TailEngine:
+        timeline = [{"kind": "decode", "running": 1}]
+
+    tr = SteppingTrainer()
+    tail = TailTrainer(TailEngine(), tr, first_entry=0, capacity=8, fraction=0.5, max_steps=4, duty=0.25)
+    t0 = time.perf_counter()
+    tail.start()
+    tail._thread.join(5)
+    out = tail.finish()
+    wall = time.perf_counter() - t0
+    busy = sum(b - a for a, b in tr.marks)
+    assert out.steps == 4 and len(tr.marks) == 4
+    gaps = [tr.marks[i + 1][0] - tr.marks[i][1] for i in range(3)]
+    assert all(g >= 0.05 for g in gaps), gaps  # ~0.06 s: (1 - 0.25) / 0.25 x a 20 ms step
+    assert busy / wall < 0.4
+
+    stop = threading.Event()
+    pacer = Pacer(0.01, stop)  # would idle ~99x the step
+    pacer.mark -= 0.05
+    stop.set()
+    t0 = time.perf_counter()
+    pacer()
+    assert time.perf_counter() - t0 < 0.5 and pacer.idle > 4  # asked for ~5 s, the stop ended it at once
+    with pytest.raises(ValueError, match="duty"):
+        Pacer(0.0, stop)
+
+
+def test_tail_sms_partition_and_config():
+    assert sm_partition(16, 132) == 16
+    assert sm_partition(10, 132) == 16  # rounded up to the granularity of 8
+    assert sm_partition(0, 132) == 0 and sm_partition(132, 132) == 0 and sm_partition(130, 132) == 0
+    cfg = load_config(TLTConfig, overrides=["drafter.tail_sms=24", "drafter.tail_duty=0.5"])
+    assert cfg.drafter.tail_sms == 24 and cfg.drafter.tail_duty == 0.5
+    for bad in ("drafter.tail_duty=0", "drafter.tail_duty=1.5", "drafter.tail_sms=-1"):
+        with pytest.raises(Exception, match="tail_"):
+            load_config(TLTConfig, overrides=[bad])
 
 
 def test_tail_training_switch():

@@ -153,8 +153,9 @@ class Worker:
         if online and prompts and tail_training_on(self.cfg) and self.buffer.num_tokens > 0:
             d = self.cfg.drafter
             tail = TailTrainer(
-                self.engine, self.trainer, n0, capacity, d.tail_fraction, d.max_spot_steps or None, rank=self.rank
-            )
+                self.engine, self.trainer, n0, capacity, d.tail_fraction, d.max_spot_steps or None, rank=self.rank,
+                sms=d.tail_sms, duty=d.tail_duty,
+            )  # fmt: skip
             tail.start()
         outs = []
         try:

@@ -72,6 +72,17 @@ class DrafterConfig:
     tail_fraction: float = option(
         0.25, help="A worker's rollout is in its tail when fewer than this fraction of its sequences still run."
     )
+    tail_sms: int = option(
+        0,
+        help="GPU SMs the tail trainer's kernels may use (a CUDA green context, rounded up to the device's "
+        "granularity of 8); the rollout keeps every SM. 0 = all SMs. Where green contexts are missing it warns "
+        "and uses all.",
+    )
+    tail_duty: float = option(
+        1.0,
+        help="Largest share of the tail's time the tail trainer keeps the device busy: after a step of t "
+        "seconds it idles t * (1 - duty) / duty. 1 = back to back.",
+    )
     max_spot_steps: int = option(
         0, help="Most drafter steps one worker trains per rollout (idle or tail); 0 = until the rollout ends."
     )
@@ -80,6 +91,8 @@ class DrafterConfig:
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         check(0 < self.tail_fraction <= 1, "tail_fraction", f"must be in (0, 1], got {self.tail_fraction}")
         check_min(self, "max_spot_steps", 0)
+        check_min(self, "tail_sms", 0)
+        check(0 < self.tail_duty <= 1, "tail_duty", f"must be in (0, 1], got {self.tail_duty}")
         check_min(self, "batch_tokens", 1)
         check_min(self, "buffer_steps", 1)
         check_min(self, "hidden_loss_weight", 0.0)

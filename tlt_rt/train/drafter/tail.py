@@ -9,6 +9,14 @@ go while it waits for the device, so beside a busy training thread each step can
 While the trainer runs, the interval is TAIL_SWITCH_INTERVAL_S instead. That is not what slows the tail on a
 GPU: with SmolLM2 on an H100, plain decoding at batch 4-8 ran at under half speed beside tail training with
 either interval (benchmarks/RESULTS.md, the end-to-end figure), so the contention there is on the device.
+
+Two settings bound what the trainer takes from the device (`drafter.tail_sms`, `drafter.tail_duty`):
+- `tail_sms` > 0 runs its kernels on a stream of a CUDA green context holding that many SMs (rounded up to
+  the device's granularity). A training GEMM then occupies at most those SMs, and the engine's small decode
+  kernels find the others free instead of queueing behind a full wave. The engine itself keeps every SM.
+  Where green contexts are missing (older torch or driver) it warns once and uses a low-priority stream.
+- `tail_duty` < 1 paces the trainer: after a step of `t` seconds it waits `t * (1 - duty) / duty`, so it keeps
+  the device busy at most that share of the tail's time (memory bandwidth and L2 are shared whatever the SMs).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import dataclasses
 import sys
 import threading
 import time
+import warnings
 from typing import Literal
 
 import torch
@@ -45,6 +54,62 @@ def tail_training_on(cfg) -> bool:
     return cfg.drafter.train_online and (mode == "on" or (mode == "auto" and cfg.cluster.num_workers == 1))
 
 
+def sm_partition(requested: int, total: int, granularity: int = 8) -> int:
+    """SMs a green context of `requested` SMs gets: rounded up to `granularity`, at most `total`; 0 = no partition."""
+    n = -(-requested // granularity) * granularity
+    return n if 0 < n < total else 0
+
+
+_GREEN: dict[tuple[int, int], object] = {}  # (device, SMs) -> (green context, its stream), made once
+_GREEN_WARNED: set[str] = set()
+
+
+def trainer_stream(device: torch.device, sms: int = 0):
+    """A CUDA stream for training beside a rollout: on a green context of `sms` SMs (`sm_partition`) where
+    the torch build and driver have them, else a stream of the default, lowest priority (the engine's
+    is the highest). Returns (stream, SMs it may use; 0 = all)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    n = sm_partition(sms, torch.cuda.get_device_properties(index).multi_processor_count)
+    if n:
+        if (index, n) not in _GREEN:
+            try:
+                from torch.cuda.green_contexts import GreenContext
+
+                ctx = GreenContext.create(num_sms=n, device_id=index)
+                _GREEN[(index, n)] = (ctx, ctx.Stream())  # the context must outlive its stream: kept for good
+            except Exception as exc:  # noqa: BLE001 - any failure means: no partition here
+                key = f"{type(exc).__name__}: {exc}"
+                if key not in _GREEN_WARNED:
+                    _GREEN_WARNED.add(key)
+                    warnings.warn(f"tail_sms={sms}: no CUDA green context here ({key}); the trainer uses all "
+                                  "SMs on a low-priority stream", stacklevel=2)  # fmt: skip
+                _GREEN[(index, n)] = None
+        if _GREEN[(index, n)] is not None:
+            return _GREEN[(index, n)][1], n
+    return torch.cuda.Stream(index), 0
+
+
+class Pacer:
+    """Keeps a loop's busy share at most `duty`: called after each step, it idles t * (1 - duty) / duty for a
+    step of t seconds (since the last call or `mark`), ended early by `stop`. duty 1 never waits."""
+
+    def __init__(self, duty: float, stop: threading.Event):
+        if not 0 < duty <= 1:
+            raise ValueError(f"duty must be in (0, 1], got {duty}")
+        self.duty, self.stop = duty, stop
+        self.mark = time.perf_counter()
+        self.idle = 0.0
+
+    def __call__(self, _metrics=None) -> None:
+        now = time.perf_counter()
+        busy, self.mark = now - self.mark, now
+        if self.duty < 1:
+            pause = busy * (1 - self.duty) / self.duty
+            self.stop.wait(pause)
+            self.idle += pause
+            self.mark = time.perf_counter()
+
+
 TAIL_SWITCH_INTERVAL_S = 1e-4  # beside a busy thread, a 1 ms step loop ran at 1.28 ms/step (5 ms: 6.2; CPU)
 
 
@@ -52,11 +117,13 @@ class TailTrainer:
     """Trains the drafter in a background thread while the engine's running batch is in its tail."""
 
     def __init__(self, engine, trainer, first_entry: int, capacity: int, fraction: float,
-                 max_steps: int | None, poll_s: float = 0.01, rank: int = 0) -> None:  # fmt: skip
+                 max_steps: int | None, poll_s: float = 0.01, rank: int = 0, sms: int = 0,
+                 duty: float = 1.0) -> None:  # fmt: skip
         self.engine, self.trainer = engine, trainer
         self.first_entry, self.threshold = first_entry, fraction * capacity
         self.max_steps, self.poll_s = max_steps, poll_s
-        self.stop = threading.Event()
+        self.sms, self.stop = sms, threading.Event()
+        self.pacer = Pacer(duty, self.stop)
         self.result = DrafterTraining(rank, "tail")
         self._thread = threading.Thread(target=self._run, name="drafter-tail", daemon=True)
 
@@ -74,16 +141,17 @@ class TailTrainer:
             return
         start = time.time()
         device = self.trainer.device
+        self.pacer.mark = time.perf_counter()
         if device.type == "cuda":
             # its own stream: training kernels interleave with the engine's replays instead of queueing
             # behind them on the default stream; the buffer's tensors were written on the default stream
-            stream = torch.cuda.Stream(device)
+            stream, _ = trainer_stream(device, self.sms)
             stream.wait_stream(torch.cuda.default_stream(device))
             with torch.cuda.stream(stream):
-                out = self.trainer.train(self.stop, max_steps=self.max_steps)
+                out = self.trainer.train(self.stop, max_steps=self.max_steps, after_step=self.pacer)
             stream.synchronize()
         else:
-            out = self.trainer.train(self.stop, max_steps=self.max_steps)
+            out = self.trainer.train(self.stop, max_steps=self.max_steps, after_step=self.pacer)
         end = time.time()
         self.result = DrafterTraining(self.result.rank, "tail", int(out["steps"]), start, end, out["loss"], out["top1"])
 

@@ -137,8 +137,11 @@ class DrafterTrainer:
         assert out is not None
         return out
 
-    def train(self, stop: StopFlag, max_steps: int | None = None) -> dict[str, float]:
-        """Optimizer steps until `stop` is set (checked between micro-steps) or `max_steps` are done."""
+    def train(
+        self, stop: StopFlag, max_steps: int | None = None, after_step: Callable[[dict], None] | None = None
+    ) -> dict[str, float]:
+        """Optimizer steps until `stop` is set (checked between micro-steps) or `max_steps` are done;
+        `after_step(metrics)` runs after each step (a pacer, progress)."""
         should_stop = stop.is_set if isinstance(stop, threading.Event) else stop
         done, tokens, t0, stopped = 0, 0, time.perf_counter(), False
         sums = {"loss": 0.0, "hidden_loss": 0.0, "token_loss": 0.0, "top1": 0.0}
@@ -151,6 +154,8 @@ class DrafterTrainer:
             done, tokens, last = done + 1, tokens + int(m["tokens"]), m
             for k in sums:
                 sums[k] += m[k] * m["tokens"]
+            if after_step is not None:
+                after_step(m)
         elapsed = time.perf_counter() - t0
         summary = {k: v / max(tokens, 1) for k, v in sums.items()}
         summary.update(
