@@ -53,13 +53,20 @@ def timed_call(engine: Engine, prompts, params: SamplingParams) -> tuple[float, 
     return n / dt, n
 
 
-def run_interleaved(engines: dict[str, Engine], prompts, max_new: int, repeats: int) -> dict[str, dict]:
+def run_interleaved(
+    engines: dict[str, Engine], prompts, max_new: int, repeats: int, learn_rounds: int = 0
+) -> dict[str, dict]:
     """Every engine prepared, then `repeats` rounds of one timed call per engine in turn, so that a slow
     stretch of the device (clocks, other load) falls on every configuration alike. Per configuration: the
-    median tokens/s and the median over rounds of its ratio to `off` in the same round."""
+    median tokens/s and the median over rounds of its ratio to `off` in the same round. `learn_rounds`
+    untimed full calls per engine come first: an engine that lives across calls (an RL run's) has had them,
+    and `auto`'s policy takes its step costs and accept lengths there."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
     for eng in engines.values():
         prepare_engine(eng, prompts)
+    for _ in range(learn_rounds):
+        for eng in engines.values():
+            timed_call(eng, prompts, params)
     rates: dict[str, list[float]] = {name: [] for name in engines}
     n = 0
     for _ in range(repeats):
@@ -169,6 +176,8 @@ def main(argv=None) -> None:
     ap.add_argument("--configs", nargs="+", default=None, help="rows to run: off, auto, strategies")
     ap.add_argument("--interleave", action="store_true",
                     help="build every row's engine first, then time one call of each in turn per repeat")  # fmt: skip
+    ap.add_argument("--learn-rounds", type=int, default=0,
+                    help="with --interleave: untimed full calls of every engine before the timed rounds")  # fmt: skip
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
@@ -197,7 +206,7 @@ def main(argv=None) -> None:
             gc.collect()
             torch.cuda.empty_cache()
         if args.interleave:
-            timed = run_interleaved(engines, prompts, args.max_new_tokens, args.repeats)
+            timed = run_interleaved(engines, prompts, args.max_new_tokens, args.repeats, args.learn_rounds)
             rows += [engine_row(eng, name, b, timed[name]) for name, eng in engines.items()]
         del engines
         gc.collect()
