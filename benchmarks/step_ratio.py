@@ -186,6 +186,8 @@ def main(argv=None) -> None:
         "vocabulary), tokens=N (batch tokens), joined by ','; no value = all",
     )
     ap.add_argument("--hidden", action="store_true", help="keep the hidden rows, as RL rollouts do")
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="draft over N target ids (a reduced head, ids 0..N-1: costs, not gains)")  # fmt: skip
     ap.add_argument("--kernels", type=int, default=-1,
                     help="GPU kernels per step of each option; N > 0 also prints the N most launched")  # fmt: skip
     ap.add_argument("--run", type=int, default=6, help="steps of one option before the next")
@@ -205,6 +207,8 @@ def main(argv=None) -> None:
         engine = Engine.from_pretrained(None, drafter_path=args.drafter, speculative="on", dtype="bfloat16",
                                         device="cuda", strategies=args.strategies, max_batch=max(b, 1),
                                         num_blocks=256 + 32 * b)  # fmt: skip
+        if args.draft_vocab:
+            engine.drafter_runner.drafter.set_draft_vocab(torch.arange(args.draft_vocab))
         engine.capture(profile=False, modes=("greedy",))
         engine.policy = Rotation(options)
         step_times(engine, prompts, 16, args.hidden)  # prefill shapes compile here
@@ -229,7 +233,7 @@ def main(argv=None) -> None:
                     steps[v] += t.steps
                 for n, ts in got.items():
                     times[(n, v)] += ts
-        row = {"batch": b, "device": torch.cuda.get_device_name()}
+        row = {"batch": b, "device": torch.cuda.get_device_name(), "draft_vocab": args.draft_vocab or None}
         row["off-engine_ms"] = 1e3 * statistics.median(times[("off-engine", None)])
         for n in names:
             row[f"{n}_ms"] = 1e3 * statistics.median(times[(n, None)])
@@ -244,7 +248,8 @@ def main(argv=None) -> None:
         rows.append(row)
         del engine, trainers, plain
         torch.cuda.empty_cache()
-    print(f"device: {torch.cuda.get_device_name()}; median step ms, interleaved in one engine per batch")
+    vocab = f"; draft vocabulary {args.draft_vocab}" if args.draft_vocab else ""
+    print(f"device: {torch.cuda.get_device_name()}; median step ms, interleaved in one engine per batch{vocab}")
     for r in rows:
         plain = r["off_ms"]
         cells = [f"off {plain:.3f}"] + [f"{n} {r[n + '_ms']:.3f} ({r[n + '_ms'] / plain:.2f}x)" for n in names[1:]]
