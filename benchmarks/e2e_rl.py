@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -63,6 +64,15 @@ def warm_drafter(
         print(f"   {line}", flush=True)
     print(f"== drafter warm-up: {time.time() - t0:.0f}s", flush=True)
     return out
+
+
+def steps_done(run_dir: Path) -> int:
+    """RL steps a run logged (its metrics.jsonl lines with a step number)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    with path.open() as f:
+        return sum(1 for line in f if line.strip() and "step" in json.loads(line))
 
 
 def run(config: str, out: Path, name: str, steps: int, keys: list[str], budget: float) -> int:
@@ -127,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         "--time-limit",
         type=float,
         default=0,
-        help="seconds for everything; each run gets half of what the warm-up leaves (0 = no limit)",
+        help="seconds for everything: the off run gets 45%% of what the warm-up leaves, the auto run the rest "
+        "and the steps the off run reached (0 = no limit)",
     )
     args = ap.parse_args(argv)
     if args.steps <= args.timing_warmup:
@@ -145,11 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         return max(60.0, args.time_limit - (time.time() - t0)) if args.time_limit else float("inf")
 
     shared = [*keys, f"drafter.path={drafter}"] if drafter else list(keys)
-    rc = run(args.config, out, "rl-off", args.steps, [*shared, "rollout.speculative=off", "drafter.train_online=false"],
-             left() / 2)  # fmt: skip
-    # the second run gets what the first left: its start-up is the longer one (drafter graphs)
-    rc |= run(args.config, out, "rl-auto", args.steps, [*shared, "rollout.speculative=auto"], left())
     runs = [out / "runs" / "rl-off", out / "runs" / "rl-auto"]
+    # the off run gets 45% of what is left; the auto run (the longer start-up: drafter graphs) stops at the
+    # steps the off run reached, so the time goes to the steps both have
+    rc = run(args.config, out, "rl-off", args.steps, [*shared, "rollout.speculative=off", "drafter.train_online=false"],
+             0.45 * left())  # fmt: skip
+    steps = min(args.steps, max(steps_done(runs[0]), args.timing_warmup + 1))
+    rc |= run(args.config, out, "rl-auto", steps, [*shared, "rollout.speculative=auto"], left())
     if not all((r / "metrics.jsonl").is_file() for r in runs):
         print("e2e_rl: a run wrote no steps; see its log in", out, file=sys.stderr)
         return 1

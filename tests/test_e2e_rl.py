@@ -26,7 +26,8 @@ def test_e2e_runs_off_and_auto_and_writes_the_page(tiny, tmp_path, capsys):  # n
             "logging.eval_every=2", "logging.eval_prompts=2", "rollout.max_new_tokens=6", "rollout.strategies=[3_2_4]",
             "rl.prompts_per_step=2", "rl.group_size=2", "rl.micro_batch=4", "cluster.num_workers=1",
             "cluster.gpus_per_worker=0", "cluster.cpus_per_worker=1", "tensorboard=false"]  # fmt: skip
-    rc = _script().main(["--config", str(ROOT / "configs" / "smollm2-arith.yaml"), "--steps", "3",
+    script = _script()
+    rc = script.main(["--config", str(ROOT / "configs" / "smollm2-arith.yaml"), "--steps", "3",
                          "--timing-warmup", "1", "--out", str(tmp_path), "--fresh-drafter", "--", *keys])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -35,6 +36,7 @@ def test_e2e_runs_off_and_auto_and_writes_the_page(tiny, tmp_path, capsys):  # n
         records = [json.loads(x) for x in (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records] == [0, 1, 2]
         assert "heldout_accuracy" in records[0] and "heldout_accuracy_end" in records[-1]
+        assert script.steps_done(tmp_path / "runs" / name) == 3  # what the auto run's step count follows
     page = (tmp_path / "compare.md").read_text()
     assert "| rl-auto | 3 |" in page and "Learning, rl-auto against rl-off" in page
     assert (tmp_path / "compare.png").stat().st_size > 1000
