@@ -1,4 +1,4 @@
-"""Drafter accept length on the RL workload's own answers against the perfect-drafter ceiling (issue 19).
+"""Drafter accept length on the RL workload's own answers against the perfect-drafter ceiling.
 
     python benchmarks/drafter_rl.py [--tiny] [--prompts 1024] [--samples 4] [--train-seconds 120]
         [--variants base,ttt3] [--strategies 8_4_32,8_8_64] [--out FILE]
