@@ -1,5 +1,5 @@
-"""The drafter's RL-temperature training: training-time test, losses at the sampling temperature, reduced draft vocabulary
-from rollout counts, the draft-vocab logits path, and the perfect-drafter ceiling with the engine's tree."""
+"""The drafter's RL-temperature training: training-time test, losses at the sampling temperature, reduced draft
+vocabulary from rollout counts, the draft-vocab logits path, and the perfect-drafter ceiling with the engine's tree."""
 
 from __future__ import annotations
 
