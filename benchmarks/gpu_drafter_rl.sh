@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The drafter at the RL temperature on one GPU: drafters warmed up on the RL workload's answers at T=1.0
 # (SmolLM2 bf16), held-out accept length per strategy at T=1.0 and greedy beside the perfect-drafter
-# ceiling of the same tree and verify budget, and their ratio. One command, about 8 minutes on an H100 with the defaults below.
+# ceiling of the same tree and verify budget, and their ratio. One command, about 8 minutes on an H100
+# with the defaults below.
 # Usage: benchmarks/gpu_drafter_rl.sh OUTDIR          (a CPU check of the whole path: ... OUTDIR --tiny)
 #   PROMPTS (1024) x SAMPLES (4) training answers; TRAIN_SECS (90) per variant (or 5 epochs, whichever ends
 #   first); VARIANTS (base,ttt3,vocab; also ttt3s, greedyT: benchmarks/drafter_rl.py); STRATEGIES (8_4_32,8_8_64);
