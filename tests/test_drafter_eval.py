@@ -143,7 +143,9 @@ def test_drafter_counts_walk_the_hits_per_shape(trained):
 def test_frozen_copy_keeps_the_weights_it_was_given(trained):
     target, drafter, data = trained
     train_copy = frozen_copy(drafter).train().requires_grad_(True)  # a drafter to move; `drafter` stays as it is
+    rng = torch.get_rng_state()
     frozen = frozen_copy(train_copy)
+    assert torch.equal(torch.get_rng_state(), rng)  # keeping a copy changes no later draw of the run
     assert not any(p.requires_grad for p in frozen.parameters()) and not frozen.training
     assert frozen.lm_head is target.lm_head  # the target's head is shared, not copied
     before = drafter_counts_by_shape(frozen, data, {"c": (1, DEPTH)})

@@ -279,8 +279,12 @@ def oracle_tree_steps(
 def frozen_copy(drafter: Drafter) -> Drafter:
     """A copy of `drafter`'s own weights (and draft vocabulary) on its device and dtype, in eval mode without
     gradients, bound to the same target: the embedding, final norm and LM head stay the target's (shared),
-    so a reduced head must be re-sliced after a policy update as the drafter's is (`refresh_head`)."""
+    so a reduced head must be re-sliced after a policy update as the drafter's is (`refresh_head`). The global
+    random state is left as it was (the new module's initial draws are overwritten anyway): a run that keeps a
+    copy samples as one that does not."""
     w = drafter.fc.weight
-    copy = Drafter(drafter.arch, drafter.target, fc_bias=drafter.fc.bias is not None).to(w.device, w.dtype)
+    with torch.random.fork_rng(devices=[]):  # the module is built on the CPU, then moved
+        copy = Drafter(drafter.arch, drafter.target, fc_bias=drafter.fc.bias is not None)
+    copy = copy.to(w.device, w.dtype)
     copy.load_state_dict(drafter.state_dict())
     return copy.eval().requires_grad_(False)
