@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from tlt_rt.compare import agreement, bucket_table, main, run_means, speedup, write_compare
+from tlt_rt.compare import agreement, bucket_table, drafter_curve_lines, main, run_means, speedup, write_compare
 from tlt_rt.report import main as report_main
 
 
@@ -101,3 +101,24 @@ def test_runs_of_different_lengths_are_compared_on_their_common_steps(tmp_path):
     text = write_compare([tmp_path / "off", tmp_path / "auto"], tmp_path / "cmp").read_text()
     assert "Only the first 3 steps are compared: off ran more." in text
     assert "| 2.00x ± " in _rows(text)["auto"]  # off's fourth step (9 s) is left out
+
+
+def test_drafter_curve_means_over_the_steps_that_logged_it(tmp_path):
+    ceiling, online, frozen = [2.5, 2.6, 2.7, 2.8], [1.2, 1.6, None, 2.0], [1.2, 1.3, None, 1.1]
+    _write_run(tmp_path / "off", [3.0, 2.0, 2.2, 2.1], [0.1, 0.2, 0.3, 0.3])  # records of before the curve
+    _write_run(tmp_path / "auto", [3.0, 1.5, 1.4, 1.4], [0.1, 0.2, 0.3, 0.3], accept_length=[1.5, 1.8, 1.9, 1.9],
+               accept_ceiling=ceiling, drafter_accept_online=online, drafter_accept_frozen=frozen)  # fmt: skip
+    text = write_compare([tmp_path / "off", tmp_path / "auto"], tmp_path / "cmp").read_text()
+    # steps 0, 1 and 3 have all three: online (1.2 + 1.6 + 2.0) / 3, frozen 3.6 / 3, ceiling 7.9 / 3;
+    # online - frozen paired per step: 0.0, 0.3, 0.9 (mean 0.4, standard error 0.2646)
+    line = "- auto, over 3 steps: online 1.60, frozen 1.20, ceiling 2.63 tokens per step; online - frozen +0.40 ± 0.53"
+    assert line in text.splitlines()
+    assert not any(x.startswith("- off, over") for x in text.splitlines())
+    with_curve = (tmp_path / "cmp" / "compare.png").read_bytes()
+    # the same runs without the curve: the page has no such section, the plot has fewer lines
+    _write_run(tmp_path / "auto0", [3.0, 1.5, 1.4, 1.4], [0.1, 0.2, 0.3, 0.3], accept_length=[1.5, 1.8, 1.9, 1.9],
+               accept_ceiling=ceiling)  # fmt: skip
+    text = write_compare([tmp_path / "off", tmp_path / "auto0"], tmp_path / "cmp0").read_text()
+    assert "online" not in text and "| 2.70 |" in _rows(text)["auto0"]  # the ceiling column, steps 1..3
+    assert (tmp_path / "cmp0" / "compare.png").read_bytes() != with_curve
+    assert drafter_curve_lines({"a": [{"step": 0, "drafter_accept_online": 1.0}]}) == []  # frozen, ceiling absent

@@ -14,7 +14,13 @@ from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import Engine, SamplingParams
 from tlt_rt.train.drafter.data import DrafterBuffer
-from tlt_rt.train.drafter.eval import chain_agreement
+from tlt_rt.train.drafter.eval import (
+    chain_agreement,
+    drafter_counts_by_shape,
+    drafter_hits,
+    frozen_copy,
+    walk_steps,
+)
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 
 ARCH = ArchConfig(
@@ -101,3 +107,51 @@ def test_engine_chain_accepts_what_dense_agreement_predicts(trained):
         got.subtract(before)
         got = +got
         assert got == _dense_histogram(chain_agreement(drafter, s, DEPTH), NEW), i
+
+
+def test_drafter_hits_are_the_chain_agreement_on_greedy_answers(trained):
+    target, drafter, data = trained
+    for s in data:
+        ok, hits = chain_agreement(drafter, s, DEPTH), drafter_hits(drafter, s, DEPTH, {1, 3})
+        # depth j of root r names x_{r+j+1}: in the answer while r + j + 1 <= L - 1 (chain_agreement also
+        # judges the one past it, by the target's top-1)
+        r, j = torch.arange(ok.shape[1])[None] + s["prompt_len"] - 1, torch.arange(1, DEPTH + 1)[:, None]
+        inside = r + j + 1 <= s["ids"].shape[0] - 1
+        assert torch.equal(hits[1], ok & inside)
+        assert not (hits[1] & ~hits[3]).any()  # a top-3 holds the top-1
+
+
+def test_drafter_counts_walk_the_hits_per_shape(trained):
+    target, drafter, data = trained
+    shapes = {"4_1_5": (1, DEPTH), "2_3_8": (3, 2), "1_1_2": (1, 1)}
+    got = drafter_counts_by_shape(drafter, data, shapes)
+    for name, (k, depth) in shapes.items():
+        want = [0, 0]
+        for s in data:
+            e, n = walk_steps(torch.cumprod(drafter_hits(drafter, s, depth, {k})[k].int(), 0).sum(0).tolist())
+            want = [want[0] + e, want[1] + n]
+        assert got[name] == tuple(want), name
+    tokens, steps = got["4_1_5"]
+    assert 3.0 < tokens / steps <= DEPTH + 1  # the over-fit drafter, as in the engine
+    assert got["1_1_2"][0] <= 2 * got["1_1_2"][1]  # at most one draft per step
+    # an untrained drafter proposes nothing of these answers: one token per step
+    untrained = Drafter(ARCH, target).eval()
+    tokens, steps = drafter_counts_by_shape(untrained, data, {"c": (1, DEPTH)})["c"]
+    assert tokens / steps < 1.2
+
+
+def test_frozen_copy_keeps_the_weights_it_was_given(trained):
+    target, drafter, data = trained
+    train_copy = frozen_copy(drafter).train().requires_grad_(True)  # a drafter to move; `drafter` stays as it is
+    rng = torch.get_rng_state()
+    frozen = frozen_copy(train_copy)
+    assert torch.equal(torch.get_rng_state(), rng)  # keeping a copy changes no later draw of the run
+    assert not any(p.requires_grad for p in frozen.parameters()) and not frozen.training
+    assert frozen.lm_head is target.lm_head  # the target's head is shared, not copied
+    before = drafter_counts_by_shape(frozen, data, {"c": (1, DEPTH)})
+    assert before == drafter_counts_by_shape(drafter, data, {"c": (1, DEPTH)})
+    with torch.no_grad():
+        for p in train_copy.parameters():
+            p.add_(torch.randn_like(p))
+    assert drafter_counts_by_shape(frozen, data, {"c": (1, DEPTH)}) == before
+    assert drafter_counts_by_shape(train_copy, data, {"c": (1, DEPTH)}) != before

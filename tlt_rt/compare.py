@@ -9,7 +9,9 @@ read from one page:
   accuracy with its binomial standard error;
 - where the rollout's time goes per batch size (power-of-two buckets): seconds, tokens per second, SD share
   and accept length beside the perfect-drafter ceiling;
-- the response-length histogram of the first steps (the tail the rollout waits for).
+- the response-length histogram of the first steps (the tail the rollout waits for);
+- with `logging.drafter_curve`, the online drafter's accept length against the frozen starting drafter's and
+  the ceiling, on each step's answers (plotted beside the accept length).
 `python -m tlt_rt.report RUN_A RUN_B` writes the same page.
 """
 
@@ -131,6 +133,23 @@ def agreement(base: list[dict], run: list[dict]) -> list[str]:
     return lines
 
 
+def drafter_curve_lines(runs: dict[str, list[dict]]) -> list[str]:
+    """Per run with `logging.drafter_curve` records: the mean accept length of the online drafter, of the
+    frozen starting drafter and the ceiling over the steps that logged all three, and online - frozen paired
+    by step with two standard errors."""
+    keys = ("drafter_accept_online", "drafter_accept_frozen", "accept_ceiling")
+    lines = []
+    for n, records in runs.items():
+        rows = [r for r in records if all(isinstance(r.get(k), int | float) for k in keys)]
+        if not rows:
+            continue
+        online, frozen, ceiling = (statistics.fmean(r[k] for r in rows) for k in keys)
+        d, se = mean_se([r["drafter_accept_online"] - r["drafter_accept_frozen"] for r in rows])
+        lines.append(f"- {n}, over {len(rows)} steps: online {online:.2f}, frozen {frozen:.2f}, ceiling "
+                     f"{ceiling:.2f} tokens per step; online - frozen {d:+.2f} ± {2 * se:.2f}")  # fmt: skip
+    return lines
+
+
 def buckets(records: list[dict]) -> dict[int, dict[str, float]]:
     """Per batch bucket, the run's decode and SD seconds and tokens summed over `records`."""
     out: dict[int, dict[str, float]] = {}
@@ -202,11 +221,19 @@ def plot_compare(runs: dict[str, list[dict]], path: Path, warmup: int = 1) -> No
     for n, records in runs.items():
         pts = [(r["step"] + 1, r["accept_length"], r.get("accept_ceiling")) for r in records
                if isinstance(r.get("accept_length"), int | float)]  # fmt: skip
+        color = None
         if pts:
             (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, label=f"{n} accept")
+            color = line.get_color()
             ceil = [(p[0], p[2]) for p in pts if p[2] is not None]
-            ax.plot([c[0] for c in ceil], [c[1] for c in ceil], "--", color=line.get_color(), label=f"{n} ceiling")
-    ax.set_title("accept length and perfect-drafter ceiling", fontsize=9)
+            ax.plot([c[0] for c in ceil], [c[1] for c in ceil], "--", color=color, label=f"{n} ceiling")
+        for key, style in (("drafter_accept_online", "s-."), ("drafter_accept_frozen", "x:")):
+            curve = [(r["step"] + 1, r[key]) for r in records if isinstance(r.get(key), int | float)]
+            if curve:  # logging.drafter_curve: the online and the frozen starting drafter on the step's answers
+                (line,) = ax.plot([c[0] for c in curve], [c[1] for c in curve], style, markersize=3, color=color,
+                                  label=f"{n} {key.rsplit('_', 1)[1]} drafter")  # fmt: skip
+                color = line.get_color()
+    ax.set_title("accept length, drafters and perfect-drafter ceiling", fontsize=9)
     ax.set_xlabel("RL step")
     _legend(ax)
     ax = axes[1][1]
@@ -259,6 +286,10 @@ def write_compare(run_dirs: list[str | Path], out: str | Path, warmup: int = 1) 
         lines = agreement(runs[names[0]], runs[n])
         if lines:
             md += [f"Learning, {n} against {names[0]}:", "", *lines, ""]
+    curve = drafter_curve_lines(runs)
+    if curve:
+        md += ["Drafter accept length on each step's answers, the online drafter against a frozen copy of the run's "
+               "starting drafter (the ceiling's measure, a perfect drafter's):", "", *curve, ""]  # fmt: skip
     table = bucket_table(runs, warmup)
     if table:
         md += ["Rollout time per batch size (running sequences, power-of-two buckets; measured steps):", "", *table, ""]

@@ -1,5 +1,7 @@
 """What a step logs beside its own rollout, outside its timing: held-out accuracy (`logging.eval_every`) and
-the perfect-drafter ceiling of accept length on the step's answers (`logging.accept_ceiling`).
+the perfect-drafter ceiling of accept length on the step's answers (`logging.accept_ceiling`), and the
+online drafter's accept length beside a frozen copy of the run's starting drafter on those answers
+(`logging.drafter_curve`).
 
 Held-out problems are never trained on: an arithmetic task holds out the problems of another seed, a dataset
 task reads `task.eval_path`. Evaluation answers each once, greedy by default, with the same engine as the
@@ -74,16 +76,42 @@ def evaluate(pool, tokenizer, problems: list[Problem], cfg: TLTConfig, score: Ca
     }
 
 
-def accept_ceiling(pool, strategy_use: dict[str, int]) -> dict:
-    """The step's perfect-drafter ceiling per strategy, summed over workers, and the one of the strategy the
-    step used most (the one its accept length is compared with); {} when no worker kept hidden states."""
+def _per_strategy(parts: list[dict[str, tuple[int, int]]]) -> dict[str, float]:
+    """Tokens per step of each strategy, from (tokens, steps) counts summed over the workers' parts."""
     totals: dict[str, list[int]] = {}
-    for part in pool.call_all("accept_ceiling", [()] * pool.size):
+    for part in parts:
         for name, (tokens, steps) in part.items():
             acc = totals.setdefault(name, [0, 0])
             acc[0], acc[1] = acc[0] + tokens, acc[1] + steps
-    by = {name: tokens / steps for name, (tokens, steps) in totals.items() if steps}
+    return {name: tokens / steps for name, (tokens, steps) in totals.items() if steps}
+
+
+def _most_used(by: dict[str, float], strategy_use: dict[str, int]) -> str:
+    """The strategy the step used most among those of `by` (the first of `by` when none was used)."""
+    used = [s for s in sorted(strategy_use, key=strategy_use.get, reverse=True) if s in by]
+    return used[0] if used else next(iter(by))
+
+
+def accept_ceiling(pool, strategy_use: dict[str, int]) -> dict:
+    """The step's perfect-drafter ceiling per strategy, summed over workers, and the one of the strategy the
+    step used most (the one its accept length is compared with); {} when no worker kept hidden states."""
+    by = _per_strategy(pool.call_all("accept_ceiling", [()] * pool.size))
     if not by:
         return {}
-    used = [s for s in sorted(strategy_use, key=strategy_use.get, reverse=True) if s in by]
-    return {"accept_ceiling": by[used[0] if used else next(iter(by))], "accept_ceiling_by_strategy": by}
+    return {"accept_ceiling": by[_most_used(by, strategy_use)], "accept_ceiling_by_strategy": by}
+
+
+def drafter_curve(pool, n_answers: int, strategy_use: dict[str, int]) -> dict:
+    """The online drafter's and the frozen starting drafter's accept length on the step's answers (the
+    measure of `accept_ceiling` with the drafter's top-k), per strategy and for the one the step used most;
+    `n_answers` (0 = all) is spread over the workers. {} when no worker kept hidden states."""
+    t0 = time.time()
+    shares = [(hi - lo,) for lo, hi in split_even(n_answers, pool.size)] if n_answers else [(None,)] * pool.size
+    parts = [p for p in pool.call_all("drafter_curve", shares) if p]
+    online, frozen = (_per_strategy([p[key] for p in parts]) for key in ("online", "frozen"))
+    if not online:
+        return {}
+    name = _most_used(online, strategy_use)
+    return {"drafter_accept_online": online[name], "drafter_accept_frozen": frozen[name],
+            "drafter_accept_online_by_strategy": online, "drafter_accept_frozen_by_strategy": frozen,
+            "drafter_curve_seconds": time.time() - t0}  # fmt: skip

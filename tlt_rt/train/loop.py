@@ -206,6 +206,9 @@ class Trainer:
                              kl=bool(cfg.rl.kl_coef), version=pool.version, restarts=pool.restarts)  # fmt: skip
         if cfg.logging.accept_ceiling and cfg.rollout.speculative != "off":
             record.update(heldout.accept_ceiling(pool, record["strategy_use"]))
+        if cfg.logging.drafter_curve and cfg.rollout.speculative != "off":
+            self.progress.begin(step, "drafter curve")
+            record.update(heldout.drafter_curve(pool, cfg.logging.drafter_curve_answers, record["strategy_use"]))
         record.update(before)
         if self.held_out and step + 1 == cfg.rl.steps:  # the trained policy, after the last update
             record.update({f"{k}_end": v for k, v in self._evaluate(step).items()})

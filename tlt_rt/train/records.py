@@ -96,6 +96,8 @@ def _fmt(v, spec: str) -> str:
 
 def summary_line(r: dict) -> str:
     ceiling = f" of {r['accept_ceiling']:.2f} ceiling" if r.get("accept_ceiling") is not None else ""
+    if r.get("drafter_accept_online") is not None:  # logging.drafter_curve, on the step's answers
+        ceiling += f" (drafter {r['drafter_accept_online']:.2f} online, {r['drafter_accept_frozen']:.2f} frozen)"
     held = f" | held-out acc {r['heldout_accuracy']:.2f}" if r.get("heldout_accuracy") is not None else ""
     return (
         f"reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "

@@ -35,7 +35,7 @@ from tlt_rt.rollout import Engine, SamplingParams
 from tlt_rt.train.cluster.comm import all_reduce_sum, node_address_and_port
 from tlt_rt.train.cluster.results import RolloutResult, Sample
 from tlt_rt.train.drafter.data import DrafterBuffer
-from tlt_rt.train.drafter.eval import oracle_counts_by_shape
+from tlt_rt.train.drafter.eval import drafter_counts_by_shape, frozen_copy, oracle_counts_by_shape
 from tlt_rt.train.drafter.tail import DrafterTraining, TailTrainer, tail_training_on
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
@@ -74,6 +74,9 @@ class Worker:
         else:
             serving = Drafter(heads.arch, heads).to(self.device, dtype)
         self.serving_drafter = serving.eval()
+        # the drafter the run started from, kept as it is for logging.drafter_curve (before any checkpoint loads)
+        curve = c.logging.drafter_curve and c.rollout.speculative != "off"
+        self.frozen_drafter = frozen_copy(serving) if curve else None
         self.engine = self._make_engine()  # None for a sharded worker: it builds its engine in form_group
         if self.engine is not None and self.device.type == "cuda":
             self.engine.capture()  # every graph now: no capture later beside a spot-training thread
@@ -91,7 +94,7 @@ class Worker:
         sync = all_reduce_sum if world_size > 1 else None
         self.learner = Learner(self.model, c.rl, sampling, sync, ref)
         self.collects = True  # keeps (token, hidden) rows for the drafter and may train it in the tail
-        self._answers: list[dict] = []  # the last rollout's answers, for accept_ceiling
+        self._answers: dict[str, list[dict]] = {}  # the last rollout's answers, per reader (read once)
         self._stops: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
 
@@ -170,9 +173,11 @@ class Worker:
             # hidden has one row per position the target processed: the prompt and every token but the last
             ids = [torch.tensor(prompts[o.prompt_index] + o.token_ids[:-1]) for o in outs]
             self.buffer.add(step, ids, [o.hidden for o in outs])
-            if self.cfg.logging.accept_ceiling:
-                self._answers = [dict(ids=i, hidden=o.hidden, prompt_len=len(prompts[o.prompt_index]))
-                                 for i, o in zip(ids, outs, strict=True)]  # fmt: skip
+            readers = [name for name, on in (("ceiling", self.cfg.logging.accept_ceiling),
+                                             ("curve", self.frozen_drafter is not None)) if on]  # fmt: skip
+            answers = [dict(ids=i, hidden=o.hidden, prompt_len=len(prompts[o.prompt_index]))
+                       for i, o in zip(ids, outs, strict=True)] if readers else []  # fmt: skip
+            self._answers = dict.fromkeys(readers, answers)
         if tail_stats is not None:
             self._push_drafter()
         samples = [Sample(o.prompt_index, o.sample_index, o.token_ids, o.logprobs, o.finish_reason) for o in outs]
@@ -186,14 +191,33 @@ class Worker:
         (`oracle_counts_by_shape`: each step accepts the sampled tokens while they lie in the target's top-k,
         at most `depth` of them); {} when that rollout kept no hidden states. Called after the step, outside its
         timing."""
-        answers, self._answers = self._answers, []
+        answers = self._answers.pop("ceiling", [])
         if not answers:
             return {}
+        return oracle_counts_by_shape(self.heads, answers, self.cfg.rollout.temperature, self._shapes())
+
+    @torch.no_grad()
+    def drafter_curve(self, n_answers: int | None) -> dict[str, dict[str, tuple[int, int]]]:
+        """{"online": ..., "frozen": ...}: per strategy, (tokens, steps) of the serving drafter and of the frozen
+        starting one (`drafter_counts_by_shape`) on `n_answers` of the last rollout's answers picked evenly
+        (None = all); {} when that rollout kept no hidden states, none is asked for, or the curve is off. Called
+        after the step, outside its timing."""
+        answers = self._answers.pop("curve", [])
+        if n_answers is not None and n_answers < len(answers):
+            answers = [answers[i * len(answers) // n_answers] for i in range(n_answers)]
+        if not answers or self.frozen_drafter is None:
+            return {}
+        shapes = self._shapes()
+        return {"online": drafter_counts_by_shape(self.serving_drafter, answers, shapes),
+                "frozen": drafter_counts_by_shape(self.frozen_drafter, answers, shapes)}  # fmt: skip
+
+    def _shapes(self) -> dict[str, tuple[int, int]]:
+        """(topk, depth) of each configured strategy, by its name."""
         shapes = {}
         for text in self.cfg.rollout.strategies:
             s = Strategy.parse(text)
             shapes[text] = (s.topk, s.depth)
-        return oracle_counts_by_shape(self.heads, answers, self.cfg.rollout.temperature, shapes)
+        return shapes
 
     def evaluate(self, prompts: list[list[int]], params: dict) -> list[Sample]:
         """Answer held-out prompts with the current policy. Nothing is kept for the drafter, and the engine's
@@ -259,8 +283,8 @@ class Worker:
         return out
 
     def _policy_updated(self) -> None:
-        for d in (self.drafter, self.serving_drafter):
-            if d.d2t is not None:  # a reduced head is a copy of the policy's rows
+        for d in (self.drafter, self.serving_drafter, self.frozen_drafter):
+            if d is not None and d.d2t is not None:  # a reduced head is a copy of the policy's rows
                 d.refresh_head()
 
     def version(self) -> int:

@@ -197,6 +197,22 @@ class LoggingConfig:
         "(accept_ceiling): the tokens per step a drafter that always proposed the target's top-k would get on "
         "the step's own answers. Accept length is judged against it.",
     )
+    drafter_curve: bool = option(
+        False,
+        help="With speculation and drafter.train_online on, log after each step the accept length of the online "
+        "drafter (its weights after the step's training, the ones the next rollout drafts with) and of a frozen "
+        "copy of the drafter the run started from (drafter.path, or the seeded initial drafter; a resumed run "
+        "rebuilds the same one, not the drafter of its checkpoint), both on the same answers of the step "
+        "(drafter_accept_online, drafter_accept_frozen; per strategy in *_by_strategy, the measure of "
+        "accept_ceiling with the drafter's top-k in place of the target's). Its time is logged apart "
+        "(drafter_curve_seconds), not in step_seconds. Online training may have used some of these answers "
+        "(a worker that finished its rollout early trains on its buffer), so the online figure can lean in-sample.",
+    )
+    drafter_curve_answers: int = option(
+        32,
+        help="Answers of the step the drafter curve measures, spread over the workers and picked evenly from "
+        "each worker's answers (the drafter runs teacher-forced over each answer once per depth); 0 = all.",
+    )
     progress_every_s: float = option(
         30.0,
         help="Seconds between plain progress lines (step k of N, time left) while a step runs; they also reach "
@@ -209,6 +225,7 @@ class LoggingConfig:
         check_min(self, "progress_every_s", 0.0)
         check_min(self, "eval_every", 0)
         check_min(self, "eval_prompts", 1)
+        check_min(self, "drafter_curve_answers", 0)
         check_min(self, "eval_temperature", 0.0)
         if self.eval_max_new_tokens is not None:
             check_min(self, "eval_max_new_tokens", 1)
