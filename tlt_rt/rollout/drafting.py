@@ -261,8 +261,8 @@ class DrafterRunner:
 
     def keep_windows(self, seqs: list[Sequence], windows: Tensor, ends: list[int]) -> None:
         """After a step: sequence i's window [W, H] now ends at position ends[i]."""
-        for i, (s, end) in enumerate(zip(seqs, ends, strict=True)):
-            s.window, s.window_end = windows[i], end
+        for s, w, end in zip(seqs, windows.unbind(0), ends, strict=True):  # one call makes every row's view
+            s.window, s.window_end = w, end
         self._recent = (tuple(s.seq_id for s in seqs), windows)
 
     @torch.no_grad()

@@ -216,8 +216,7 @@ class Engine:
         if strategy is not None:
             self._stats["sd_steps"] += 1
             self._strategy_use[str(strategy)] += 1
-            for a in out.accept_len:
-                self._accept_hist[a + 1] += 1
+            self._accept_hist.update([a + 1 for a in out.accept_len])
         self._record("sd" if strategy else "decode", strategy, b, emitted, t0, len(sched.running), dt)
 
     def _record(self, kind, strategy, batch, tokens, t0, running, seconds=None) -> None:

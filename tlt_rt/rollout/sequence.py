@@ -48,6 +48,11 @@ class Sequence:
         return self.prompt + self.output
 
     @property
+    def last_token(self) -> int:
+        """The pending root (the last token), without building `tokens`."""
+        return self.output[-1] if self.output else self.prompt[-1]
+
+    @property
     def length(self) -> int:
         return len(self.prompt) + len(self.output)
 
@@ -91,7 +96,8 @@ class Sequence:
     def add_hidden(self, chunk: torch.Tensor) -> None:
         """Append target hidden rows. A chunk is usually a view of a whole batch's output, which it keeps
         alive; every MERGE_EVERY chunks the recent ones are copied into one tensor of their own."""
-        self._flush()
+        if self._pending:  # rows of plain steps come first
+            self._flush()
         self._append_chunk(chunk)
 
     def _append_chunk(self, chunk: torch.Tensor) -> None:
@@ -129,6 +135,9 @@ MERGE_EVERY = 32
 def flush_hidden(seqs: list[Sequence]) -> None:
     """Copy out the pending plain-step rows of many sequences with one gather (the per-sequence path,
     `Sequence.hidden`, costs a tensor op per row: tens of ms at batch 128 after a few dozen plain steps)."""
+    seqs = [s for s in seqs if s._pending]
+    if not seqs:
+        return
     offsets: dict[int, int] = {}
     bases, idx, counts, total = [], [], [], 0
     for s in seqs:
@@ -140,13 +149,10 @@ def flush_hidden(seqs: list[Sequence]) -> None:
                 total += batch.shape[0]
             idx.append(off + row)
         counts.append(len(s._pending))
-    if not idx:
-        return
     rows = torch.cat(bases).index_select(0, torch.tensor(idx, device=bases[0].device))
     for s, chunk in zip(seqs, rows.split(counts), strict=True):
-        if s._pending:
-            s._pending = []
-            s._append_chunk(chunk)
+        s._pending = []
+        s._append_chunk(chunk)
 
 
 @dataclass
