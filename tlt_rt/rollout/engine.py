@@ -205,7 +205,7 @@ class Engine:
         if not sched.running:
             return
         seqs = list(sched.running)
-        tables = [self.blocks.block_table(s.seq_id) for s in seqs]
+        tables = self.blocks.packed([s.seq_id for s in seqs])
         t0 = time.perf_counter()
         out = self.runner.step(seqs, tables, strategy, params, keep_hidden)
         emitted = sched.postprocess(seqs, out)

@@ -22,6 +22,7 @@ from tlt_rt.ir.strategy import Strategy, bucket_for
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM, ModelOutput, fuse_projections, set_glue
 from tlt_rt.models.loader import IGNORED_SUFFIXES
+from tlt_rt.rollout.block_manager import Tables
 from tlt_rt.rollout.costs import option_name
 from tlt_rt.rollout.drafting import DrafterRunner
 from tlt_rt.rollout.params import SamplingParams
@@ -110,7 +111,11 @@ class ModelRunner:
 
     # ---- one step --------------------------------------------------------------------------------------
     def step_args(
-        self, seqs: list[Sequence], tables: list[list[int]], strategy: Strategy | None, rows: list[SamplingParams]
+        self,
+        seqs: list[Sequence],
+        tables: Tables | list[list[int]],
+        strategy: Strategy | None,
+        rows: list[SamplingParams],
     ) -> StepArgs:
         """The packed inputs of a step (step_graph.py, step_io.py), `rows` each sequence's settings; SD steps
         bring the drafter within reach first."""
@@ -119,7 +124,7 @@ class ModelRunner:
         else:
             depth, r = strategy.depth, self.drafter.block_rows(strategy)
             window = self.drafter.prepare(seqs, tables, r)[:, -r:]
-        ints = pack_ints(seqs, tables, r, depth)
+        ints = pack_ints(seqs, tables if isinstance(tables, Tables) else Tables.of(tables), r, depth)
         return StepArgs(ints, pack_floats(seqs, rows, depth, self.uniforms), window)
 
     def run_args(self, option: str, mode: str, args: StepArgs) -> StepValues:
@@ -137,7 +142,7 @@ class ModelRunner:
     def step(
         self,
         seqs: list[Sequence],
-        tables: list[list[int]],
+        tables: Tables | list[list[int]],
         strategy: Strategy | None,
         params: SamplingParams,
         keep_hidden: bool = False,

@@ -89,10 +89,9 @@ class Scheduler:
         """Every running sample gets blocks for `extra` more positions; the youngest make way if needed."""
         i = 0
         while i < len(self.running):
-            seq = self.running[i]
-            if self.blocks.ensure(seq.seq_id, seq.num_cached + extra):
-                i += 1
-            else:
+            rest = self.running[i:]
+            i += self.blocks.ensure_many([s.seq_id for s in rest], [s.num_cached + extra for s in rest])
+            if i < len(self.running):  # blocks ran out at sample i
                 self.preempt_youngest()
 
     def abort(self, seqs: list[Sequence], jobs: list[PrefillJob]) -> None:

@@ -29,9 +29,11 @@ class Sequence:
     num_cached: int = 0
     draft_cached: int = 0
     hidden_chunks: list[torch.Tensor] = field(default_factory=list)  # target hidden of positions [0, num_cached)
-    # the drafter's catch-up window: target hidden [R, H] of positions [window_end - R, window_end), zeros
-    # before position 0; kept on the device by the speculative step so the next one needs no host work
-    window: torch.Tensor | None = None
+    # the drafter's catch-up window (`window`): target hidden [R, H] of positions [window_end - R, window_end),
+    # zeros before position 0, row window_row of a step's moved windows [B, R, H] (window_src); kept on the
+    # device by the speculative step so the next one needs no host work
+    window_src: torch.Tensor | None = None
+    window_row: int = 0
     window_end: int = -1
     counter: int = 0  # RNG step counter
     _fresh: int = 0  # chunks appended since the last merge
@@ -46,6 +48,11 @@ class Sequence:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    @property
+    def window(self) -> torch.Tensor | None:
+        """The catch-up window [R, H] (a view made on demand: a step keeps its batch's windows in one call)."""
+        return None if self.window_src is None else self.window_src[self.window_row]
 
     @property
     def last_token(self) -> int:
@@ -125,7 +132,7 @@ class Sequence:
         self.num_cached = 0
         self.draft_cached = 0
         self.hidden_chunks, self._pending = [], []
-        self.window, self.window_end = None, -1
+        self.window_src, self.window_end = None, -1
         self.preemptions += 1
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tlt_rt.rollout.block_manager import Tables
 from tlt_rt.rollout.params import SamplingParams
 from tlt_rt.rollout.rng import host_uniforms
 from tlt_rt.rollout.sequence import Sequence
@@ -68,25 +69,20 @@ class Uniforms:
         self._ahead = (tuple(s.seq_id for s in seqs), counters, drawn)
 
 
-def pack_ints(seqs: list[Sequence], tables: list[list[int]], rows: int, depth: int) -> Tensor:
+def pack_ints(seqs: list[Sequence], tables: Tables, rows: int, depth: int) -> Tensor:
     """ints [B, 2 + R + W] int64: prefix_len, ctx_len, the last R tokens (the root last), the block table
     padded with block 0 to the longest (W)."""
-    b = len(seqs)
-    lens = [len(t) for t in tables]
-    w = max(lens)
-    ints = np.zeros((b, 2 + rows + w), dtype=np.int64)
+    b, w = len(seqs), tables.array.shape[1]
+    ints = np.empty((b, 2 + rows + w), dtype=np.int64)
     ints[:, 0] = [s.num_cached for s in seqs]
     if depth == 0:  # ctx_len 0: a plain step runs no catch-up rows
+        ints[:, 1] = 0
         ints[:, 2] = [s.last_token for s in seqs]
     else:
         np.minimum(ints[:, 0], rows, out=ints[:, 1])
         last = np.fromiter(chain.from_iterable(s.last_tokens(rows) for s in seqs), np.int64, b * rows)
         ints[:, 2 : 2 + rows] = last.reshape(b, rows)
-    flat = np.fromiter(chain.from_iterable(tables), np.int64, sum(lens))
-    if min(lens) == w:
-        ints[:, 2 + rows :] = flat.reshape(b, w)
-    else:  # row-major order of the mask is the order of the chained tables
-        ints[:, 2 + rows :][np.arange(w) < np.array(lens)[:, None]] = flat
+    ints[:, 2 + rows :] = tables.array
     return torch.from_numpy(ints)
 
 
