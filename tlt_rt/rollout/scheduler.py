@@ -160,15 +160,15 @@ class Scheduler:
         if hidden is None:
             return emitted
         roots = hidden[:, 0]  # one view: pending rows are grouped by it
-        if hidden.shape[1] == 1:  # a plain step: one row each, a reference copied out when next read
+        width = hidden.shape[1]
+        if width == 1 or emitted == len(seqs):  # one row each: a reference, copied out when next read
             for i, seq in enumerate(seqs):
                 seq.add_hidden_row(roots, i)
             return emitted
-        width = hidden.shape[1]
         sizes = [n for k in kept for n in (k, width - k)]  # each sequence's kept rows, then the rest
-        chunks = hidden.flatten(0, 1).split(sizes)[::2]  # one call makes every view
+        chunks = hidden.flatten(0, 1).split_with_sizes(sizes)[::2]  # one call makes every view
         for i, (seq, k, chunk) in enumerate(zip(seqs, kept, chunks, strict=True)):
-            if k == 1:  # one row: a reference, copied out with the others when next read
+            if k == 1:  # one row: as above
                 seq.add_hidden_row(roots, i)
             else:
                 seq.add_hidden(chunk)
