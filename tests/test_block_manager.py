@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tlt_rt.rollout.block_manager import BlockManager, OutOfBlocks, blocks_for
+from tlt_rt.rollout.block_manager import BlockManager, OutOfBlocks, Tables, blocks_for
 
 
 def test_rejects_bad_sizes():
@@ -114,6 +115,27 @@ def test_truncate_copy_on_write_out_of_blocks_changes_nothing():
     assert src == 0 and m.block_table(1) == [dst] and m.num_free == 1 and m.ref_count(0) == 1
 
 
+def test_ensure_many_stops_at_the_first_refusal():
+    m = BlockManager(5, 4)
+    m.allocate(1, 4), m.allocate(2, 4), m.allocate(3, 4)
+    assert m.ensure_many([1, 2, 3], [4, 8, 8]) == 3 and m.num_free == 0  # 1 already holds 4 positions
+    assert m.ensure_many([1, 2, 3], [4, 9, 8]) == 1 and len(m.block_table(2)) == 2  # 2 refused, 3 not tried
+    with pytest.raises(KeyError):
+        m.ensure_many([7], [1])
+
+
+def test_packed_follows_every_change():
+    m = BlockManager(16, 2)
+    m.allocate(1, 3), m.allocate(2, 1)
+    first = m.packed([1, 2])
+    assert first.lens == [2, 1] and first.array.tolist() == [[0, 1], [2, 0]]
+    m.ensure(2, 7)  # wider than the packed array
+    m.fork(1, 3, 2)
+    assert m.packed([1, 2]).array.tolist() == [[0, 1, 0, 0], [2, 3, 4, 5]]
+    m.free(1), m.truncate(2, 2)
+    assert m.packed([3, 2]).array.tolist() == [[0, 6], [2, 0]] and m.packed([3, 2]).lens == [2, 1]
+
+
 def test_table_tensor_pads_with_zero():
     m = BlockManager(8, 2)
     m.allocate(0, 5)
@@ -191,7 +213,8 @@ class BlockMachine(RuleBasedStateMachine):
         sid = self._pick(i)
         n = self.length[sid] + extra
         before = self._snapshot()
-        if not self.m.ensure(sid, n):
+        grown = self.m.ensure(sid, n) if i % 2 else self.m.ensure_many([sid], [n]) == 1
+        if not grown:
             assert self._snapshot() == before
             event("ensure: refused")
             return
@@ -298,6 +321,19 @@ class BlockMachine(RuleBasedStateMachine):
             for i, b in enumerate(table):
                 if self.m.ref_count(b) > 1:
                     assert (i + 1) * self.bs <= self.floor[sid], f"seq {sid} can write into shared block {b}"
+
+    @invariant()
+    def packed_tables_are_the_tables(self):
+        """`packed` (kept between calls, rows copied again only when changed) equals the tables, asked for the
+        live sequences in order (the steady batch) and, every other time, reversed (a new batch)."""
+        self.calls = getattr(self, "calls", 0) + 1
+        ids = sorted(self.length)
+        if self.calls % 2:
+            ids = ids[::-1]
+        got = self.m.packed(ids)
+        want = Tables.of([self.m.block_table(s) for s in ids])
+        assert got.lens == want.lens and np.array_equal(got.array, want.array)
+        assert [got[i] for i in range(len(ids))] == [self.m.block_table(s) for s in ids]
 
     @invariant()
     def contents_intact(self):

@@ -67,3 +67,23 @@ def test_sequence_seed_is_the_tensor_mixer_on_plain_ints(seed, prompt, sample, o
         h = _mix32(h ^ _mix32(v.view(1)))
     h2 = _mix32(h ^ 0xA54FF53A)
     assert sequence_seed(seed, prompt, sample, occurrence) == int(h) << 31 | int(h2) >> 1
+
+
+def test_prefetched_uniforms_are_the_uniforms_of_the_next_step():
+    """A step draws the same batch's next uniforms ahead (`step_io.Uniforms`): what the next step reads is what
+    it would have drawn itself, for any width up to the prefetched one and whatever the batch became."""
+    from tlt_rt.rollout.sequence import Sequence
+    from tlt_rt.rollout.step_io import Uniforms
+
+    seqs = [Sequence(i, 0, 0, [1], seed, 8, counter=c) for i, (seed, c) in enumerate([(5, 1), (2**62 + 3, 40), (9, 0)])]
+    u = Uniforms(10)
+    for n, batch in [(10, seqs), (4, seqs), (2, seqs[:2]), (6, seqs[::-1])]:
+        u.prefetch(batch)
+        for s in seqs:
+            s.counter += 1
+        want = host_uniforms([s.seed for s in batch], [s.counter for s in batch], n)
+        assert np.array_equal(u.get(batch, n), want)
+    u.prefetch(seqs)
+    assert np.array_equal(
+        u.get(seqs[1:], 3), host_uniforms([s.seed for s in seqs[1:]], [s.counter for s in seqs[1:]], 3)
+    )

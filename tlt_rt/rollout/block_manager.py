@@ -17,7 +17,9 @@ caller can catch `OutOfBlocks` (or a False from `ensure`) and preempt something 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tlt_rt.models.llama import CausalLM
@@ -39,6 +41,29 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+@dataclass
+class Tables:
+    """A batch's block tables: `array` [B, W] int64 padded with block 0 to the longest table (W), `lens` each
+    table's length; `tables[i]` is table i as a list."""
+
+    array: np.ndarray
+    lens: list[int]
+
+    @classmethod
+    def of(cls, tables: list[list[int]]) -> Tables:
+        lens = [len(t) for t in tables]
+        array = np.zeros((len(tables), max(lens, default=0)), dtype=np.int64)
+        for i, t in enumerate(tables):
+            array[i, : len(t)] = t
+        return cls(array, lens)
+
+    def __len__(self) -> int:
+        return len(self.lens)
+
+    def __getitem__(self, i: int) -> list[int]:
+        return self.array[i, : self.lens[i]].tolist()
+
+
 class BlockManager:
     """Reference-counted block tables over a fixed pool of `num_blocks` blocks of `block_size` tokens."""
 
@@ -51,6 +76,8 @@ class BlockManager:
         self._free: deque[int] = deque(range(num_blocks))
         self._refs = [0] * num_blocks
         self._tables: dict[int, list[int]] = {}
+        self._dirty: set[int] = set()  # sequences whose table changed since the last `packed` call
+        self._pack: tuple | None = None  # (seq ids, [B, >= W] int64, lens, row of each id) of that call
 
     # ------------------------------------------------------------------------------------------ queries
     @property
@@ -79,6 +106,31 @@ class BlockManager:
         """A copy of the sequence's block table."""
         return list(self._table(seq_id))
 
+    def packed(self, seq_ids: list[int]) -> Tables:
+        """The tables of `seq_ids` as `Tables`. Kept between calls: asked for the same sequences again, only
+        the tables changed since are copied (a decode step of a steady batch copies a table every
+        block_size tokens). The array is a view of the manager's own: read it before the next call."""
+        ids = tuple(seq_ids)
+        if self._pack is None or self._pack[0] != ids:
+            fresh = Tables.of([self._table(s) for s in ids])
+            self._pack = (ids, fresh.array, fresh.lens, {s: i for i, s in enumerate(ids)})
+        else:
+            _, array, lens, rows = self._pack
+            for seq_id in self._dirty:
+                i = rows.get(seq_id)
+                if i is None:
+                    continue
+                t = self._table(seq_id)
+                if len(t) > array.shape[1]:  # room for a few more blocks, so widening stays rare
+                    array = np.pad(array, ((0, 0), (0, len(t) - array.shape[1] + 8)))
+                array[i, : len(t)] = t
+                array[i, len(t) :] = 0
+                lens[i] = len(t)
+            self._pack = (ids, array, lens, rows)
+        self._dirty.clear()
+        _, array, lens, _ = self._pack
+        return Tables(array[:, : max(lens, default=0)], list(lens))
+
     def can_allocate(self, num_tokens: int) -> bool:
         return blocks_for(self._check_tokens(num_tokens), self.block_size) <= len(self._free)
 
@@ -90,6 +142,7 @@ class BlockManager:
         need = blocks_for(self._check_tokens(num_tokens), self.block_size)
         self._require(need, f"allocate({seq_id}, {num_tokens})")
         self._tables[seq_id] = [self._take() for _ in range(need)]
+        self._dirty.add(seq_id)
         return list(self._tables[seq_id])
 
     def ensure(self, seq_id: int, num_tokens: int) -> bool:
@@ -101,8 +154,21 @@ class BlockManager:
         need = blocks_for(self._check_tokens(num_tokens), self.block_size) - len(table)
         if need > len(self._free):
             return False
-        table.extend(self._take() for _ in range(need))
+        if need > 0:
+            table.extend(self._take() for _ in range(need))
+            self._dirty.add(seq_id)
         return True
+
+    def ensure_many(self, seq_ids: list[int], num_tokens: list[int]) -> int:
+        """`ensure` for each (sequence, positions) in turn, stopping at the first one blocks are short for;
+        returns how many succeeded. A table already large enough costs one comparison (a decode step's
+        common case)."""
+        bs, tables = self.block_size, self._tables
+        for i, (seq_id, n) in enumerate(zip(seq_ids, num_tokens, strict=True)):
+            table = tables.get(seq_id)
+            if (table is None or n < 0 or -(-n // bs) > len(table)) and not self.ensure(seq_id, n):
+                return i
+        return len(seq_ids)
 
     def truncate(self, seq_id: int, num_tokens: int) -> list[Copy]:
         """Keep only the blocks `num_tokens` positions need; returns copy-on-write copies (usually none).
@@ -124,6 +190,7 @@ class BlockManager:
             released = sum(1 for b in tail if self._refs[b] == 1)
             self._require(1 - released, f"truncate({seq_id}, {num_tokens}) copy-on-write")
         del table[keep:]
+        self._dirty.add(seq_id)
         for b in tail:
             self._release(b)
         if not cow:
@@ -161,12 +228,14 @@ class BlockManager:
             child.append(dst)
             copies.append((src, dst))
         self._tables[child_id] = child
+        self._dirty.add(child_id)
         return copies
 
     def free(self, seq_id: int) -> None:
         """Drop the sequence's references; blocks nobody else holds return to the free list."""
         for b in self._tables.pop(self._check_known(seq_id)):
             self._release(b)
+        self._dirty.add(seq_id)
 
     # ------------------------------------------------------------------------------------------ tensors
     def table_tensor(self, seq_ids: list[int], width: int | None = None, device="cpu") -> torch.Tensor:

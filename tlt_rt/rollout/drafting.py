@@ -235,7 +235,8 @@ class DrafterRunner:
     def prepare(self, seqs: list[Sequence], tables: list[list[int]], rows: int) -> Tensor:
         """Bring every sequence within `rows` of its cache (eager catch-up for those further behind) and
         return the target hidden windows [B, max(rows, window_rows), H] ending at each num_cached. Marks the
-        drafter rows as cached: the caller runs the block."""
+        drafter rows as cached: the caller runs the block. `tables[i]`: sequence i's block table (a list of
+        lists or a `block_manager.Tables`)."""
         flush_hidden(seqs)
         behind = [i for i, s in enumerate(seqs) if s.num_cached - s.draft_cached > rows]
         if behind:
@@ -245,7 +246,7 @@ class DrafterRunner:
         for s in seqs:
             s.draft_cached = s.num_cached
         recent = self._recent
-        fresh = all(s.window is not None and s.window_end == s.num_cached for s in seqs)
+        fresh = all(s.window_src is not None and s.window_end == s.num_cached for s in seqs)
         if fresh and recent is not None and recent[0] == tuple(s.seq_id for s in seqs) and recent[1].shape[1] >= width:
             return recent[1]  # the same batch as the last step: its windows as they are
         return torch.stack([self._window(s, width) for s in seqs])
@@ -261,8 +262,8 @@ class DrafterRunner:
 
     def keep_windows(self, seqs: list[Sequence], windows: Tensor, ends: list[int]) -> None:
         """After a step: sequence i's window [W, H] now ends at position ends[i]."""
-        for i, (s, end) in enumerate(zip(seqs, ends, strict=True)):
-            s.window, s.window_end = windows[i], end
+        for i, (s, end) in enumerate(zip(seqs, ends, strict=True)):  # row i, viewed only when read
+            s.window_src, s.window_row, s.window_end = windows, i, end
         self._recent = (tuple(s.seq_id for s in seqs), windows)
 
     @torch.no_grad()

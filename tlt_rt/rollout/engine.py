@@ -205,7 +205,7 @@ class Engine:
         if not sched.running:
             return
         seqs = list(sched.running)
-        tables = [self.blocks.block_table(s.seq_id) for s in seqs]
+        tables = self.blocks.packed([s.seq_id for s in seqs])
         t0 = time.perf_counter()
         out = self.runner.step(seqs, tables, strategy, params, keep_hidden)
         emitted = sched.postprocess(seqs, out)
@@ -216,8 +216,7 @@ class Engine:
         if strategy is not None:
             self._stats["sd_steps"] += 1
             self._strategy_use[str(strategy)] += 1
-            for a in out.accept_len:
-                self._accept_hist[a + 1] += 1
+            self._accept_hist.update([a + 1 for a in out.accept_len])
         self._record("sd" if strategy else "decode", strategy, b, emitted, t0, len(sched.running), dt)
 
     def _record(self, kind, strategy, batch, tokens, t0, running, seconds=None) -> None:

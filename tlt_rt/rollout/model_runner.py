@@ -14,24 +14,23 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from dataclasses import dataclass
 
-import numpy as np
 import torch
-from torch import Tensor
 
 from tlt_rt.codegen.graphs import GraphPool, Key
 from tlt_rt.ir.strategy import Strategy, bucket_for
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM, ModelOutput, fuse_projections, set_glue
 from tlt_rt.models.loader import IGNORED_SUFFIXES
+from tlt_rt.rollout.block_manager import Tables
 from tlt_rt.rollout.costs import option_name
 from tlt_rt.rollout.drafting import DrafterRunner
 from tlt_rt.rollout.params import SamplingParams
-from tlt_rt.rollout.rng import host_uniforms
 from tlt_rt.rollout.runner import Layout, TargetRunner
 from tlt_rt.rollout.sequence import Sequence
-from tlt_rt.rollout.step_graph import StepArgs, StepGraphs, StepValues, batch_mode
+from tlt_rt.rollout.speculative import scratch_tokens
+from tlt_rt.rollout.step_graph import StepArgs, StepGraphs, StepValues, batch_mode, layout
+from tlt_rt.rollout.step_io import StepOut, Uniforms, distinct, pack_floats, pack_ints, parse_host, row_params
 
 
 def engine_drafter(drafter: Drafter | None, target: CausalLM, glue) -> Drafter:
@@ -62,21 +61,6 @@ def on_stream(stream, device):
     caller.wait_stream(stream)
 
 
-def row_params(seqs: list[Sequence], params: SamplingParams) -> list[SamplingParams]:
-    """Each sequence's sampling settings: its request's own (AsyncEngine), else the call's."""
-    return [params if s.params is None else s.params for s in seqs]
-
-
-@dataclass
-class StepOut:
-    """One step's results on the host, per sequence: a+1 tokens (a accepted drafts, then the bonus)."""
-
-    accept_len: list[int]
-    tokens: list[list[int]]
-    logprobs: list[list[float]]
-    hidden: Tensor | None  # [B, D+1, H] on the device (a copy): target hidden at the root and accepted nodes
-
-
 class ModelRunner:
     """The target (and drafter) with their paged caches, the graph pool and the captured steps."""
 
@@ -100,6 +84,7 @@ class ModelRunner:
         self.pool = GraphPool(self.device) if self.buckets and self.device.type == "cuda" else None
         self.compiled = self.pool is not None  # the draft rerank through torch.compile inside captured steps
         self.steps = StepGraphs(self)
+        self.uniforms = Uniforms(2 * max(1, window_rows))
         if self.pool is not None:
             self.pool.register(("step",), self.steps)
 
@@ -126,36 +111,26 @@ class ModelRunner:
 
     # ---- one step --------------------------------------------------------------------------------------
     def step_args(
-        self, seqs: list[Sequence], tables: list[list[int]], strategy: Strategy | None, params: SamplingParams
+        self,
+        seqs: list[Sequence],
+        tables: Tables | list[list[int]],
+        strategy: Strategy | None,
+        rows: list[SamplingParams],
     ) -> StepArgs:
-        """The packed inputs of a step (step_graph.py); SD steps bring the drafter within reach first."""
-        b = len(seqs)
+        """The packed inputs of a step (step_graph.py, step_io.py), `rows` each sequence's settings; SD steps
+        bring the drafter within reach first."""
         if strategy is None:
-            depth, window = 0, None
-            lead = [[s.num_cached, 0, s.tokens[-1]] for s in seqs]
+            depth, r, window = 0, 1, None
         else:
             depth, r = strategy.depth, self.drafter.block_rows(strategy)
             window = self.drafter.prepare(seqs, tables, r)[:, -r:]
-            lead = [[s.num_cached, min(s.num_cached, r), *s.last_tokens(r)] for s in seqs]
-        w = max(len(t) for t in tables)
-        ints = torch.tensor([a + t + [0] * (w - len(t)) for a, t in zip(lead, tables, strict=True)], dtype=torch.long)
-        floats = np.empty((b, 2 * (depth + 1) + 3), dtype=np.float32)
-        rows = row_params(seqs, params)
-        if all(p.greedy for p in rows):  # greedy acceptance reads no uniform
-            floats[:, :-3] = 0.0
-        else:
-            floats[:, :-3] = host_uniforms([s.seed for s in seqs], [s.counter for s in seqs], 2 * (depth + 1))
-        if all(p is rows[0] for p in rows):  # one setting for the batch (generate)
-            floats[:, -3:] = (rows[0].temperature, rows[0].top_k, rows[0].top_p)
-        else:  # per-request settings (AsyncEngine)
-            floats[:, -3:] = [(p.temperature, p.top_k, p.top_p) for p in rows]
-        floats = torch.from_numpy(floats)
-        return StepArgs(ints, floats, window)
+        ints = pack_ints(seqs, tables if isinstance(tables, Tables) else Tables.of(tables), r, depth)
+        return StepArgs(ints, pack_floats(seqs, rows, depth, self.uniforms), window)
 
     def run_args(self, option: str, mode: str, args: StepArgs) -> StepValues:
         """Replay the captured step for these inputs (capturing it on first use), else run it eagerly."""
         b, c = args.ints.shape
-        r = 1 if option == option_name(None) else self.drafter.block_rows(Strategy.parse(option))
+        r, _ = layout(self, option)
         key = self.key(b, option, mode, c - 2 - r)
         if key is None:
             return self.steps.eager(option, mode, args)
@@ -167,21 +142,21 @@ class ModelRunner:
     def step(
         self,
         seqs: list[Sequence],
-        tables: list[list[int]],
+        tables: Tables | list[list[int]],
         strategy: Strategy | None,
         params: SamplingParams,
         keep_hidden: bool = False,
     ) -> StepOut:
         """One plain or speculative step of every sequence; results come back to the host in one copy."""
-        depth = 0 if strategy is None else strategy.depth
-        mode = batch_mode(list({id(p): p for p in row_params(seqs, params)}.values()))
-        out = self.run_args(option_name(strategy), mode, self.step_args(seqs, tables, strategy, params))
+        rows = row_params(seqs, params)
+        mode = batch_mode(distinct(rows))
+        out = self.run_args(option_name(strategy), mode, self.step_args(seqs, tables, strategy, rows))
         # a replayed graph's outputs are overwritten by its next replay: keep a copy, queued before the wait
         hidden = out.hidden.clone() if keep_hidden else None
-        rows = out.host.cpu().tolist()  # the one device-to-host copy; waits for this stream alone
-        accept_len = [int(row[0]) for row in rows]
-        tokens = [[int(t) for t in row[1 : 2 + a]] for row, a in zip(rows, accept_len, strict=True)]
-        logprobs = [row[2 + depth : 3 + depth + a] for row, a in zip(rows, accept_len, strict=True)]
+        if mode != "greedy":  # host work that needs no result, while the device runs
+            self.uniforms.prefetch(seqs)
+        host = out.host.cpu().numpy()  # the one device-to-host copy; waits for this stream alone
+        accept_len, tokens, logprobs = parse_host(host, 0 if strategy is None else strategy.depth)
         if strategy is not None:
             ends = [s.num_cached + a + 1 for s, a in zip(seqs, accept_len, strict=True)]
             self.drafter.keep_windows(seqs, out.window, ends)
@@ -241,9 +216,9 @@ class ModelRunner:
         """A callable running one step of `batch` sequences of `ctx` cached tokens, as `step` does (fill,
         replay or eager run, the host copy). Its writes land in the first blocks of the cache: call it only
         while no request is live (between generate calls)."""
-        depth = 0 if strategy is None else strategy.depth
-        r = 1 if strategy is None else self.drafter.block_rows(strategy)
-        tokens = ctx + max(depth * (strategy.topk if strategy else 1), 1) + 1
+        option = option_name(strategy)
+        r, depth = layout(self, option)
+        tokens = ctx + (1 if strategy is None else scratch_tokens(strategy))  # what the engine reserves
         w = min(self.width, -(-tokens // self.block_size))
         tables = (torch.arange(batch * w) % self.trash_block).view(batch, w)
         lead = torch.tensor([ctx, 0] + [0] * r).expand(batch, -1)  # ctx_len 0: drafter writes go to the trash
@@ -254,5 +229,4 @@ class ModelRunner:
             h = self.target.model.arch.hidden_size
             window = torch.zeros(batch, r, h, dtype=self.target.model.lm_head.weight.dtype, device=self.device)
         args = StepArgs(torch.cat([lead, tables], 1), floats, window)
-        option = option_name(strategy)
         return lambda: self.run_args(option, mode, args).host.cpu()

@@ -40,24 +40,48 @@ def counter_uniforms(seeds: torch.Tensor, counters: torch.Tensor, n: int) -> tor
     return (x >> 8).float() * (1.0 / (1 << 24))
 
 
+# uint32 lanes wrap on multiplication, which is the mixer's "& 0xFFFFFFFF": no masks, no 64-bit temporaries
+_U16, _U15, _U8 = np.uint32(16), np.uint32(15), np.uint32(8)
+_C1, _C2 = np.uint32(0x7FEB352D), np.uint32(0x846CA68B)
+_K_SEED, _K_CTR, _K_IDX, _K_OUT = (np.uint32(c) for c in (0x9E3779B9, 0x85EBCA6B, 0x27D4EB2F, 0x165667B1))
+_U32, _LOW = np.uint64(32), np.uint64(_M32)
+_SCALE = np.float32(1.0 / (1 << 24))
+
+
 def _mix32_np(x: np.ndarray) -> np.ndarray:
-    x = x ^ (x >> np.uint64(16))
-    x = (x * np.uint64(0x7FEB352D)) & np.uint64(_M32)
-    x = x ^ (x >> np.uint64(15))
-    x = (x * np.uint64(0x846CA68B)) & np.uint64(_M32)
-    return x ^ (x >> np.uint64(16))
+    """`_mix32` in place on a uint32 array."""
+    x ^= x >> _U16
+    x *= _C1
+    x ^= x >> _U15
+    x *= _C2
+    x ^= x >> _U16
+    return x
+
+
+def _halves(values: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    v = np.asarray(values, dtype=np.uint64)
+    return (v & _LOW).astype(np.uint32), (v >> _U32).astype(np.uint32)
 
 
 def host_uniforms(seeds: Sequence[int], counters: Sequence[int], n: int) -> np.ndarray:
     """`counter_uniforms` on the host: [B, n] float32, equal bit for bit, from Python ints (seeds < 2^63)."""
-    m = np.uint64(_M32)
-    s = np.asarray(seeds, dtype=np.uint64)
-    c = np.asarray(counters, dtype=np.uint64)
-    key = _mix32_np((s & m) ^ _mix32_np(((s >> np.uint64(32)) & m) ^ np.uint64(0x9E3779B9)))
-    key = _mix32_np(key ^ _mix32_np((c & m) ^ np.uint64(0x85EBCA6B)) ^ ((c >> np.uint64(32)) & m))
-    idx = (np.arange(n, dtype=np.uint64) * np.uint64(0x27D4EB2F)) & m
-    x = _mix32_np(_mix32_np(key[:, None] ^ idx[None, :]) ^ np.uint64(0x165667B1))
-    return (x >> np.uint64(8)).astype(np.float32) * np.float32(1.0 / (1 << 24))
+    (s_lo, s_hi), (c_lo, c_hi) = _halves(seeds), _halves(counters)
+    s_hi ^= _K_SEED
+    s_lo ^= _mix32_np(s_hi)
+    key = _mix32_np(s_lo)
+    c_lo ^= _K_CTR
+    key ^= _mix32_np(c_lo)
+    key ^= c_hi
+    key = _mix32_np(key)
+    idx = np.arange(n, dtype=np.uint32)
+    idx *= _K_IDX
+    x = _mix32_np(key[:, None] ^ idx[None, :])
+    x ^= _K_OUT
+    x = _mix32_np(x)
+    x >>= _U8
+    out = x.astype(np.float32)
+    out *= _SCALE
+    return out
 
 
 def _mix32_int(x: int) -> int:

@@ -89,10 +89,9 @@ class Scheduler:
         """Every running sample gets blocks for `extra` more positions; the youngest make way if needed."""
         i = 0
         while i < len(self.running):
-            seq = self.running[i]
-            if self.blocks.ensure(seq.seq_id, seq.num_cached + extra):
-                i += 1
-            else:
+            rest = self.running[i:]
+            i += self.blocks.ensure_many([s.seq_id for s in rest], [s.num_cached + extra for s in rest])
+            if i < len(self.running):  # blocks ran out at sample i
                 self.preempt_youngest()
 
     def abort(self, seqs: list[Sequence], jobs: list[PrefillJob]) -> None:
@@ -119,38 +118,58 @@ class Scheduler:
     # ---- postprocessing ------------------------------------------------------------------------------------
     def emit(self, seq: Sequence, toks: list[int], lps: list[float]) -> int:
         """Append tokens until a stop token or a limit; returns how many were kept."""
+        kept = self._append(seq, toks, lps)
+        self.stats["generated_tokens"] += kept
+        return kept
+
+    def _append(self, seq: Sequence, toks: list[int], lps: list[float]) -> int:
         out, n = seq.output, len(toks)
         stop = self.stop if seq.stop is None else seq.stop
         # the last token the limits allow, then cut at the first stop token before it
         room = min(seq.max_new_tokens - len(out), self.max_context - len(seq.prompt) - len(out))
         kept = min(n, max(room, 1))
         reason = "length" if kept == room else None
-        for i in range(kept):
-            if toks[i] in stop:
-                kept, reason = i + 1, "stop"
-                break
-        out.extend(toks[:kept])
-        seq.logprobs.extend(lps[:kept])
+        if not stop.isdisjoint(toks if kept == n else toks[:kept]):
+            for i in range(kept):
+                if toks[i] in stop:
+                    kept, reason = i + 1, "stop"
+                    break
+        if kept == n:
+            out.extend(toks)
+            seq.logprobs.extend(lps)
+        else:
+            out.extend(toks[:kept])
+            seq.logprobs.extend(lps[:kept])
         if reason is not None:
             seq.finish_reason = reason
             self.finish(seq)
-        self.stats["generated_tokens"] += kept
         return kept
 
     def postprocess(self, seqs: list[Sequence], out) -> int:
-        """Apply one decode step's `StepOut` (rollout/model_runner.py) to its sequences; returns the tokens
-        kept. Each sample's root and accepted tokens enter its cache, their hidden rows its history."""
-        emitted = 0
-        roots = None if out.hidden is None else out.hidden[:, 0]  # one view: pending rows are grouped by it
-        for i, seq in enumerate(seqs):
+        """Apply one decode step's `StepOut` (rollout/step_io.py) to its sequences; returns the tokens kept.
+        Each sample's root and accepted tokens enter its cache, their hidden rows its history."""
+        kept = []
+        for seq, toks, lps in zip(seqs, out.tokens, out.logprobs, strict=True):
             seq.counter += 1
-            cached = seq.num_cached
-            kept = self.emit(seq, out.tokens[i], out.logprobs[i])
-            if out.hidden is not None:
-                if kept == 1:  # one row: a reference, copied out with the others when next read
-                    seq.add_hidden_row(roots, i)
-                else:
-                    seq.add_hidden(out.hidden[i, :kept])
-            seq.num_cached = cached + kept
-            emitted += kept
+            k = self._append(seq, toks, lps)
+            seq.num_cached += k
+            kept.append(k)
+        emitted = sum(kept)
+        self.stats["generated_tokens"] += emitted
+        hidden = out.hidden
+        if hidden is None:
+            return emitted
+        roots = hidden[:, 0]  # one view: pending rows are grouped by it
+        width = hidden.shape[1]
+        if width == 1 or emitted == len(seqs):  # one row each: a reference, copied out when next read
+            for i, seq in enumerate(seqs):
+                seq.add_hidden_row(roots, i)
+            return emitted
+        sizes = [n for k in kept for n in (k, width - k)]  # each sequence's kept rows, then the rest
+        chunks = hidden.flatten(0, 1).split_with_sizes(sizes)[::2]  # one call makes every view
+        for i, (seq, k, chunk) in enumerate(zip(seqs, kept, chunks, strict=True)):
+            if k == 1:  # one row: as above
+                seq.add_hidden_row(roots, i)
+            else:
+                seq.add_hidden(chunk)
         return emitted

@@ -29,9 +29,11 @@ class Sequence:
     num_cached: int = 0
     draft_cached: int = 0
     hidden_chunks: list[torch.Tensor] = field(default_factory=list)  # target hidden of positions [0, num_cached)
-    # the drafter's catch-up window: target hidden [R, H] of positions [window_end - R, window_end), zeros
-    # before position 0; kept on the device by the speculative step so the next one needs no host work
-    window: torch.Tensor | None = None
+    # the drafter's catch-up window (`window`): target hidden [R, H] of positions [window_end - R, window_end),
+    # zeros before position 0, row window_row of a step's moved windows [B, R, H] (window_src); kept on the
+    # device by the speculative step so the next one needs no host work
+    window_src: torch.Tensor | None = None
+    window_row: int = 0
     window_end: int = -1
     counter: int = 0  # RNG step counter
     _fresh: int = 0  # chunks appended since the last merge
@@ -46,6 +48,16 @@ class Sequence:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    @property
+    def window(self) -> torch.Tensor | None:
+        """The catch-up window [R, H] (a view made on demand: a step keeps its batch's windows in one call)."""
+        return None if self.window_src is None else self.window_src[self.window_row]
+
+    @property
+    def last_token(self) -> int:
+        """The pending root (the last token), without building `tokens`."""
+        return self.output[-1] if self.output else self.prompt[-1]
 
     @property
     def length(self) -> int:
@@ -91,7 +103,8 @@ class Sequence:
     def add_hidden(self, chunk: torch.Tensor) -> None:
         """Append target hidden rows. A chunk is usually a view of a whole batch's output, which it keeps
         alive; every MERGE_EVERY chunks the recent ones are copied into one tensor of their own."""
-        self._flush()
+        if self._pending:  # rows of plain steps come first
+            self._flush()
         self._append_chunk(chunk)
 
     def _append_chunk(self, chunk: torch.Tensor) -> None:
@@ -119,7 +132,7 @@ class Sequence:
         self.num_cached = 0
         self.draft_cached = 0
         self.hidden_chunks, self._pending = [], []
-        self.window, self.window_end = None, -1
+        self.window_src, self.window_end = None, -1
         self.preemptions += 1
 
 
@@ -129,6 +142,9 @@ MERGE_EVERY = 32
 def flush_hidden(seqs: list[Sequence]) -> None:
     """Copy out the pending plain-step rows of many sequences with one gather (the per-sequence path,
     `Sequence.hidden`, costs a tensor op per row: tens of ms at batch 128 after a few dozen plain steps)."""
+    seqs = [s for s in seqs if s._pending]
+    if not seqs:
+        return
     offsets: dict[int, int] = {}
     bases, idx, counts, total = [], [], [], 0
     for s in seqs:
@@ -140,13 +156,10 @@ def flush_hidden(seqs: list[Sequence]) -> None:
                 total += batch.shape[0]
             idx.append(off + row)
         counts.append(len(s._pending))
-    if not idx:
-        return
     rows = torch.cat(bases).index_select(0, torch.tensor(idx, device=bases[0].device))
     for s, chunk in zip(seqs, rows.split(counts), strict=True):
-        if s._pending:
-            s._pending = []
-            s._append_chunk(chunk)
+        s._pending = []
+        s._append_chunk(chunk)
 
 
 @dataclass

@@ -23,6 +23,7 @@ inputs, so one graph serves every temperature of a mode.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,7 @@ def mode_program(strategy: Strategy | None, mode: str) -> StepProgram:
     return StepProgram.speculative(strategy, accept, **kw)
 
 
+@functools.cache
 def parse_option(option: str) -> Strategy | None:
     return None if option == OFF else Strategy.parse(option)
 
