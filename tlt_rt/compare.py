@@ -218,21 +218,16 @@ def plot_compare(runs: dict[str, list[dict]], path: Path, warmup: int = 1) -> No
         ax.set_xlabel("RL step")
         _legend(ax)
     ax = axes[1][0]
-    for n, records in runs.items():
-        pts = [(r["step"] + 1, r["accept_length"], r.get("accept_ceiling")) for r in records
-               if isinstance(r.get("accept_length"), int | float)]  # fmt: skip
-        color = None
-        if pts:
-            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, label=f"{n} accept")
-            color = line.get_color()
-            ceil = [(p[0], p[2]) for p in pts if p[2] is not None]
-            ax.plot([c[0] for c in ceil], [c[1] for c in ceil], "--", color=color, label=f"{n} ceiling")
-        for key, style in (("drafter_accept_online", "s-."), ("drafter_accept_frozen", "x:")):
-            curve = [(r["step"] + 1, r[key]) for r in records if isinstance(r.get(key), int | float)]
-            if curve:  # logging.drafter_curve: the online and the frozen starting drafter on the step's answers
-                (line,) = ax.plot([c[0] for c in curve], [c[1] for c in curve], style, markersize=3, color=color,
-                                  label=f"{n} {key.rsplit('_', 1)[1]} drafter")  # fmt: skip
-                color = line.get_color()
+    for i, (n, records) in enumerate(runs.items()):
+        color = f"C{i}"  # each run keeps its colour from the other panels
+        for key, style, label in (("accept_length", "o-", "accept"), ("accept_ceiling", "--", "ceiling"),
+                                  ("drafter_accept_online", "s-.", "online drafter"),
+                                  ("drafter_accept_frozen", "x:", "frozen drafter")):  # fmt: skip
+            # drafter_accept_*: logging.drafter_curve, the online and the frozen starting drafter on the answers
+            pts = [(r["step"] + 1, r[key]) for r in records if isinstance(r.get(key), int | float)]
+            if pts:
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+                ax.plot(xs, ys, style, markersize=3, color=color, label=f"{n} {label}")
     ax.set_title("accept length, drafters and perfect-drafter ceiling", fontsize=9)
     ax.set_xlabel("RL step")
     _legend(ax)
