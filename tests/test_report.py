@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tlt_rt.report import main, write_report
 from tlt_rt.train.rl.metrics import MetricsWriter, engine_segments, percentile, tail_seconds, worker_timeline
 
@@ -30,6 +32,25 @@ def test_report_writes_pngs_and_html(tmp_path):
     for name in ("reward.png", "accept.png", "rollout.png", "timeline.png"):
         data = (tmp_path / "report" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000, name
+
+
+def test_report_accept_panel_has_the_ceiling_and_the_drafter_curve(tmp_path, monkeypatch):
+    import tlt_rt.report as report
+
+    w = MetricsWriter(tmp_path, tensorboard=False)
+    for s in range(3):
+        w.write({"step": s, "reward_mean": 0.1, "accuracy": 0.1, "accept_length": 1.5, "accept_ceiling": 2.5,
+                 "drafter_accept_online": 1.4 + 0.1 * s, "drafter_accept_frozen": 1.3}, {})  # fmt: skip
+    w.close()
+    drawn = []
+    lines = report._lines
+    monkeypatch.setattr(report, "_lines", lambda ax, *a, **k: (lines(ax, *a, **k), drawn.append(ax.get_lines())))
+    page = write_report(tmp_path).read_text()
+    labels = [line.get_label() for line in drawn[1]]  # the accept plot's top axis, after the reward plot
+    assert labels == [label for _, label in report.ACCEPT_SERIES]
+    ys = {line.get_label(): list(line.get_ydata()) for line in drawn[1]}
+    assert ys["online drafter (step's answers)"] == pytest.approx([1.4, 1.5, 1.6])
+    assert "drafter_accept_frozen" in page and "1.3" in page and "accept_ceiling" in page
 
 
 def test_report_cli_and_empty_run(tmp_path, capsys):

@@ -40,6 +40,17 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 STYLES = [
     dict(color="#4c72b0", marker="o", linestyle="-", markersize=5, linewidth=2.2),
     dict(color="#dd8452", marker="s", linestyle="--", markersize=7, linewidth=1.4, markerfacecolor="none"),
+    dict(color="#55a868", marker="^", linestyle="-.", markersize=5, linewidth=1.4),
+    dict(color="#8172b3", marker="x", linestyle=":", markersize=6, linewidth=1.4),
+]
+# the accept panel: what the rollout accepted, a perfect drafter's ceiling on the step's answers
+# (logging.accept_ceiling) and, with logging.drafter_curve, the online drafter against a frozen copy of the
+# run's starting drafter on the same answers
+ACCEPT_SERIES = [
+    ("accept_length", "rollout accept length"),
+    ("accept_ceiling", "perfect-drafter ceiling (step's answers)"),
+    ("drafter_accept_online", "online drafter (step's answers)"),
+    ("drafter_accept_frozen", "frozen starting drafter (step's answers)"),
 ]
 
 
@@ -78,8 +89,7 @@ def plot_accept(records: list[dict], path: Path, unused: str | None) -> None:
     """Accept length (tokens per speculative step) and the drafter's top-1 agreement (a fraction) on two axes;
     steps without speculative steps are marked, and the last one's reason is printed under the plot."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 5.6), sharex=True)
-    _lines(top, records, [("accept_length", "rollout accept length")], "tokens per SD step",
-           empty="no speculative steps yet")  # fmt: skip
+    _lines(top, records, ACCEPT_SERIES, "tokens per SD step", empty="no speculative steps yet")
     gaps = [r["step"] + 1 for r in records if r.get("accept_length") is None]
     if gaps and top.lines:
         top.plot(gaps, [1.0] * len(gaps), "x", color="#999999", markersize=8, label="no speculative steps")
@@ -156,7 +166,8 @@ def _summary_rows(records: list[dict], unused: str | None) -> list[tuple[str, st
         return [("steps", "0")]
     last = records[-1]
     keys = ["reward_mean", "accuracy", "response_len_p50", "rollout_seconds", "tail_share", "sd_share",
-            "accept_length", "drafter_loss", "drafter_top1", "spot_steps", "harvested_worker_seconds",
+            "accept_length", "accept_ceiling", "drafter_accept_online", "drafter_accept_frozen", "drafter_loss",
+            "drafter_top1", "spot_steps", "harvested_worker_seconds",
             "learner_seconds", "tokens_per_second"]  # fmt: skip
     rows = [("steps", str(len(records)))]
     rows += [(k, _fmt(k, last.get(k), unused)) for k in keys]
