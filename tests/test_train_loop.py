@@ -441,9 +441,13 @@ def test_a_collective_that_fails_on_live_workers_raises_instead_of_retrying(ray_
 
 def test_time_limit_stops_after_a_step_with_a_checkpoint(ray_cluster, tiny, tmp_path):
     records = train(tiny_config(tiny, tmp_path, "boxed", "rl.steps=5", "rl.time_limit_s=0.001",
-                                "cluster.num_workers=1"))  # fmt: skip
+                                "cluster.num_workers=1", f"task.eval_path={tiny / 'data.jsonl'}",
+                                "logging.eval_every=3", "logging.eval_prompts=2"))  # fmt: skip
     assert [r["step"] for r in records] == [0]
     assert ckpt.latest_checkpoint(tmp_path / "boxed").name == "step_000001"
+    # the held-out evaluation after the last update runs when the time limit ends the run too
+    logged = metrics(tmp_path / "boxed")
+    assert "heldout_accuracy" in logged[0] and 0.0 <= logged[-1]["heldout_accuracy_end"] <= 1.0
 
 
 def test_dry_run_counts_the_kv_cache_the_engine_will_take(capsys):

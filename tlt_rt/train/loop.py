@@ -137,14 +137,20 @@ class Trainer:
         self.history: list[dict] = []
         self.progress = Progress(self.start_step, cfg.rl.steps, lg.progress_every_s)
         self.checkpoint: Path | None = last
+        self.t0, self.stopping = time.time(), False  # run()'s start (rl.time_limit_s); whether this step ends it
+
+    def out_of_time(self, step: int) -> bool:
+        """Whether `rl.time_limit_s` ends the run after `step` (never after the run's own last step)."""
+        limit = self.cfg.rl.time_limit_s
+        return limit > 0 and time.time() - self.t0 >= limit and step + 1 < self.cfg.rl.steps
 
     def run(self) -> list[dict]:
-        t0 = time.time()
+        self.t0 = t0 = time.time()
         limit = self.cfg.rl.time_limit_s
         for step in range(self.start_step, self.cfg.rl.steps):
             record = self.step(step)
             self.history.append(record)
-            out_of_time = limit > 0 and time.time() - t0 >= limit and step + 1 < self.cfg.rl.steps
+            out_of_time = self.stopping
             if (step + 1) % self.cfg.rl.checkpoint_every == 0 or step + 1 == self.cfg.rl.steps or out_of_time:
                 self.checkpoint = self.save_checkpoint(step + 1)
             self.progress.step_done()
@@ -210,7 +216,10 @@ class Trainer:
             self.progress.begin(step, "drafter curve")
             record.update(heldout.drafter_curve(pool, cfg.logging.drafter_curve_answers, record["strategy_use"]))
         record.update(before)
-        if self.held_out and step + 1 == cfg.rl.steps:  # the trained policy, after the last update
+        # the run's last step: its own last one, or the one after which rl.time_limit_s ends it (decided before
+        # the evaluation, which is outside the step's time)
+        self.stopping = self.out_of_time(step)
+        if self.held_out and (step + 1 == cfg.rl.steps or self.stopping):  # the trained policy, after its last update
             record.update({f"{k}_end": v for k, v in self._evaluate(step).items()})
         self.metrics.write(record, timelines(outcome))
         return record
