@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.test_async_engine import SETTINGS  # noqa: E402  (mixed per-request settings, both spellings)
 from tests.test_engine import PROMPTS, make_engine  # noqa: E402
 from tlt_rt.rollout import AsyncEngine, SamplingParams  # noqa: E402
 
@@ -91,16 +92,6 @@ def generate_cases() -> dict:
                 keys = ("generated_tokens", "steps", "accept_length_hist", "preemptions")
                 cases[name + "-stats"] = [st[k] for k in keys]
     return cases
-
-
-SETTINGS = [
-    {"temperature": 0.0, "max_tokens": 9},
-    {"temperature": 0.9, "max_tokens": 17, "seed": 3},
-    {"temperature": 0.7, "top_k": 3, "max_new_tokens": 12, "seed": 11},
-    {"temperature": 1.0, "top_p": 0.8, "max_tokens": 20, "seed": 5, "n": 2},
-    {"temperature": 0.6, "top_k": 4, "top_p": 0.9, "max_new_tokens": 6, "seed": 8, "stop_token_ids": [3]},
-    {"temperature": 0.0, "max_new_tokens": 25, "n": 3},
-]
 
 
 def async_cases() -> dict:
