@@ -1,0 +1,148 @@
+"""Where a speculative step's GPU kernels go, phase by phase (GPU).
+
+    python benchmarks/step_phases.py --batch 1 32 --strategies 8_4_32 6_2_12 [--show 12] [--out F.jsonl]
+
+One engine (SmolLM2 bf16, speculation on) runs its steps eagerly (no CUDA graph, the draft rerank still
+through torch.compile as the captured step runs it), each phase of the step under a profiler range:
+the drafter's catch-up block, the levels' attention inputs, the draft levels (their top-k apart), the
+rerank into the verify tree, the target's verify, acceptance, KV commit, and the rest (the step's own
+input unpacking and output packing). The torch profiler gives each phase's kernels: launches and time.
+Launch counts are what a captured step replays; the time is the kernels' own (no launch gaps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import warnings
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_throughput import prompts_for  # noqa: E402
+from step_ratio import Rotation  # noqa: E402
+
+import tlt_rt.rollout.drafting as drafting  # noqa: E402
+from tlt_rt.ir.strategy import Strategy  # noqa: E402
+from tlt_rt.models.default import load_tokenizer  # noqa: E402
+from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
+from tlt_rt.rollout.step_graph import DirectModels  # noqa: E402
+
+PHASES = ["catch-up", "level-meta", "levels", "level-topk", "rerank", "verify", "accept", "commit", "rest"]
+
+
+def _ranged(fn, label: str):
+    def wrapped(*a, **k):
+        with record_function(f"phase:{label}"):
+            return fn(*a, **k)
+
+    wrapped.__name__ = getattr(fn, "__name__", label)
+    return wrapped
+
+
+def instrument(engine: Engine) -> None:
+    """Profiler ranges around each phase of the engine's steps (module functions and lowered calls)."""
+    for name, label in [("catch_up_block", "catch-up"), ("_level_meta", "level-meta"),
+                        ("grow_candidates", "levels"), ("_top_children", "level-topk"),
+                        ("fused_build_tree", "rerank"), ("build_tree", "rerank")]:  # fmt: skip
+        setattr(drafting, name, _ranged(getattr(drafting, name), label))
+    DirectModels.verify = _ranged(DirectModels.verify, "verify")
+    steps = engine.runner.steps
+    lowered = steps.lowered
+
+    def lowered_ranged(batch, option, mode):
+        low = lowered(batch, option, mode)
+        calls = tuple((op, fn if op in ("draft", "verify") else _ranged(fn, op)) for op, fn in low.calls)
+        return dataclasses.replace(low, calls=calls)
+
+    steps.lowered = lowered_ranged
+
+
+def phase_of(evt) -> str:
+    p = evt
+    while p is not None:
+        if p.name.startswith("phase:"):
+            return p.name[len("phase:") :]
+        p = p.cpu_parent
+    return "rest"
+
+
+def profile_step(engine: Engine, prompts, option, at: int = 6):
+    """{phase: (launches, kernel us, Counter of kernel names)} of the `at`-th step of `option`."""
+    engine.policy = Rotation([option])
+    step, seen, profs = engine.runner.step, [0], []
+
+    def one(*a, **k):
+        seen[0] += 1
+        if seen[0] != at:
+            return step(*a, **k)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with record_function("phase:rest"):
+                res = step(*a, **k)
+            torch.cuda.synchronize()
+        profs.append(prof)
+        return res
+
+    engine.runner.step = one
+    try:
+        engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=at + 4, stop_token_ids=[]))
+    finally:
+        engine.runner.step = step
+    out = defaultdict(lambda: [0, 0.0, Counter()])
+    for evt in profs[0].events():
+        for k in evt.kernels:
+            row = out[phase_of(evt)]
+            row[0] += 1
+            row[1] += k.duration
+            row[2][k.name[:90]] += 1
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--strategies", nargs="+", default=["8_4_32", "6_2_12"])
+    ap.add_argument("--show", type=int, default=8, help="kernels of each phase with the most launches")
+    ap.add_argument("--out", default=None, help="append one JSON line per (batch, option)")
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    tok = load_tokenizer(None)
+    options = [None, *(Strategy.parse(s) for s in args.strategies)]
+    table = []
+    for b in args.batch:
+        engine = Engine.from_pretrained(None, speculative="on", dtype="bfloat16", device="cuda",
+                                        strategies=args.strategies, max_batch=max(b, 1), enforce_eager=True,
+                                        num_blocks=256 + 32 * b)  # fmt: skip
+        engine.runner.compiled = True  # the rerank as the captured step runs it
+        instrument(engine)
+        prompts = prompts_for(b, tok)
+        for option in options:
+            profile_step(engine, prompts, option)  # warm: compiles, allocator
+            got = profile_step(engine, prompts, option)
+            name = str(option) if option else "off"
+            row = {"batch": b, "option": name, "device": torch.cuda.get_device_name()}
+            for ph in PHASES:
+                n, us, names = got.get(ph, (0, 0.0, Counter()))
+                row[f"{ph}_launches"], row[f"{ph}_us"] = n, round(us, 1)
+                for k, c in names.most_common(args.show):
+                    print(f"  b={b:<3} {name:7} {ph:10} {c:4}x  {k}")
+            table.append(row)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    print(f"device: {torch.cuda.get_device_name()}; kernel launches / kernel us of one step, by phase")
+    print("batch option  " + " ".join(f"{p:>13}" for p in PHASES) + "         total")
+    for r in table:
+        cells = " ".join(f"{r[p + '_launches']:4d}/{r[p + '_us']:7.1f}" for p in PHASES)
+        tot = sum(r[p + "_launches"] for p in PHASES), sum(r[p + "_us"] for p in PHASES)
+        print(f"{r['batch']:5d} {r['option']:7} {cells} {tot[0]:5d}/{tot[1]:7.1f}")
+
+
+if __name__ == "__main__":
+    main()
