@@ -52,6 +52,8 @@ def warm_drafter(
            "--eval-temperatures", "--strategy", strategy]  # fmt: skip
     if cfg.model.path:
         cmd += ["--target", str(cfg.model.path)]
+    if cfg.drafter.draft_vocab:  # the run's reduced head from the start: its captured steps keep that size
+        cmd += ["--draft-vocab", str(cfg.drafter.draft_vocab)]
     print(f"== drafter warm-up: {' '.join(cmd[2:])}", flush=True)
     t0 = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})

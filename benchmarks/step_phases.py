@@ -2,9 +2,9 @@
 
     python benchmarks/step_phases.py --batch 1 32 --strategies 8_4_32 6_2_12 [--show 12] [--out F.jsonl]
 
-One engine (SmolLM2 bf16, speculation on) runs its steps eagerly (no CUDA graph, the draft rerank still
-through torch.compile as the captured step runs it), each phase of the step under a profiler range:
-the drafter's catch-up block, the levels' attention inputs, the draft levels (their top-k apart), the
+One engine (SmolLM2 bf16, speculation on) runs its steps eagerly with the kernels its captured steps
+replay (compiled glue, Triton attention, the rerank through torch.compile), each phase of the step under
+a profiler range: the drafter's catch-up block, the levels' attention inputs, the draft levels (their top-k apart), the
 rerank into the verify tree, the target's verify, acceptance, KV commit, and the rest (the step's own
 input unpacking and output packing). The torch profiler gives each phase's kernels: launches and time.
 Launch counts are what a captured step replays; the time is the kernels' own (no launch gaps).
@@ -21,6 +21,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,7 +34,18 @@ from tlt_rt.models.default import load_tokenizer  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.rollout.step_graph import DirectModels  # noqa: E402
 
-PHASES = ["catch-up", "level-meta", "levels", "level-topk", "rerank", "verify", "accept", "commit", "rest"]
+PHASES = [
+    "catch-up",
+    "level-meta",
+    "levels",
+    "level-topk",
+    "rerank",
+    "verify",
+    "accept",
+    "commit",
+    "rest",
+    "unattributed",
+]
 
 
 def _ranged(fn, label: str):
@@ -57,19 +69,42 @@ def instrument(engine: Engine) -> None:
 
     def lowered_ranged(batch, option, mode):
         low = lowered(batch, option, mode)
-        calls = tuple((op, fn if op in ("draft", "verify") else _ranged(fn, op)) for op, fn in low.calls)
+        calls = tuple((op, fn if op in ("DRAFT", "VERIFY") else _ranged(fn, op.lower())) for op, fn in low.calls)
         return dataclasses.replace(low, calls=calls)
 
     steps.lowered = lowered_ranged
 
 
-def phase_of(evt) -> str:
-    p = evt
-    while p is not None:
-        if p.name.startswith("phase:"):
-            return p.name[len("phase:") :]
-        p = p.cpu_parent
-    return "rest"
+def _innermost(ranges, t: int) -> str:
+    best, width = "rest", None
+    for a, b, name in ranges:
+        if a <= t <= b and (width is None or b - a < width):
+            best, width = name, b - a
+    return best
+
+
+def kernels_by_phase(prof) -> dict[str, list]:
+    """{phase: [launches, us, Counter(kernel names)]}: each device kernel or copy goes to the innermost
+    phase range open when the host launched it (runtime launch and device activity share a correlation id;
+    Triton launches are no aten op, so the profiler's own op-to-kernel links would miss them)."""
+    raw = list(prof.profiler.kineto_results.events())
+    cpu = [e for e in raw if e.device_type() == DeviceType.CPU]
+    ranges = [
+        (e.start_ns(), e.start_ns() + e.duration_ns(), e.name()[6:]) for e in cpu if e.name().startswith("phase:")
+    ]
+    launched = {
+        e.correlation_id(): e.start_ns() for e in cpu if e.name().startswith(("cuda", "cu")) and e.correlation_id()
+    }
+    out: dict[str, list] = defaultdict(lambda: [0, 0.0, Counter()])
+    for e in raw:
+        if e.device_type() != DeviceType.CUDA:
+            continue
+        t = launched.get(e.correlation_id())
+        row = out["unattributed" if t is None else _innermost(ranges, t)]
+        row[0] += 1
+        row[1] += e.duration_ns() / 1e3
+        row[2][e.name()[:90]] += 1
+    return out
 
 
 def profile_step(engine: Engine, prompts, option, at: int = 6):
@@ -94,14 +129,7 @@ def profile_step(engine: Engine, prompts, option, at: int = 6):
         engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=at + 4, stop_token_ids=[]))
     finally:
         engine.runner.step = step
-    out = defaultdict(lambda: [0, 0.0, Counter()])
-    for evt in profs[0].events():
-        for k in evt.kernels:
-            row = out[phase_of(evt)]
-            row[0] += 1
-            row[1] += k.duration
-            row[2][k.name[:90]] += 1
-    return out
+    return kernels_by_phase(profs[0])
 
 
 def main(argv=None) -> None:
@@ -117,9 +145,10 @@ def main(argv=None) -> None:
     table = []
     for b in args.batch:
         engine = Engine.from_pretrained(None, speculative="on", dtype="bfloat16", device="cuda",
-                                        strategies=args.strategies, max_batch=max(b, 1), enforce_eager=True,
+                                        strategies=args.strategies, max_batch=max(b, 1),
                                         num_blocks=256 + 32 * b)  # fmt: skip
-        engine.runner.compiled = True  # the rerank as the captured step runs it
+        # the captured step's kernels (compiled glue, Triton attention, compiled rerank), run eagerly
+        engine.runner.pool = None
         instrument(engine)
         prompts = prompts_for(b, tok)
         for option in options:

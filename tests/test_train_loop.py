@@ -261,6 +261,34 @@ def test_worker_in_process_rollout_train_merge_learn(tiny, tmp_path):
     assert other.learner.version == 1
 
 
+def test_a_configured_draft_vocab_is_sized_before_capture_and_rebuilt_in_place(tiny, tmp_path):
+    """drafter.draft_vocab gives the serving drafter its reduced head before the engine captures: the
+    vocabulary the trainer rebuilds from the first rollout is then copied into the same tensors."""
+    from tlt_rt.config import to_dict
+    from tlt_rt.train.cluster.worker import Worker
+
+    cfg = tiny_config(tiny, tmp_path, "v", "drafter.train_online=true", "drafter.batch_tokens=32",
+                      "drafter.draft_vocab=24")  # fmt: skip
+    w = Worker(0, 1, to_dict(cfg), str(tmp_path / "v"))
+    serving = w.serving_drafter
+    assert serving.draft_vocab_size == 24 and w.drafter.draft_vocab_size == 24
+    assert set(serving.arch.eos_token_ids) <= set(serving.d2t.tolist())
+    d2t, head = serving.d2t, serving.draft_head
+    placeholder = d2t.clone()
+    w.rollout(0, [[1, 2, 3], [4, 5]], dict(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=6, seed=3))
+    t = threading.Thread(target=w.train_drafter, args=(1,))
+    t.start()
+    while w.trainer.steps < 1:
+        t.join(0.01)
+    w.stop_drafter(1)
+    t.join()
+    assert not torch.equal(w.drafter.d2t, placeholder)  # rebuilt from the rollout's tokens
+    w.merge_drafter(w.trainer.steps, w.trainer.steps)
+    assert serving.d2t is d2t and serving.draft_head is head  # the same tensors, new contents
+    assert torch.equal(serving.d2t, w.drafter.d2t.to(d2t.device))
+    torch.testing.assert_close(serving.draft_head, serving.lm_head.weight.detach()[serving.d2t])
+
+
 def test_a_lone_worker_that_dies_restarts_from_the_step_checkpoint(ray_cluster, tiny, tmp_path):
     records = train(tiny_config(tiny, tmp_path, "lone", "cluster.num_workers=1", "cluster.debug_fail=rollout:0:1"))
     assert (tmp_path / "lone" / ".debug_fail.rollout.0.1").is_file()

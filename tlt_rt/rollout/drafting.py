@@ -35,7 +35,8 @@ from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import KVCache
-from tlt_rt.rollout.runner import Layout, build_meta, tree_meta
+from tlt_rt.rollout.compiled import maybe_compiled
+from tlt_rt.rollout.runner import Layout, build_meta
 from tlt_rt.rollout.sequence import Sequence, flush_hidden
 
 
@@ -50,19 +51,37 @@ class DraftInputs:
     tables: Tensor  # [B, W] int32 block tables (the target's)
 
 
-def catch_up_block(drafter, cache: KVCache, ins: DraftInputs, block_size: int) -> tuple[Tensor, Tensor]:
+def _block_meta(tokens, hidden, valid, prefix_lens, tables, features, block_size: int, trash: int):
+    """The catch-up block's attention inputs and features (one fused kernel or two when compiled): causal
+    mask over its real rows [B, R, R], cache slots [B*R] (padding rows to the trash slot), rotary positions
+    [B*R], cu [B*R+1], seq_lens [B] int32, the root rows [B], and the rows' drafter features [B*R, H]."""
+    b, r = tokens.shape
+    j = torch.arange(r, device=tokens.device)
+    real = j >= (r - valid)[:, None]  # [B, R]
+    mask = torch.ones(r, r, dtype=torch.bool, device=tokens.device).tril() & real[:, None, :] & real[:, :, None]
+    pos = prefix_lens.long()[:, None] - r + j  # [B, R] cache position of each row
+    slots = tables.long().gather(1, pos.clamp(min=0) // block_size) * block_size + pos % block_size
+    slots = torch.where((pos >= 0) & real, slots, trash)
+    cu = torch.arange(0, b * r + 1, r, dtype=torch.int32, device=tokens.device)
+    roots = torch.arange(b, device=tokens.device) * r + (r - 1)
+    feats = features(hidden.reshape(b * r, -1))
+    return mask, slots.flatten(), pos.clamp(min=0).flatten(), cu, prefix_lens.int(), roots, feats
+
+
+def catch_up_block(
+    drafter, cache: KVCache, ins: DraftInputs, block_size: int, compiled: bool = False
+) -> tuple[Tensor, Tensor]:
     """Drafter rows [L-R, L) of every sequence in one fixed-shape forward; the root row's logits over the
-    draft vocabulary [B, Vd] and output hidden [B, H]."""
-    b, r = ins.tokens.shape
-    dev = ins.tokens.device
-    j = torch.arange(r, device=dev)
-    real = j >= (r - ins.valid)[:, None]  # [B, R]
-    mask = torch.ones(r, r, dtype=torch.bool, device=dev).tril() & real[:, None, :] & real[:, :, None]
-    meta = tree_meta(ins.tables, ins.prefix_lens, r, mask, block_size, write=real)
-    positions = (ins.prefix_lens.long()[:, None] - r + j).clamp(min=0)
-    feats = drafter.features(ins.hidden.reshape(b * r, -1))
-    roots = torch.arange(b, device=dev) * r + (r - 1)
-    out = drafter.forward_paged(ins.tokens.reshape(-1), feats, positions.reshape(-1), cache, meta, roots,
+    draft vocabulary [B, Vd] and output hidden [B, H]. `compiled`: the block's inputs through torch.compile,
+    as the captured step runs them."""
+    r = ins.tokens.shape[1]
+    trash = cache.num_blocks * cache.block_size - 1
+    meta_fn = maybe_compiled(_block_meta, compiled, ins.tokens.device)
+    mask, slots, positions, cu, lens, roots, feats = meta_fn(
+        ins.tokens, ins.hidden, ins.valid, ins.prefix_lens, ins.tables, drafter.features, block_size, trash
+    )
+    meta = AttnMetadata("verify", cu, lens, ins.tables, slots, r, mask, slots_resolved=True)
+    out = drafter.forward_paged(ins.tokens.reshape(-1), feats, positions, cache, meta, roots,
                                 full_vocab=False)  # fmt: skip
     return out.logits, out.hidden[roots]
 
@@ -71,22 +90,21 @@ def draft_candidates(
     drafter, cache: KVCache, strategy: Strategy, block_size: int, ins: DraftInputs, compiled: bool = False
 ) -> Candidates:
     """Catch up, then grow the candidate tree level by level (EAGLE-2 expansion); every candidate."""
-    root_logits, root_hidden = catch_up_block(drafter, cache, ins, block_size)
+    root_logits, root_hidden = catch_up_block(drafter, cache, ins, block_size, compiled)
     return grow_candidates(drafter, cache, strategy, block_size, ins, root_logits, root_hidden, compiled)
 
 
-def _level_meta(ins: DraftInputs, strategy: Strategy, block_size: int, trash_slot: int):
+def _level_meta(prefix_lens, tables, valid, k: int, levels: int, block_size: int, trash_slot: int):
     """Every level's attention inputs at once, [D-1, ...] so that level d reads contiguous views: positions
     [D-1, B, K] (rotary L+d-1), seq_lens [D-1, B] (L+dK), slots [D-1, B, K] (cache positions [L+(d-1)K, L+dK),
     padding sequences to the trash slot), and cu [B*K+1]."""
-    k, levels = strategy.topk, strategy.depth - 1
-    b, dev = ins.tokens.shape[0], ins.tokens.device
-    cached = ins.prefix_lens.long()
+    b, dev = prefix_lens.shape[0], prefix_lens.device
+    cached = prefix_lens.long()
     d = torch.arange(1, levels + 1, device=dev)
     positions = (cached[None, :] + (d - 1)[:, None])[..., None].expand(levels, b, k).contiguous()
     pos = cached[None, :, None] + ((d - 1) * k)[:, None, None] + torch.arange(k, device=dev)  # [D-1, B, K]
-    blocks = ins.tables.long()[None].expand(levels, -1, -1).gather(2, pos // block_size)
-    live = (ins.valid > 0)[None, :, None]
+    blocks = tables.long()[None].expand(levels, -1, -1).gather(2, pos // block_size)
+    live = (valid > 0)[None, :, None]
     slots = torch.where(live, blocks * block_size + pos % block_size, trash_slot)
     seq_lens = (cached[None, :] + (d * k)[:, None]).int()
     cu = torch.arange(0, b * k + 1, k, dtype=torch.int32, device=dev)
@@ -118,14 +136,16 @@ def grow_candidates(
     index) runs as K drafter rows. Its tree mask [B, K, dK] is its parents' rows widened by its own slot,
     and its input features are the drafter outputs of its parents: both are gathers by the parent's place in
     the frontier, so no ancestry walk is needed (one launch a level on CUDA, `codegen.kernels.draft_level`).
-    `compiled` is accepted for symmetry with `draft_tree`."""
+    `compiled`: every level's attention inputs through torch.compile, as the captured step builds them."""
     k, levels = strategy.topk, strategy.depth - 1
     b, dev = ins.tokens.shape[0], ins.tokens.device
     lp, toks = _top_children(drafter, root_logits, k)  # level 0: the root's K best children, sorted
     if levels == 0:
         return Candidates(toks, lp, torch.full_like(toks, -1), k)
     tokens, scores, fronts = [toks], [lp], []
-    positions, seq_lens, slots, cu = _level_meta(ins, strategy, block_size, cache.num_blocks * cache.block_size - 1)
+    level_meta = maybe_compiled(_level_meta, compiled, dev)
+    trash = cache.num_blocks * cache.block_size - 1
+    positions, seq_lens, slots, cu = level_meta(ins.prefix_lens, ins.tables, ins.valid, k, levels, block_size, trash)
     mask = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)  # level 1 sees only itself
     front_flat = torch.arange(k, device=dev).expand(b, k)  # level 0 is sorted: its frontier is itself
     front_tok, front_score, feats = toks, lp, root_hidden[:, None].expand(b, k, -1)

@@ -34,6 +34,7 @@ from tlt_rt.ir.program import StepProgram
 from tlt_rt.ir.strategy import Bucket, Strategy
 from tlt_rt.ir.tree import DraftTree
 from tlt_rt.models.attention import AttnMetadata
+from tlt_rt.rollout.compiled import maybe_compiled
 from tlt_rt.rollout.costs import OFF
 from tlt_rt.rollout.drafting import DraftInputs, draft_tree
 from tlt_rt.rollout.params import SamplingParams
@@ -128,6 +129,40 @@ def layout(runner, option: str) -> tuple[int, int]:
     return runner.drafter.block_rows(s), s.depth
 
 
+def unpack_inputs(ints: Tensor, floats: Tensor, r: int, dlen: int) -> dict[str, Tensor]:
+    """The packed step buffers (module docstring) -> the lowered program's named inputs, each contiguous
+    (the kernels take their [B] inputs contiguous; the buffers' columns are strided views)."""
+    ctx_tokens = ints[:, 2 : 2 + r].contiguous()
+    settings = floats[:, -3:].t().contiguous()  # [3, B]: temperature, top_k, top_p
+    return {
+        "last_tokens": ctx_tokens[:, -1].contiguous(),
+        "prefix_lens": ints[:, 0].contiguous(),
+        "block_table": ints[:, 2 + r :].int(),
+        "uniforms": floats[:, : 2 * (dlen + 1)].reshape(-1, dlen + 1, 2),
+        "temperature": settings[0],
+        "top_k": settings[1].int(),
+        "top_p": settings[2],
+        "ctx_tokens": ctx_tokens,
+        "ctx_len": ints[:, 1].contiguous(),
+    }
+
+
+def pack_outputs(acc_len, nodes_acc, hidden, window, tokens, logprobs):
+    """(host [B, 1+2(D+1)] f64, hidden [B, D+1, H], moved window [B, R, H] or None) from an acceptance:
+    the target hidden at the root and along the accepted path (positions L .. L+a), and the catch-up
+    windows moved on by the accepted length."""
+    dlen = tokens.shape[1] - 1
+    nodes = torch.cat([torch.zeros_like(nodes_acc[:, :1]), nodes_acc[:, :dlen]], 1).clamp(min=0)
+    hid = hidden.gather(1, nodes[..., None].expand(-1, -1, hidden.shape[-1]))
+    moved = None
+    if window is not None:  # rows [a+1, a+1+W) of window ++ hid end at position L+a+1
+        w, h = window.shape[1], window.shape[2]
+        shift = (acc_len + 1)[:, None] + torch.arange(w, device=window.device)
+        moved = torch.cat([window, hid.to(window.dtype)], 1).gather(1, shift[..., None].expand(-1, -1, h))
+    host = torch.cat([acc_len[:, None].double(), tokens.double(), logprobs.double()], 1)
+    return host, hid, moved
+
+
 class StepGraphs:
     """The whole step as a `codegen.graphs.Program` for keys ("step", B, option, mode); also runs eagerly."""
 
@@ -148,34 +183,16 @@ class StepGraphs:
     def compute(self, batch: int, option: str, mode: str, ints: Tensor, floats: Tensor, window: Tensor | None):
         """The step on device tensors: (host [B, 1+2(D+1)] f64, hidden [B, D+1, H], moved window or None)."""
         r, dlen = layout(self.runner, option)
-        # columns of the packed buffers are strided views: the kernels take their [B] inputs contiguous
-        prefix, ctx_len = ints[:, 0].contiguous(), ints[:, 1].contiguous()
-        ctx_tokens, tables = ints[:, 2 : 2 + r].contiguous(), ints[:, 2 + r :].int()
-        settings = floats[:, -3:].t().contiguous()  # [3, B]: temperature, top_k, top_p
-        values = {
-            "last_tokens": ctx_tokens[:, -1].contiguous(),
-            "prefix_lens": prefix,
-            "block_table": tables,
-            "uniforms": floats[:, : 2 * (dlen + 1)].reshape(-1, dlen + 1, 2),
-            "temperature": settings[0],
-            "top_k": settings[1].int(),
-            "top_p": settings[2],
-        }
+        compiled, dev = self.runner.compiled, ints.device
+        values = maybe_compiled(unpack_inputs, compiled, dev)(ints, floats, r, dlen)
+        tables = values["block_table"]
         if window is not None:
-            values.update(ctx_tokens=ctx_tokens, ctx_hidden=window[:, -r:], ctx_len=ctx_len)
-        v = self.lowered(batch, option, mode)(DirectModels(self.runner, prefix, tables), values)
-        acc_len, nodes_acc = v["accept_len"], v["accepted_nodes"]
-        # target hidden at the root and along the accepted path: positions L .. L+a
-        nodes = torch.cat([torch.zeros_like(nodes_acc[:, :1]), nodes_acc[:, :dlen]], 1).clamp(min=0)
-        hidden = v["hidden"]
-        hid = hidden.gather(1, nodes[..., None].expand(-1, -1, hidden.shape[-1]))
-        moved = None
-        if window is not None:  # rows [a+1, a+1+W) of window ++ hid end at position L+a+1
-            w, h = window.shape[1], window.shape[2]
-            shift = (acc_len + 1)[:, None] + torch.arange(w, device=window.device)
-            moved = torch.cat([window, hid.to(window.dtype)], 1).gather(1, shift[..., None].expand(-1, -1, h))
-        host = torch.cat([acc_len[:, None].double(), v["accepted_tokens"].double(), v["logprobs"].double()], 1)
-        return host, hid, moved
+            values["ctx_hidden"] = window[:, -r:]
+        else:
+            del values["ctx_tokens"], values["ctx_len"]
+        v = self.lowered(batch, option, mode)(DirectModels(self.runner, values["prefix_lens"], tables), values)
+        pack = maybe_compiled(pack_outputs, compiled, dev)
+        return pack(v["accept_len"], v["accepted_nodes"], v["hidden"], window, v["accepted_tokens"], v["logprobs"])
 
     # ---- codegen.graphs.Program ---------------------------------------------------------------------------
     def static_inputs(self, key: Key) -> dict[str, Tensor]:

@@ -38,6 +38,7 @@ from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.eval import drafter_counts_by_shape, frozen_copy, oracle_counts_by_shape
 from tlt_rt.train.drafter.tail import DrafterTraining, TailTrainer, tail_training_on
 from tlt_rt.train.drafter.trainer import DrafterTrainer
+from tlt_rt.train.drafter.vocab import DraftVocab
 from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
 from tlt_rt.train.rl.learner import Learner, LearnResult, MiniBatch, SamplingFilter
 from tlt_rt.train.rl.metrics import stats_delta
@@ -74,6 +75,7 @@ class Worker:
         else:
             serving = Drafter(heads.arch, heads).to(self.device, dtype)
         self.serving_drafter = serving.eval()
+        self._size_draft_vocab(serving)
         # the drafter the run started from, kept as it is for logging.drafter_curve (before any checkpoint loads)
         curve = c.logging.drafter_curve and c.rollout.speculative != "off"
         self.frozen_drafter = frozen_copy(serving) if curve else None
@@ -97,6 +99,20 @@ class Worker:
         self._answers: dict[str, list[dict]] = {}  # the last rollout's answers, per reader (read once)
         self._stops: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
+
+    def _size_draft_vocab(self, serving) -> None:
+        """Give the serving drafter a reduced head of `drafter.draft_vocab` ids before the engine captures its
+        steps: each vocabulary the trainer rebuilds is then copied into the captured tensors in place. A
+        head of another size (a drafter saved without a token map, or with one of another size) would leave
+        the captured steps drafting over the old one. Until the first rollout's counts, the placeholder is
+        the end-of-sequence ids and the lowest ids."""
+        n = min(self.cfg.drafter.draft_vocab, serving.arch.vocab_size)
+        if n <= 0 or self.cfg.rollout.speculative == "off" or serving.draft_vocab_size == n:
+            return
+        if serving.d2t is not None:
+            print(f"worker {self.rank}: the drafter's {serving.draft_vocab_size}-id head is resized to "
+                  f"drafter.draft_vocab={n} ids", flush=True)  # fmt: skip
+        serving.set_draft_vocab(DraftVocab(serving.arch.vocab_size, n, keep=serving.arch.eos_token_ids).build())
 
     def _drafter_target(self):
         return self.model
