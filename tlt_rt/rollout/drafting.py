@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tlt_rt.codegen.kernels.build_tree import build_tree_triton
 from tlt_rt.codegen.kernels.draft_level import draft_level, draft_level_reference
 from tlt_rt.codegen.kernels.topk_lse import topk_logprobs, topk_logprobs_reference
 from tlt_rt.ir.strategy import Strategy
@@ -171,39 +172,21 @@ def grow_candidates(
 
 
 TREE_FIELDS = [f.name for f in dataclasses.fields(DraftTree)]
-_compiled: dict[str, object] = {}
-
-
-def _tree_tensors(tokens, scores, parents, topk: int, root_tokens, prefix_lens, verify_tokens: int):
-    tree = build_tree(Candidates(tokens, scores, parents, topk), root_tokens, prefix_lens, verify_tokens)
-    return tuple(getattr(tree, name) for name in TREE_FIELDS)
-
-
-def _maybe_compiled(fn, compiled: bool, device: torch.device):
-    """`fn` itself, or (on CUDA, inside the captured step) its torch.compile'd version."""
-    if not compiled or device.type != "cuda":
-        return fn
-    if fn.__name__ not in _compiled:
-        # dynamo's default recompile limit (8 a function) stays: past it the remaining variants run eagerly
-        # (still inside the captured step); raising it made capture compile for minutes cold
-        _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
-    return _compiled[fn.__name__]
 
 
 def fused_build_tree(cands: Candidates, root_tokens: Tensor, prefix_lens: Tensor, verify_tokens: int) -> DraftTree:
-    """`build_tree` through torch.compile on CUDA: its ~100 small sorts, gathers and scatters become a
-    handful of kernels inside the captured step; the same tree (tested)."""
-    fn = _maybe_compiled(_tree_tensors, True, cands.tokens.device)
-    return DraftTree(
-        *fn(cands.tokens, cands.scores, cands.parents, cands.topk, root_tokens, prefix_lens, verify_tokens)
-    )
+    """`build_tree` in one Triton launch on CUDA (`codegen.kernels.build_tree`, one program per sequence, where
+    torch runs ~56 small sorts, gathers and scatters inside the captured step); `build_tree` itself elsewhere.
+    The same tree, field for field (tested)."""
+    build = build_tree_triton if cands.tokens.is_cuda else build_tree
+    return build(cands, root_tokens, prefix_lens, verify_tokens)
 
 
 def draft_tree(
     drafter, cache: KVCache, strategy: Strategy, block_size: int, ins: DraftInputs, compiled: bool = False
 ) -> DraftTree:
     """The whole drafter step: catch-up block, depth-1 levels, rerank into the verify tree (`compiled`:
-    the rerank through `fused_build_tree`, as the captured step runs it)."""
+    the rerank through `fused_build_tree`, one launch on CUDA, as the captured step runs it)."""
     cands = draft_candidates(drafter, cache, strategy, block_size, ins, compiled)
     build = fused_build_tree if compiled else build_tree
     return build(cands, ins.tokens[:, -1], ins.prefix_lens, strategy.verify_tokens)

@@ -82,7 +82,7 @@ class ModelRunner:
         self.drafter = None if drafter is None else DrafterRunner(drafter, num_blocks, block_size, window_rows)
         self.buckets = list(buckets or [])
         self.pool = GraphPool(self.device) if self.buckets and self.device.type == "cuda" else None
-        self.compiled = self.pool is not None  # the draft rerank through torch.compile inside captured steps
+        self.compiled = self.pool is not None  # the draft rerank as one Triton launch inside captured steps
         self.steps = StepGraphs(self)
         self.uniforms = Uniforms(2 * max(1, window_rows))
         if self.pool is not None:
