@@ -3,7 +3,7 @@
     python benchmarks/step_phases.py --batch 1 32 --strategies 8_4_32 6_2_12 [--show 12] [--out F.jsonl]
 
 One engine (SmolLM2 bf16, speculation on) runs its steps eagerly with the kernels its captured steps
-replay (compiled glue, Triton attention, the rerank through torch.compile), each phase of the step under
+replay (compiled glue, Triton attention, the Triton rerank), each phase of the step under
 a profiler range: the drafter's catch-up block, the levels' attention inputs, the draft levels (their top-k apart), the
 rerank into the verify tree, the target's verify, acceptance, KV commit, and the rest (the step's own
 input unpacking and output packing). The torch profiler gives each phase's kernels: launches and time.
