@@ -60,6 +60,13 @@ class Tables:
     def __len__(self) -> int:
         return len(self.lens)
 
+    def tensor(self, width: int | None = None, device="cpu") -> torch.Tensor:
+        """[B, width] int32 (width: at least the longest table and 1), padded with block 0."""
+        width = max(self.array.shape[1], 1, width or 0)
+        out = np.zeros((len(self.lens), width), dtype=np.int32)
+        out[:, : self.array.shape[1]] = self.array
+        return torch.from_numpy(out).to(device)
+
     def __getitem__(self, i: int) -> list[int]:
         return self.array[i, : self.lens[i]].tolist()
 
@@ -246,15 +253,12 @@ class BlockManager:
         attention masks those positions by `seq_lens` and writes go only to slots computed from real
         entries, so block 0's contents never matter there. `width` defaults to the longest table.
         """
-        tables = [self._table(s) for s in seq_ids]
-        longest = max((len(t) for t in tables), default=0)
+        t = Tables.of([self._table(s) for s in seq_ids])
+        longest = t.array.shape[1]
         width = max(longest, 1) if width is None else width
         if longest > width:
             raise ValueError(f"table_tensor: a table has {longest} blocks, more than width {width}")
-        out = torch.zeros(len(tables), width, dtype=torch.int32)
-        for i, t in enumerate(tables):
-            out[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        return out.to(device)
+        return t.tensor(width, device)
 
     # ---------------------------------------------------------------------------------------- internals
     def _table(self, seq_id: int) -> list[int]:

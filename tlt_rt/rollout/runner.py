@@ -15,6 +15,7 @@ import torch
 from tlt_rt.codegen.kernels.accept import accept_tree
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import CausalLM, KVCache
+from tlt_rt.rollout.block_manager import Tables
 from tlt_rt.rollout.params import SamplingParams
 from tlt_rt.rollout.rng import host_uniforms
 
@@ -32,8 +33,7 @@ class Layout:
 
 def table_tensor(tables: list[list[int]], device) -> torch.Tensor:
     """[B, max blocks] int32 block tables, padded with block 0 (attention masks padded positions out)."""
-    width = max(1, max(len(t) for t in tables))
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).to(device)
+    return Tables.of(tables).tensor(device=device)
 
 
 def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: torch.Tensor | None = None):
