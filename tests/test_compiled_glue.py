@@ -1,0 +1,74 @@
+"""The captured step's glue that runs through torch.compile on CUDA (rollout/compiled.py) traces as one
+graph each (no break, so Inductor can fuse all of it) and gives what the plain functions give."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_engine import tiny_pair
+from tlt_rt.rollout import drafting, step_graph
+
+
+def _traced(fn):
+    return torch.compile(fn, backend="eager", fullgraph=True, dynamic=True)
+
+
+def _same(got, want):
+    assert type(got) is type(want)
+    if isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for k in want:
+            _same(got[k], want[k])
+    elif isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            _same(g, w)
+    elif want is None:
+        assert got is None
+    else:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    return tiny_pair(0, 4.0)[1]
+
+
+@pytest.mark.parametrize("b, r", [(3, 5), (1, 9)])
+def test_catch_up_block_inputs(drafter, b, r):
+    g = torch.Generator().manual_seed(b * 10 + r)
+    h = drafter.fc.weight.shape[0]
+    tokens = torch.randint(0, 50, (b, r), generator=g)
+    hidden = torch.randn(b, r, h, generator=g)
+    prefix = torch.randint(0, 3 * r, (b,), generator=g)
+    valid = prefix.clamp(max=r)
+    tables = torch.randint(0, 8, (b, 3 * r // 4 + 2), generator=g).int()  # covers every row's position
+    args = (tokens, hidden, valid, prefix, tables, drafter.features, 4, 99)
+    _same(_traced(drafting._block_meta)(*args), drafting._block_meta(*args))
+
+
+@pytest.mark.parametrize("k, levels", [(4, 7), (2, 5), (1, 1)])
+def test_level_inputs(k, levels):
+    prefix = torch.tensor([0, 5, 17])
+    tables = torch.arange(48, dtype=torch.int32).view(3, 16)  # covers position 17 + 7 * 4
+    valid = torch.tensor([0, 3, 9])
+    args = (prefix, tables, valid, k, levels, 4, 119)
+    _same(_traced(drafting._level_meta)(*args), drafting._level_meta(*args))
+
+
+@pytest.mark.parametrize("r, dlen", [(1, 0), (9, 7)])
+def test_step_unpack_and_pack(r, dlen):
+    g = torch.Generator().manual_seed(r)
+    b, h = 3, 8
+    ints = torch.randint(0, 9, (b, 2 + r + 4), generator=g)
+    floats = torch.rand(b, 2 * (dlen + 1) + 3, generator=g)
+    _same(_traced(step_graph.unpack_inputs)(ints, floats, r, dlen), step_graph.unpack_inputs(ints, floats, r, dlen))
+    acc = torch.randint(0, dlen + 1, (b,), generator=g)
+    nodes = torch.where(torch.arange(dlen + 1) < acc[:, None], torch.arange(1, dlen + 2), -1)
+    hid = torch.randn(b, 2 * dlen + 1, h, generator=g)
+    toks, lps = torch.randint(0, 9, (b, dlen + 1), generator=g), torch.randn(b, dlen + 1, generator=g)
+    for window in (None, torch.randn(b, r, h, generator=g)) if dlen else (None,):
+        args = (acc, nodes, hid, window, toks, lps)
+        _same(_traced(step_graph.pack_outputs)(*args), step_graph.pack_outputs(*args))
