@@ -10,13 +10,12 @@ import torch
 from tests.test_engine import PROMPTS, TINY, make_engine, tiny_pair
 from tlt_rt.codegen.backend import TritonAttention, triton_usable
 from tlt_rt.ir.strategy import Strategy
-from tlt_rt.ir.tree import build_tree
+from tlt_rt.ir.tree import TREE_FIELDS, build_tree
 from tlt_rt.models.attention import TorchAttention
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import SamplingParams
 from tlt_rt.rollout.drafting import (
-    TREE_FIELDS,
     DrafterRunner,
     DraftInputs,
     catch_up_block,

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tlt_rt.ir import Candidates, DraftTree, build_tree, expand, level_bounds, select_frontier
+from tlt_rt.ir.tree import TREE_FIELDS
 
 # ---- brute-force references (python loops, one sequence at a time) ---------------------------------------
 
@@ -277,8 +278,6 @@ def test_no_sync_and_graph_capture_on_cuda():
 
 
 def _fields(tree: DraftTree) -> list[torch.Tensor]:
-    from tlt_rt.rollout.drafting import TREE_FIELDS
-
     return [getattr(tree, name) for name in TREE_FIELDS]
 
 

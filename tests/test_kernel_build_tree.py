@@ -23,10 +23,10 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tlt_rt.codegen.kernels.build_tree import build_tree_reference, build_tree_triton  # noqa: E402
-from tlt_rt.ir import Candidates, DraftTree, Strategy  # noqa: E402
+from tlt_rt.ir import Candidates, Strategy  # noqa: E402
+from tlt_rt.ir.tree import TREE_FIELDS  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-FIELDS = [f.name for f in dataclasses.fields(DraftTree)]
 
 
 def draft(batch: int, depth: int, k: int, vocab: int, gen: torch.Generator, scores: str) -> Candidates:
@@ -55,7 +55,7 @@ def draft(batch: int, depth: int, k: int, vocab: int, gen: torch.Generator, scor
 def check(cands: Candidates, root: torch.Tensor, prefix: torch.Tensor, T: int) -> None:
     got = build_tree_triton(cands, root, prefix, T)
     want = build_tree_reference(cands, root, prefix, T)
-    for name in FIELDS:
+    for name in TREE_FIELDS:
         x, y = getattr(got, name), getattr(want, name)
         assert x.shape == y.shape and x.dtype == y.dtype, (name, x.shape, x.dtype, y.shape, y.dtype)
         assert torch.equal(x, y), name

@@ -17,6 +17,7 @@ so all of it can be captured in one CUDA graph.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -166,6 +167,9 @@ class DraftTree:
     """[B, T, K] int64 children of each node, best first, -1 padded (a node has at most K)."""
     num_children: Tensor
     """[B, T] int64 number of children of each node; 0 marks a leaf."""
+
+
+TREE_FIELDS = [f.name for f in dataclasses.fields(DraftTree)]  # a DraftTree's tensors, in order
 
 
 def build_tree(cands: Candidates, root_tokens: Tensor, prefix_lens: Tensor, verify_tokens: int) -> DraftTree:

@@ -23,7 +23,6 @@ has shapes fixed by (B, strategy): it is the DRAFT node of the captured step (ro
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -169,9 +168,6 @@ def grow_candidates(
     parents = torch.stack(fronts, 1)[..., None].expand(b, levels, k, k).reshape(b, levels * k * k)
     parents = torch.cat([torch.full_like(toks, -1), parents], 1)
     return Candidates(torch.cat(tokens, 1), torch.cat(scores, 1), parents, k)
-
-
-TREE_FIELDS = [f.name for f in dataclasses.fields(DraftTree)]
 
 
 def fused_build_tree(cands: Candidates, root_tokens: Tensor, prefix_lens: Tensor, verify_tokens: int) -> DraftTree:
