@@ -123,23 +123,19 @@ class Scheduler:
         return kept
 
     def _append(self, seq: Sequence, toks: list[int], lps: list[float]) -> int:
-        out, n = seq.output, len(toks)
+        out = seq.output
         stop = self.stop if seq.stop is None else seq.stop
         # the last token the limits allow, then cut at the first stop token before it
         room = min(seq.max_new_tokens - len(out), self.max_context - len(seq.prompt) - len(out))
-        kept = min(n, max(room, 1))
+        kept = min(len(toks), max(room, 1))
         reason = "length" if kept == room else None
-        if not stop.isdisjoint(toks if kept == n else toks[:kept]):
+        if not stop.isdisjoint(toks[:kept]):  # most steps emit no stop token: one set test, no loop
             for i in range(kept):
                 if toks[i] in stop:
                     kept, reason = i + 1, "stop"
                     break
-        if kept == n:
-            out.extend(toks)
-            seq.logprobs.extend(lps)
-        else:
-            out.extend(toks[:kept])
-            seq.logprobs.extend(lps[:kept])
+        out.extend(toks[:kept])
+        seq.logprobs.extend(lps[:kept])
         if reason is not None:
             seq.finish_reason = reason
             self.finish(seq)
