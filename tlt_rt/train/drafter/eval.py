@@ -45,14 +45,10 @@ def oracle_counts_by_shape(
         for k in {k for k, _ in shapes.values()}:
             hits[k] = (logits.topk(k, -1).indices[:-1] == nxt).any(-1).tolist()
         for name, (topk, depth) in shapes.items():
-            hit = hits[topk]
-            t = s["prompt_len"] - 1  # the first draft: root x_P
-            acc = counts[name]
-            while t < len(hit):
-                a = 0
-                while a < depth and t + a < len(hit) and hit[t + a]:
-                    a += 1
-                acc[0], acc[1], t = acc[0] + a + 1, acc[1] + 1, t + a + 1
+            # the first draft: root x_P; a root accepts the run of hits from it, at most `depth`
+            e, n = walk_steps(_runs(hits[topk][s["prompt_len"] - 1 :], depth))
+            counts[name][0] += e
+            counts[name][1] += n
     return {name: (e, n) for name, (e, n) in counts.items()}
 
 
@@ -161,6 +157,14 @@ def chain_steps(ok: torch.Tensor) -> float:
     while t < r:
         emitted, steps, t = emitted + run[t] + 1, steps + 1, t + run[t] + 1
     return emitted / max(steps, 1)
+
+
+def _runs(hit: list[bool], depth: int) -> list[int]:
+    """Per position t, the run of True in hit[t:], at most `depth` long."""
+    out = [0] * (len(hit) + 1)
+    for t in range(len(hit) - 1, -1, -1):
+        out[t] = min(depth, out[t + 1] + 1) if hit[t] else 0
+    return out[:-1]
 
 
 def walk_steps(accepts: list[int]) -> tuple[int, int]:
