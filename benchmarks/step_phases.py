@@ -84,9 +84,10 @@ def _innermost(ranges, t: int) -> str:
 
 
 def kernels_by_phase(prof) -> dict[str, list]:
-    """{phase: [launches, us, Counter(kernel names)]}: each device kernel or copy goes to the innermost
-    phase range open when the host launched it (runtime launch and device activity share a correlation id;
-    Triton launches are no aten op, so the profiler's own op-to-kernel links would miss them)."""
+    """{phase: [launches, us, Counter(kernel name: launches), Counter(kernel name: us)]}: each device kernel
+    or copy goes to the innermost phase range open when the host launched it (runtime launch and device
+    activity share a correlation id; Triton launches are no aten op, so the profiler's own op-to-kernel
+    links would miss them)."""
     raw = list(prof.profiler.kineto_results.events())
     cpu = [e for e in raw if e.device_type() == DeviceType.CPU]
     ranges = [
@@ -95,7 +96,7 @@ def kernels_by_phase(prof) -> dict[str, list]:
     launched = {
         e.correlation_id(): e.start_ns() for e in cpu if e.name().startswith(("cuda", "cu")) and e.correlation_id()
     }
-    out: dict[str, list] = defaultdict(lambda: [0, 0.0, Counter()])
+    out: dict[str, list] = defaultdict(lambda: [0, 0.0, Counter(), Counter()])
     for e in raw:
         if e.device_type() != DeviceType.CUDA:
             continue
@@ -104,11 +105,12 @@ def kernels_by_phase(prof) -> dict[str, list]:
         row[0] += 1
         row[1] += e.duration_ns() / 1e3
         row[2][e.name()[:90]] += 1
+        row[3][e.name()[:90]] += e.duration_ns() / 1e3
     return out
 
 
 def profile_step(engine: Engine, prompts, option, at: int = 6):
-    """{phase: (launches, kernel us, Counter of kernel names)} of the `at`-th step of `option`."""
+    """{phase: (launches, kernel us, launches and us by kernel name)} of the `at`-th step of `option`."""
     engine.policy = Rotation([option])
     step, seen, profs = engine.runner.step, [0], []
 
@@ -136,7 +138,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--strategies", nargs="+", default=["8_4_32", "6_2_12"])
-    ap.add_argument("--show", type=int, default=8, help="kernels of each phase with the most launches")
+    ap.add_argument("--show", type=int, default=8, help="kernels of each phase with the most time")
     ap.add_argument("--out", default=None, help="append one JSON line per (batch, option)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -157,10 +159,10 @@ def main(argv=None) -> None:
             name = str(option) if option else "off"
             row = {"batch": b, "option": name, "device": torch.cuda.get_device_name()}
             for ph in PHASES:
-                n, us, names = got.get(ph, (0, 0.0, Counter()))
+                n, us, names, times = got.get(ph, (0, 0.0, Counter(), Counter()))
                 row[f"{ph}_launches"], row[f"{ph}_us"] = n, round(us, 1)
-                for k, c in names.most_common(args.show):
-                    print(f"  b={b:<3} {name:7} {ph:10} {c:4}x  {k}")
+                for k, t in times.most_common(args.show):
+                    print(f"  b={b:<3} {name:7} {ph:10} {names[k]:4}x {t:7.1f} us  {k}")
             table.append(row)
             if args.out:
                 with open(args.out, "a") as f:
