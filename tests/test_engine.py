@@ -208,35 +208,40 @@ def test_stats_report_what_ran():
 
 
 def test_sequence_hidden_rows_keep_their_order():
-    from tlt_rt.rollout.sequence import Sequence, flush_hidden
+    from tlt_rt.rollout.sequence import PlainRows, Sequence, flush_hidden
 
-    s = Sequence(1, 0, 0, [1], 0, 10)
+    log = PlainRows()
+    s = Sequence(1, 0, 0, [1], 0, 10, plain_rows=log)
+    x, y = Sequence(7, 0, 0, [1], 0, 10, plain_rows=log), Sequence(8, 0, 0, [1], 0, 10, plain_rows=log)
     step = torch.arange(6.0).view(3, 2)  # a plain step's [B, H] hidden states; this sequence is row 1, then 2
     s.add_hidden(torch.zeros(1, 2))
-    s.add_hidden_row(step, 1)
-    s.add_hidden(torch.ones(2, 2))  # a speculative step's rows
-    s.add_hidden_row(step, 2)
+    log.add(step, [x, s, y])
+    s.add_hidden(torch.ones(2, 2))  # a speculative step's rows come after the logged plain row
+    log.add(step, [x, y, s])
     assert s.hidden_rows(1, 5).tolist() == [[2, 3], [1, 1], [1, 1], [4, 5]]
     assert s.hidden_rows(2, 5).tolist() == [[1, 1], [1, 1], [4, 5]] and len(s.hidden_chunks) > 1  # tail only
     assert s.hidden_rows(0, 2).tolist() == [[0, 0], [2, 3]] and s.hidden_rows(5, 5).shape == (0, 2)
-    s.reset_for_recompute()
-    s.add_hidden_row(step, 0)
+    assert x.hidden().tolist() == [[0, 1], [0, 1]] and y.hidden().tolist() == [[4, 5], [2, 3]]
+    log.add(step, [x, y, s])
+    s.reset_for_recompute()  # drops its own rows; the others keep theirs
+    assert s.hidden_chunks == [] and not log.steps and x.hidden().tolist() == [[0, 1]] * 3
+    log.add(step[:1], [s])
     assert s.hidden().tolist() == [[0, 1]]
-    # many sequences at once: one gather, the same rows
+    # many sequences and steps at once: one gather when the batch changes, one stack when it does not
     other = torch.arange(10.0, 16.0).view(3, 2)
-    seqs = [Sequence(i, 0, 0, [1], 0, 10) for i in range(3)]
-    for i, q in enumerate(seqs):
-        q.add_hidden_row(step, i)
-        q.add_hidden_row(other, 2 - i)
-    seqs[1].add_hidden(torch.full((1, 2), -1.0))
-    seqs[1].add_hidden_row(step, 0)
-    flush_hidden(seqs)
-    assert all(not q._pending for q in seqs)
-    assert [q.hidden().tolist() for q in seqs] == [
-        [[0, 1], [14, 15]],
-        [[2, 3], [12, 13], [-1, -1], [0, 1]],
-        [[4, 5], [10, 11]],
-    ]
+    for varied in (True, False):
+        log = PlainRows()
+        seqs = [Sequence(i, 0, 0, [1], 0, 10, plain_rows=log) for i in range(3)]
+        log.add(step, seqs)
+        log.add(other, seqs if not varied else seqs[::-1])
+        flush_hidden(seqs[:1])
+        assert not log.steps
+        want = [[[0, 1], [10, 11]], [[2, 3], [12, 13]], [[4, 5], [14, 15]]]
+        if varied:
+            want = [[[0, 1], [14, 15]], [[2, 3], [12, 13]], [[4, 5], [10, 11]]]
+        seqs[1].add_hidden(torch.full((1, 2), -1.0))
+        log.add(step[:1], [seqs[1]])
+        assert [q.hidden().tolist() for q in seqs] == [want[0], [*want[1], [-1, -1], [0, 1]], want[2]]
 
 
 def test_warm_up_writes_only_to_the_trash_blocks():

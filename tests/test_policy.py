@@ -459,3 +459,59 @@ def test_a_drafter_catch_up_is_costed_apart_and_counted_before_it_runs():
     q = SDPolicy([s], [8], epsilon=0.0, explore_budget=0.02)
     q.load_state_dict(state)
     assert q.catchup_seconds(8, 100) == pytest.approx(0.005)
+
+
+def test_leaving_plain_decoding_weighs_the_catch_up_and_rows_are_counted_only_when_needed():
+    s = Strategy.parse("6_2_12")
+    p = SDPolicy([s], [8], epsilon=0.0, explore_budget=None)
+    plain = 0.01
+    p.costs.set(8, None, plain)
+    p.costs.set(8, s, 1.0)  # far dearer than plain decoding: plain decoding is the incumbent
+    for _ in range(3):
+        p.observe(8, None, plain, 1.0)
+    calls = []
+
+    def rows(n):
+        return lambda: calls.append(n) or n
+
+    for _ in range(20):  # no strategy is weighed, so the rows behind are never counted
+        assert p.decide(8, rows(5)) is None
+    assert calls == []
+    p.costs.set(8, s, plain * p.accept.mean(8, s) / 1.1)  # now 1.1x plain decoding's tokens/s, past hysteresis
+    # 20,000 rows to catch up, spread over the steps a switch is expected to last, eat that margin: stay
+    assert p.catchup_seconds(8, 20_000) / 16 > 0.1 * p.costs.get(8, s)
+    assert p.decide(8, rows(20_000)) is None and calls == [20_000]  # counted once, though asked twice
+    assert p.decide(8, rows(0)) is s and p.stats()["switches"] == 1
+
+
+def test_exploring_a_strategy_counts_the_catch_up_against_the_budget():
+    s = Strategy.parse("6_2_12")
+    explored = {}
+    for behind in (0, 2_000):
+        p = SDPolicy([s], [8], epsilon=0.2, explore_budget=0.02, seed=5)
+        p.costs.set(8, None, 0.01)
+        p.costs.set(8, s, 0.012)  # by the prior a strategy step pays (accept 3.4): exploration is cheap
+        p.accept.observe(8, s, 1.0)
+        p.accept.observe(8, s, 1.0)  # ...but it measured no gain, so plain decoding stays the incumbent
+        for _ in range(3):
+            p.observe(8, None, 0.01, 1.0)
+        for _ in range(2000):
+            p.observe(8, None, 0.01, 1.0) if p.decide(8, behind) is None else None
+        explored[behind] = p.stats()["explore_steps"]
+    assert explored[0] > 50 and explored[2_000] < explored[0] / 3
+
+
+def test_a_bucket_known_once_is_measured_again_when_a_reading_turns_provisional():
+    s = Strategy.parse("6_2_12")
+    p = SDPolicy([s], [1, 2, 4], epsilon=0.0, explore_budget=None)
+    for b in (1, 4):
+        p.costs.set(b, None, 0.01)
+        p.costs.set(b, s, 0.05)
+    for _ in range(5):  # bucket 2 has every cost, interpolated: plain decoding
+        assert p.decide(2) is None
+        p.observe(2, None, 0.01, 1.0)
+    revision = p.costs.revision
+    p.observe(2, s, 5.0, 3.0)  # a first reading of the strategy at 2 (it may include a capture)
+    assert p.costs.is_provisional(2, s) and p.costs.revision != revision
+    measured = p.stats()["measure_steps"]
+    assert p.decide(2) is s and p.stats()["measure_steps"] == measured + 1

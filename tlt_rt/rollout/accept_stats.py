@@ -29,6 +29,7 @@ class AcceptStats:
         self.hist: dict[str, Counter] = {}  # name -> Counter(rounded tokens per sequence)
         self._excess: dict[str, float] = {}  # name -> base prior - 1 of every strategy seen
         self._scale = 1.0  # measured excess accept over the base prior's, pooled over strategies
+        self._means: dict[tuple[int, str], float] = {}  # `mean` as last computed, until the next reading
 
     def base_prior(self, strategy: Strategy) -> float:
         return min(1 + self.prior_slope * strategy.depth, strategy.depth + 1)
@@ -52,8 +53,11 @@ class AcceptStats:
         if strategy is None:
             return 1.0
         name = str(strategy)
-        pooled = self._blend(self.prior(strategy), self._pooled.get(name))
-        return self._blend(pooled, self._cells.get(f"{bucket}/{name}"))
+        got = self._means.get((bucket, name))
+        if got is None:  # the policy asks every step; the answer changes only with a reading
+            pooled = self._blend(self.prior(strategy), self._pooled.get(name))
+            got = self._means[(bucket, name)] = self._blend(pooled, self._cells.get(f"{bucket}/{name}"))
+        return got
 
     def pooled_mean(self, strategy: Strategy) -> float:
         return self._blend(self.prior(strategy), self._pooled.get(str(strategy)))
@@ -79,6 +83,7 @@ class AcceptStats:
         self.hist.setdefault(name, Counter())[round(x)] += 1
         self._excess[name] = self.base_prior(strategy) - 1
         self._rescale()
+        self._means.clear()
 
     def histogram(self) -> dict[str, dict[int, int]]:
         return {name: dict(sorted(h.items())) for name, h in sorted(self.hist.items())}
@@ -93,3 +98,4 @@ class AcceptStats:
         self.hist = {name: Counter({int(k): v for k, v in h.items()}) for name, h in state["hist"].items()}
         self._excess = {name: self.base_prior(Strategy.parse(name)) - 1 for name in self._pooled}
         self._rescale()
+        self._means.clear()

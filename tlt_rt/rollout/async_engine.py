@@ -259,7 +259,7 @@ class AsyncEngine:
                 self.on_sample(req.prompt, outs[-1])
             if not req.params.return_hidden:
                 outs[-1].hidden = None
-            s.hidden_chunks, s._pending = [], []
+            s.hidden_chunks = []
         result = RequestOutput(req.request_id, outs)
         req.loop.call_soon_threadsafe(_resolve, req.future, result)
 

@@ -8,6 +8,7 @@ times the graphs alone (no host work, acceptance or commit), so the first step t
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from importlib.metadata import PackageNotFoundError, version
@@ -16,6 +17,7 @@ from pathlib import Path
 from tlt_rt.ir.strategy import Strategy
 
 OFF = "off"  # name of plain decoding wherever options are keyed by name
+_REVISIONS = itertools.count()
 
 
 def option_name(strategy: Strategy | None) -> str:
@@ -63,6 +65,9 @@ class CostTable:
         self._costs: dict[str, dict[int, float]] = {}
         self._provisional: set[tuple[str, int]] = set()  # cells whose only reading may be a warm-up step
         self._online: dict[tuple[str, int], int] = {}  # steps timed online per cell
+        # changes when a cell appears or turns provisional; unique across tables, so a reader can cache
+        # what it derived from the cells' presence (the SD policy: which buckets have every cost)
+        self.revision = next(_REVISIONS)
 
     def get(self, bucket: int, strategy: Strategy | None) -> float | None:
         """The measured cost, or None (see `interpolate` for an estimate)."""
@@ -74,6 +79,7 @@ class CostTable:
         self._costs.setdefault(name, {})[int(bucket)] = _positive("seconds", seconds)
         self._provisional.discard((name, int(bucket)))
         self._online.pop((name, int(bucket)), None)
+        self.revision = next(_REVISIONS)
 
     def online_readings(self, bucket: int, strategy: Strategy | None) -> int:
         """Steps of this cell timed online (0 for a profiled or empty cell)."""
@@ -100,6 +106,7 @@ class CostTable:
         n = self._online.get(cell, 0) + 1
         if cur is None:
             self._provisional.add(cell)
+            self.revision = next(_REVISIONS)
             new = seconds
         elif cell in self._provisional or n == 1 or seconds < cur / self.clip:
             self._provisional.discard(cell)
@@ -121,6 +128,7 @@ class CostTable:
                         self._provisional.add(cell)
                     if cell in other._online:
                         self._online[cell] = other._online[cell]
+        self.revision = next(_REVISIONS)
 
     def __len__(self) -> int:
         """Cells with a cost."""
@@ -190,6 +198,7 @@ class CostTable:
                 table._costs.setdefault(name, {})[int(b)] = _positive(f"cost of {name} at bucket {b}", s)
         table._provisional = {(name, int(b)) for name, b in data.get("provisional", [])}
         table._online = {(c[0], int(c[1])): int(c[2]) if len(c) > 2 else 1 for c in data.get("online", [])}
+        table.revision = next(_REVISIONS)
         return table
 
     def save(self, path: str | Path) -> None:

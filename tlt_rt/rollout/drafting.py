@@ -203,6 +203,11 @@ class DrafterRunner:
         self.window_rows = window_rows
         self._recent: tuple[tuple[int, ...], Tensor] | None = None  # (sequence ids, their windows) of the last step
 
+    def rows_behind(self, seqs: list[Sequence]) -> int:
+        """Drafter rows of `seqs` a speculative step would catch up eagerly before its block (beyond the window)."""
+        rows = self.window_rows
+        return sum(max(0, s.num_cached - s.draft_cached - rows) for s in seqs)
+
     def block_rows(self, strategy: Strategy) -> int:
         """Rows of the catch-up block a step of `strategy` runs: the deepest strategy's depth + 1 (window_rows)."""
         return max(strategy.depth + 1, self.window_rows)

@@ -13,6 +13,7 @@ never been preempted; sampled speculation stays exactly distributed but may take
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -197,10 +198,12 @@ class Engine:
         """One plain or speculative step of every running sample, as the SD policy decides."""
         strategy, behind = None, 0
         if self.runner.drafter is not None:
+            count = 0
             if self.speculative == "auto":  # drafter rows the next SD step would catch up eagerly first
-                rows = self.runner.drafter.window_rows
-                behind = sum(max(0, s.num_cached - s.draft_cached - rows) for s in sched.running)
-            strategy = self.policy.decide(len(sched.running), behind)
+                count = functools.partial(self.runner.drafter.rows_behind, sched.running)
+            strategy = self.policy.decide(len(sched.running), count)  # counts only when weighing a strategy
+            if strategy is not None and count:
+                behind = count()
         sched.reserve(1 if strategy is None else scratch_tokens(strategy))
         if not sched.running:
             return

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 
 from tlt_rt.ir.strategy import Strategy, bucket_for
 from tlt_rt.rollout.accept_stats import AcceptStats
@@ -42,6 +43,22 @@ CATCHUP_PRIOR = 0.25
 
 _MASK64 = (1 << 64) - 1
 PLAIN_READINGS = 3  # plain decoding steps timed online per bucket before speculating there in auto mode
+# steps a switch from plain decoding to a strategy is expected to last: its one catch-up is spread over them
+SWITCH_STEPS = 16
+
+
+def _once(behind: int | Callable[[], int]) -> Callable[[], int]:
+    """`behind` as a callable that counts at most once."""
+    if not callable(behind):
+        return lambda: behind
+    seen: list[int] = []
+
+    def rows() -> int:
+        if not seen:
+            seen.append(behind())
+        return seen[0]
+
+    return rows
 
 
 def _splitmix64(x: int) -> int:
@@ -115,6 +132,7 @@ class SDPolicy:
         self._use: Counter = Counter()  # name -> times returned
         self._counts: Counter = Counter()  # decisions / explore / measure / switches
         self._catchup: dict[int, list[float]] = {}  # bucket -> [seconds, rows] of measured drafter catch-ups
+        self._known: dict[int, int] = {}  # bucket -> the cost table's revision when every option had a cost
 
     def bucket(self, batch_size: int) -> int:
         b = self._bucket_of.get(batch_size)
@@ -131,42 +149,60 @@ class SDPolicy:
         cost = self.costs.interpolate(bucket, strategy)
         return None if cost is None else batch_size * self.accept.mean(bucket, strategy) / cost
 
-    def decide(self, batch_size: int, behind: int = 0) -> Strategy | None:
+    def decide(self, batch_size: int, behind: int | Callable[[], int] = 0) -> Strategy | None:
         """Plain decoding (None) or a strategy for the next step of `batch_size` sequences, whose drafter is
-        `behind` rows short in total (rows its next speculative step must catch up first)."""
+        `behind` rows short in total (rows its next speculative step must catch up first); a callable is
+        asked only when a strategy is weighed (counting the rows costs a pass over the batch)."""
         if self.mode == "off":
             return None
+        rows = _once(behind)
         b = self.bucket(batch_size)
         n = self._calls[b]
         self._calls[b] += 1
         self._counts["decisions"] += 1
-        unknown = [o for o in self.options if self.costs.interpolate(b, o) is None or self.costs.is_provisional(b, o)]
-        if unknown:  # plain decoding comes first, so an unknown strategy held back falls to a known cost
-            choice = self._within_budget(b, unknown[0], behind)
-            if choice is unknown[0]:
-                self._counts["measure"] += 1
-            else:  # held back: plain decoding is the incumbent until the strategy can be afforded
-                self._current.setdefault(b, option_name(None))
-            return self._use_option(choice)
+        if self._known.get(b) != self.costs.revision:  # a bucket stays known until a cell turns provisional
+            costs = self.costs
+            unknown = [o for o in self.options if costs.interpolate(b, o) is None or costs.is_provisional(b, o)]
+            if unknown:  # plain decoding comes first, so an unknown strategy held back falls to a known cost
+                choice = self._within_budget(b, unknown[0], rows)
+                if choice is unknown[0]:
+                    self._counts["measure"] += 1
+                else:  # held back: plain decoding is the incumbent until the strategy can be afforded
+                    self._current.setdefault(b, option_name(None))
+                return self._use_option(choice)
+            self._known[b] = self.costs.revision
         rates = {name: self._rate(batch_size, b, o) for name, o in self._by_name.items()}
         best = max(rates, key=rates.__getitem__)  # first configured option wins ties
         cur = self._current.get(b)
         if cur not in rates or rates[best] > rates[cur] * (1 + self.hysteresis):
-            if cur is not None and cur != best:
-                self._counts["switches"] += 1
-            cur = self._current[b] = best
+            if cur is None or cur == best or self._worth_switching(batch_size, b, best, cur, rates, rows):
+                if cur is not None and cur != best:
+                    self._counts["switches"] += 1
+                cur = self._current[b] = best
         choice = self._by_name[cur]
         if len(self.options) > 1 and _uniform(self.seed, b, 3 * n) < self.epsilon:
             others = [o for o in self.options if option_name(o) != cur]
             other = others[int(_uniform(self.seed, b, 3 * n + 1) * len(others))]
-            if _uniform(self.seed, b, 3 * n + 2) < self._explore_chance(b, choice, other):
+            if _uniform(self.seed, b, 3 * n + 2) < self._explore_chance(b, choice, other, rows):
                 choice = other
                 self._counts["explore"] += 1
         if choice is not None and self.mode == "auto" and self.costs.online_readings(b, None) < PLAIN_READINGS:
             # plain decoding is the yardstick of every choice here and costs nothing against SD off to time
             self._counts["plain_timing"] += 1
             return self._use_option(None)
-        return self._use_option(self._within_budget(b, choice, behind))
+        return self._use_option(self._within_budget(b, choice, rows))
+
+    def _worth_switching(self, batch_size: int, bucket: int, best: str, cur: str, rates: dict, rows) -> bool:
+        """Whether leaving plain decoding for strategy `best` still beats staying, once the drafter's catch-up
+        (the rows it is behind) is spread over SWITCH_STEPS steps of it; other switches always are."""
+        strategy = self._by_name[best]
+        if cur != option_name(None) or strategy is None:
+            return True
+        catchup = self.catchup_seconds(bucket, rows())
+        if catchup <= 0:
+            return True
+        cost = self.costs.interpolate(bucket, strategy) + catchup / SWITCH_STEPS
+        return batch_size * self.accept.mean(bucket, strategy) / cost > rates[cur] * (1 + self.hysteresis)
 
     def over_budget(self, bucket: int, extra: float = 0.0, step: float = 0.0) -> bool:
         """True while speculation has cost more than its budget of this bucket's decode time (auto only);
@@ -176,14 +212,14 @@ class SDPolicy:
         regret, elapsed = self._regret.get(bucket, (0.0, 0.0))
         return regret + extra > self.explore_budget * (elapsed + step)
 
-    def _expected_regret(self, bucket: int, choice: Strategy, behind: int) -> tuple[float, float]:
+    def _expected_regret(self, bucket: int, choice: Strategy, behind: Callable[[], int]) -> tuple[float, float]:
         """(regret, seconds) a step of `choice` is expected to add here, the drafter `behind` rows short: its
         cost (catch-up included) minus plain decoding's for the tokens the accept estimate (prior or measured)
         promises; (0, 0) while a cost is unknown."""
         cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
         if cost is None or plain is None:
             return 0.0, 0.0
-        cost += self.catchup_seconds(bucket, behind)
+        cost += self.catchup_seconds(bucket, behind())
         return cost - max(1.0, self.accept.mean(bucket, choice)) * plain, cost
 
     def catchup_seconds(self, bucket: int, rows: int) -> float:
@@ -197,29 +233,30 @@ class SDPolicy:
         plain = self.costs.interpolate(bucket, None)
         return 0.0 if plain is None else rows * CATCHUP_PRIOR * plain / bucket
 
-    def _within_budget(self, bucket: int, choice: Strategy | None, behind: int = 0) -> Strategy | None:
+    def _within_budget(self, bucket: int, choice: Strategy | None, behind: Callable[[], int]) -> Strategy | None:
         """`choice`, unless running it would put speculation over budget (what it has cost so far plus what
         this step is expected to cost) and `choice` is not proven to beat plain decoding by the accept length
-        and cost measured so far; then plain decoding. Counting the step before it runs keeps a costly first
-        try (an SD step at a large batch can cost several plain steps) out of a bucket until enough plain
-        decoding time has passed there to pay for it."""
+        and cost measured so far, this step's catch-up included; then plain decoding. Counting the step
+        before it runs keeps a costly first try (an SD step at a large batch can cost several plain steps)
+        out of a bucket until enough plain decoding time has passed there to pay for it."""
         if choice is None or not self.over_budget(bucket, *self._expected_regret(bucket, choice, behind)):
             return choice
         accept = self.accept.measured(bucket, choice)
         cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
         if accept is not None and cost is not None and plain is not None:
-            if accept / cost > (1 + self.hysteresis) / plain:
+            if accept / (cost + self.catchup_seconds(bucket, behind())) > (1 + self.hysteresis) / plain:
                 return choice
         self._counts["held_back"] += 1
         return None
 
-    def _explore_chance(self, bucket: int, cur: Strategy | None, other: Strategy | None) -> float:
+    def _explore_chance(self, bucket: int, cur: Strategy | None, other: Strategy | None, behind) -> float:
         """Probability that a drawn exploration of `other` goes ahead: 1 unless it costs more than the budget.
-        Per step, P(explore other) * (extra seconds) <= explore_budget * incumbent seconds / len(others)."""
+        Per step, P(explore other) * (extra seconds) <= explore_budget * incumbent seconds / len(others);
+        a strategy's extra seconds include catching the drafter up on the `behind()` rows."""
         if self.explore_budget is None:
             return 1.0
         c_cur, c_other = self.costs.interpolate(bucket, cur), self.costs.interpolate(bucket, other)
-        extra = c_other - c_cur
+        extra = c_other - c_cur + (0.0 if other is None else self.catchup_seconds(bucket, behind()))
         if extra <= 0:
             return 1.0
         return min(1.0, self.explore_budget * c_cur / (self.epsilon * extra))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, deque
 
 from tlt_rt.rollout.block_manager import BlockManager
-from tlt_rt.rollout.sequence import PrefillJob, Sequence
+from tlt_rt.rollout.sequence import PlainRows, PrefillJob, Sequence
 
 
 class Scheduler:
@@ -36,6 +36,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.done: list[Sequence] = []
         self._allocated: set[int] = set()  # prefill jobs that hold blocks
+        self.plain_rows = PlainRows()  # hidden rows of plain steps, until a sequence's history is read
 
     @property
     def busy(self) -> bool:
@@ -155,17 +156,12 @@ class Scheduler:
         hidden = out.hidden
         if hidden is None:
             return emitted
-        roots = hidden[:, 0]  # one view: pending rows are grouped by it
         width = hidden.shape[1]
-        if width == 1 or emitted == len(seqs):  # one row each: a reference, copied out when next read
-            for i, seq in enumerate(seqs):
-                seq.add_hidden_row(roots, i)
+        if width == 1 or emitted == len(seqs):  # one row each: logged, copied out when next read
+            self.plain_rows.add(hidden[:, 0], seqs)
             return emitted
         sizes = [n for k in kept for n in (k, width - k)]  # each sequence's kept rows, then the rest
         chunks = hidden.flatten(0, 1).split_with_sizes(sizes)[::2]  # one call makes every view
-        for i, (seq, k, chunk) in enumerate(zip(seqs, kept, chunks, strict=True)):
-            if k == 1:  # one row: as above
-                seq.add_hidden_row(roots, i)
-            else:
-                seq.add_hidden(chunk)
+        for seq, chunk in zip(seqs, chunks, strict=True):
+            seq.add_hidden(chunk)
         return emitted

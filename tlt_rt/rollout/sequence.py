@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -37,8 +38,7 @@ class Sequence:
     window_end: int = -1
     counter: int = 0  # RNG step counter
     _fresh: int = 0  # chunks appended since the last merge
-    # rows of plain decode steps not yet copied out: (that step's [B, H] hidden, this sequence's row)
-    _pending: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+    plain_rows: PlainRows | None = None  # the log of plain steps' hidden rows this sequence is recorded in
     finish_reason: str | None = None
     preemptions: int = 0
     # per-request settings (AsyncEngine): None means the generate call's SamplingParams / stop set
@@ -92,19 +92,15 @@ class Sequence:
             return self.hidden()[start:end]
         return parts[0] if len(parts) == 1 else torch.cat(parts[::-1])
 
-    def add_hidden_row(self, batch: torch.Tensor, row: int) -> None:
-        """Append row `row` of a plain decode step's [B, H] hidden states. Only the reference is kept (no
-        tensor work on the decode path); the rows are copied out when the hidden states are next read."""
-        self._pending.append((batch, row))
-
     def _flush(self) -> None:
-        flush_hidden([self])
+        """Copy out the rows plain steps logged (for every sequence of the log: one gather)."""
+        if self.plain_rows is not None and self.plain_rows.steps:
+            self.plain_rows.flush()
 
     def add_hidden(self, chunk: torch.Tensor) -> None:
         """Append target hidden rows. A chunk is usually a view of a whole batch's output, which it keeps
         alive; every MERGE_EVERY chunks the recent ones are copied into one tensor of their own."""
-        if self._pending:  # rows of plain steps come first
-            self._flush()
+        self._flush()  # rows of earlier plain steps come first
         self._append_chunk(chunk)
 
     def _append_chunk(self, chunk: torch.Tensor) -> None:
@@ -129,9 +125,10 @@ class Sequence:
 
     def reset_for_recompute(self) -> None:
         """Forget every cached row (blocks were taken away); the tokens are kept."""
+        self._flush()  # the log's other sequences keep their rows
         self.num_cached = 0
         self.draft_cached = 0
-        self.hidden_chunks, self._pending = [], []
+        self.hidden_chunks = []
         self.window_src, self.window_end = None, -1
         self.preemptions += 1
 
@@ -139,27 +136,54 @@ class Sequence:
 MERGE_EVERY = 32
 
 
+class PlainRows:
+    """The target hidden rows of plain decode steps, logged per step: a step records its [B, H] rows and
+    its B sequences in one call, whatever B (no per-sequence work on the decode path), and the rows reach
+    each sequence's history when any of them is next read (`flush`). A sequence names its log in
+    `Sequence.plain_rows`."""
+
+    def __init__(self):
+        self.steps: list[tuple[torch.Tensor, list[Sequence]]] = []
+
+    def add(self, rows: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Row i of `rows` [B, H] is the next hidden row of seqs[i] (the list is kept: do not change it)."""
+        self.steps.append((rows, seqs))
+
+    def flush(self) -> None:
+        """Append every logged row to its sequence, in step order: one stack when every step ran the same
+        sequences (the usual stretch of plain steps), else one gather."""
+        steps, self.steps = self.steps, []
+        if not steps:
+            return
+        first = steps[0][1]
+        if all(len(q) == len(first) and all(map(operator.is_, q, first)) for _, q in steps[1:]):
+            stacked = torch.stack([rows for rows, _ in steps], 1)  # [B, steps, H]
+            for seq, chunk in zip(first, stacked.unbind(0), strict=True):
+                seq._append_chunk(chunk)
+            return
+        where: dict[int, tuple[Sequence, list[int]]] = {}
+        total = 0
+        for rows, q in steps:
+            for i, seq in enumerate(q):
+                entry = where.get(id(seq))
+                if entry is None:
+                    entry = where[id(seq)] = (seq, [])
+                entry[1].append(total + i)
+            total += rows.shape[0]
+        idx = [j for _, js in where.values() for j in js]
+        base = torch.cat([rows for rows, _ in steps])
+        picked = base.index_select(0, torch.tensor(idx, device=base.device))
+        sizes = [len(js) for _, js in where.values()]
+        for (seq, _), chunk in zip(where.values(), picked.split(sizes), strict=True):
+            seq._append_chunk(chunk)
+
+
 def flush_hidden(seqs: list[Sequence]) -> None:
-    """Copy out the pending plain-step rows of many sequences with one gather (the per-sequence path,
-    `Sequence.hidden`, costs a tensor op per row: tens of ms at batch 128 after a few dozen plain steps)."""
-    seqs = [s for s in seqs if s._pending]
-    if not seqs:
-        return
-    offsets: dict[int, int] = {}
-    bases, idx, counts, total = [], [], [], 0
-    for s in seqs:
-        for batch, row in s._pending:
-            off = offsets.get(id(batch))
-            if off is None:
-                off = offsets[id(batch)] = total
-                bases.append(batch)
-                total += batch.shape[0]
-            idx.append(off + row)
-        counts.append(len(s._pending))
-    rows = torch.cat(bases).index_select(0, torch.tensor(idx, device=bases[0].device))
-    for s, chunk in zip(seqs, rows.split(counts), strict=True):
-        s._pending = []
-        s._append_chunk(chunk)
+    """Copy out the logged plain-step rows of many sequences (each log once, with one gather: the rows one
+    by one cost a tensor op each, tens of ms at batch 128 after a few dozen plain steps)."""
+    logs = {id(s.plain_rows): s.plain_rows for s in seqs if s.plain_rows is not None and s.plain_rows.steps}
+    for log in logs.values():
+        log.flush()
 
 
 @dataclass
