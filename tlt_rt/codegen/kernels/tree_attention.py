@@ -11,8 +11,9 @@ kv = h // group) attends to
 One program holds a tile of BLOCK_M rows of the flattened (token, head-in-group) axis of one KV head, so
 all T tokens x group heads share every prefix K/V tile it reads (one M block whenever T * group <= 128).
 Split-K cuts the prefix into chunks of whole tiles sized on the device from the real prefix, as decode
-attention does; the last split that holds prefix positions (split 0 when there are none) also walks the W
-window positions under the mask. Partials are merged by a second kernel (`decode_attention.combine_splits`).
+attention does; the last split that holds prefix positions (split 0 when there are none) walks on through
+the W window positions under the mask in the same loop (a tile may hold the prefix's tail and the window).
+Partials are merged by a second kernel (`decode_attention.combine_splits`).
 Decode attention merges inside its launch instead; here that made one program read the T x group rows of
 every split in turn, and a verify step slower (H100, Qwen2.5-7B shape). The reference is
 `tlt_rt.models.attention.paged_attention_reference` (mode "verify").
@@ -108,9 +109,13 @@ def _tree_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     bt_row = BLOCK_TABLES + b * stride_btb
 
-    # prefix chunk of this split: every row sees every position
+    # this split's chunk of the prefix (every row sees every position); the last split that holds prefix
+    # positions runs on through the W window positions in the same loop, under the tree mask, so a tile
+    # can hold the prefix's tail and the window's head
     start = split * chunk_len
     end = tl.minimum(start + chunk_len, prefix)
+    if split == n_used - 1:
+        end = seq_len
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         ok = pos < end
@@ -120,23 +125,12 @@ def _tree_attention_kernel(
                     + offs_d[:, None] * stride_kd, mask=ok[None, :], other=0.0)  # fmt: skip
         v = tl.load(V_CACHE + blk[:, None] * stride_vb + slot_row[:, None] * stride_vp + kvh * stride_vh
                     + offs_d[None, :] * stride_vd, mask=ok[:, None], other=0.0)  # fmt: skip
-        m_i, l_i, acc = _attend_tile(q, k, v, ok[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION, DOT_FP32)
-
-    # the W window positions, under the mask (last used split only)
-    if split == n_used - 1:
-        for n0 in range(prefix, seq_len, BLOCK_N):
-            pos = n0 + offs_n
-            ok = (pos >= 0) & (pos < seq_len)  # a padding row (seq_len 0) would start at -W
-            rel = pos - prefix
-            blk = tl.load(bt_row + pos // PAGE_SIZE, mask=ok, other=0).to(tl.int64)
-            slot_row = pos % PAGE_SIZE
-            k = tl.load(K_CACHE + blk[None, :] * stride_kb + slot_row[None, :] * stride_kp + kvh * stride_kh
-                        + offs_d[:, None] * stride_kd, mask=ok[None, :], other=0.0)  # fmt: skip
-            v = tl.load(V_CACHE + blk[:, None] * stride_vb + slot_row[:, None] * stride_vp + kvh * stride_vh
-                        + offs_d[None, :] * stride_vd, mask=ok[:, None], other=0.0)  # fmt: skip
-            allowed = tl.load(TREE_MASK + b * stride_mb + tok[:, None] * stride_mi + rel[None, :] * stride_mj,
-                              mask=row_ok[:, None] & ok[None, :], other=0) != 0  # fmt: skip
-            m_i, l_i, acc = _attend_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION, DOT_FP32)
+        rel = pos - prefix
+        in_window = ok & (rel >= 0)
+        tree = tl.load(TREE_MASK + b * stride_mb + tok[:, None] * stride_mi + rel[None, :] * stride_mj,
+                       mask=row_ok[:, None] & in_window[None, :], other=0) != 0  # fmt: skip
+        allowed = (ok & (rel < 0))[None, :] | tree
+        m_i, l_i, acc = _attend_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION, DOT_FP32)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
