@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.test_engine import tiny_pair
-from tlt_rt.rollout import drafting, step_graph
+from tlt_rt.rollout import drafting, runner, step_graph
 
 
 def _traced(fn):
@@ -72,3 +72,13 @@ def test_step_unpack_and_pack(r, dlen):
     for window in (None, torch.randn(b, r, h, generator=g)) if dlen else (None,):
         args = (acc, nodes, hid, window, toks, lps)
         _same(_traced(step_graph.pack_outputs)(*args), step_graph.pack_outputs(*args))
+
+
+@pytest.mark.parametrize("q_len, write", [(12, False), (1, False), (5, True)])
+def test_verify_slots(q_len, write):
+    g = torch.Generator().manual_seed(q_len)
+    tables = torch.randint(0, 30, (3, 8), generator=g).int()
+    lens = torch.tensor([0, 3, 17]) + q_len - 2  # the first row's leading tokens have negative positions
+    keep = torch.rand(3, q_len, generator=g) < 0.7 if write else None
+    args = (tables, lens, q_len, 4, keep)
+    _same(_traced(runner.tree_slots)(*args), runner.tree_slots(*args))

@@ -16,6 +16,7 @@ from tlt_rt.codegen.kernels.accept import accept_tree
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import CausalLM, KVCache
 from tlt_rt.rollout.block_manager import Tables
+from tlt_rt.rollout.compiled import maybe_compiled
 from tlt_rt.rollout.params import SamplingParams
 from tlt_rt.rollout.rng import host_uniforms
 
@@ -57,6 +58,17 @@ def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: to
     return meta, positions.to(device)
 
 
+def tree_slots(tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int, block_size: int, write=None):
+    """The index work of `tree_meta`: (cu_seqlens [B+1] int32, seq_lens [B] int32, slots [B*q_len])."""
+    b, dev = tables.shape[0], tables.device
+    pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len, device=dev)  # [B, q_len]
+    slots = tables.long().gather(1, pos.clamp(min=0) // block_size) * block_size + pos % block_size
+    keep = pos >= 0 if write is None else (pos >= 0) & write
+    slots = torch.where(keep, slots, -1)
+    cu = torch.arange(0, b * q_len + 1, q_len, dtype=torch.int32, device=dev)
+    return cu, seq_lens.int(), slots.flatten()
+
+
 def tree_meta(
     tables: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -64,19 +76,17 @@ def tree_meta(
     tree_mask: torch.Tensor,
     block_size: int,
     write: torch.Tensor | None = None,
+    compiled: bool = False,
 ) -> AttnMetadata:
     """Verify-mode metadata built on the device: every sequence's q_len new tokens sit at the last q_len of
-    its seq_lens cache positions. tables [B, W] int32, seq_lens [B]; no host round trip.
+    its seq_lens cache positions. tables [B, W] int32, seq_lens [B]; no host round trip. `compiled`: the
+    index work through torch.compile (one or two kernels inside a captured step, `rollout.compiled`).
 
     A token at a negative cache position (seq_lens < q_len), or where `write` [B, q_len] bool is False,
     writes its K/V to the trash slot."""
-    b, dev = tables.shape[0], tables.device
-    pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len, device=dev)  # [B, q_len]
-    slots = tables.long().gather(1, pos.clamp(min=0) // block_size) * block_size + pos % block_size
-    keep = pos >= 0 if write is None else (pos >= 0) & write
-    slots = torch.where(keep, slots, -1)
-    cu = torch.arange(0, b * q_len + 1, q_len, dtype=torch.int32, device=dev)
-    return AttnMetadata("verify", cu, seq_lens.int(), tables, slots.flatten(), q_len, tree_mask)
+    slots_fn = maybe_compiled(tree_slots, compiled, tables.device)
+    cu, lens, slots = slots_fn(tables, seq_lens, q_len, block_size, write)
+    return AttnMetadata("verify", cu, lens, tables, slots, q_len, tree_mask)
 
 
 def draw(logits: torch.Tensor, params: SamplingParams | list[SamplingParams], seeds: list[int], counters: list[int]):

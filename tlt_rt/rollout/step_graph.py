@@ -94,7 +94,8 @@ class DirectModels:
             cu = torch.arange(b + 1, dtype=torch.int32, device=lens.device)
             meta = AttnMetadata("decode", cu, lens.int(), self.tables, slots, 1)
         else:
-            meta = tree_meta(self.tables, self.prefix_lens + T, T, tree.tree_mask, t.block_size)
+            lens = self.prefix_lens + T
+            meta = tree_meta(self.tables, lens, T, tree.tree_mask, t.block_size, compiled=self.runner.compiled)
         out = t.model.forward_paged(tree.tree_tokens.flatten(), tree.positions.flatten(), t.cache, meta)
         return out.logits.view(b, T, -1), out.hidden.view(b, T, -1), self.tables
 
