@@ -43,8 +43,6 @@ CATCHUP_PRIOR = 0.25
 
 _MASK64 = (1 << 64) - 1
 PLAIN_READINGS = 3  # plain decoding steps timed online per bucket before speculating there in auto mode
-# steps a switch from plain decoding to a strategy is expected to last: its one catch-up is spread over them
-SWITCH_STEPS = 16
 
 
 def _once(behind: int | Callable[[], int]) -> Callable[[], int]:
@@ -193,16 +191,25 @@ class SDPolicy:
         return self._use_option(self._within_budget(b, choice, rows))
 
     def _worth_switching(self, batch_size: int, bucket: int, best: str, cur: str, rates: dict, rows) -> bool:
-        """Whether leaving plain decoding for strategy `best` still beats staying, once the drafter's catch-up
-        (the rows it is behind) is spread over SWITCH_STEPS steps of it; other switches always are."""
+        """Whether leaving plain decoding for strategy `best` still beats staying once its catch-up is paid
+        (`switch_seconds`); other switches always are."""
         strategy = self._by_name[best]
         if cur != option_name(None) or strategy is None:
             return True
-        catchup = self.catchup_seconds(bucket, rows())
-        if catchup <= 0:
+        extra = self.switch_seconds(bucket, batch_size, rows())
+        if extra <= 0:
             return True
-        cost = self.costs.interpolate(bucket, strategy) + catchup / SWITCH_STEPS
+        cost = self.costs.interpolate(bucket, strategy) + extra
         return batch_size * self.accept.mean(bucket, strategy) / cost > rates[cur] * (1 + self.hysteresis)
+
+    def switch_seconds(self, bucket: int, batch_size: int, rows: int) -> float:
+        """What catching the drafter up on `rows` rows adds to each step of a stretch of speculation, the
+        stretch assumed as long as the plain one that left the rows behind (about rows / batch steps): the
+        rule that buys once a rent paid so far would have bought. Per step that is the per-row cost times the
+        batch, however long plain decoding ran, so a long plain stretch does not lock speculation out."""
+        if rows <= 0:
+            return 0.0
+        return self.catchup_seconds(bucket, rows) / max(1.0, rows / batch_size)
 
     def over_budget(self, bucket: int, extra: float = 0.0, step: float = 0.0) -> bool:
         """True while speculation has cost more than its budget of this bucket's decode time (auto only);
@@ -236,7 +243,7 @@ class SDPolicy:
     def _within_budget(self, bucket: int, choice: Strategy | None, behind: Callable[[], int]) -> Strategy | None:
         """`choice`, unless running it would put speculation over budget (what it has cost so far plus what
         this step is expected to cost) and `choice` is not proven to beat plain decoding by the accept length
-        and cost measured so far, this step's catch-up included; then plain decoding. Counting the step
+        and cost measured so far, its catch-up included (`switch_seconds`); then plain decoding. Counting the step
         before it runs keeps a costly first try (an SD step at a large batch can cost several plain steps)
         out of a bucket until enough plain decoding time has passed there to pay for it."""
         if choice is None or not self.over_budget(bucket, *self._expected_regret(bucket, choice, behind)):
@@ -244,7 +251,7 @@ class SDPolicy:
         accept = self.accept.measured(bucket, choice)
         cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
         if accept is not None and cost is not None and plain is not None:
-            if accept / (cost + self.catchup_seconds(bucket, behind())) > (1 + self.hysteresis) / plain:
+            if accept / (cost + self.switch_seconds(bucket, bucket, behind())) > (1 + self.hysteresis) / plain:
                 return choice
         self._counts["held_back"] += 1
         return None
@@ -252,11 +259,11 @@ class SDPolicy:
     def _explore_chance(self, bucket: int, cur: Strategy | None, other: Strategy | None, behind) -> float:
         """Probability that a drawn exploration of `other` goes ahead: 1 unless it costs more than the budget.
         Per step, P(explore other) * (extra seconds) <= explore_budget * incumbent seconds / len(others);
-        a strategy's extra seconds include catching the drafter up on the `behind()` rows."""
+        a strategy's extra seconds include its catch-up of the `behind()` rows (`switch_seconds`)."""
         if self.explore_budget is None:
             return 1.0
         c_cur, c_other = self.costs.interpolate(bucket, cur), self.costs.interpolate(bucket, other)
-        extra = c_other - c_cur + (0.0 if other is None else self.catchup_seconds(bucket, behind()))
+        extra = c_other - c_cur + (0.0 if other is None else self.switch_seconds(bucket, bucket, behind()))
         if extra <= 0:
             return 1.0
         return min(1.0, self.explore_budget * c_cur / (self.epsilon * extra))
