@@ -478,14 +478,16 @@ def test_leaving_plain_decoding_weighs_the_catch_up_and_rows_are_counted_only_wh
         assert p.decide(8, rows(5)) is None
     assert calls == []
     p.costs.set(8, s, plain * p.accept.mean(8, s) / 1.1)  # now 1.1x plain decoding's tokens/s, past hysteresis
+    p.observe(8, s, p.costs.get(8, s) + 0.5, 3.4, behind=2_000)  # a catch-up step: 250 us a row
+    assert p.switch_seconds(8, 8, 0) == 0.0 and SDPolicy([s], [8]).switch_seconds(8, 8, 100) == 0.0  # unmeasured
     # the catch-up spread over a stretch as long as the plain one (rows / batch steps) eats that margin: stay
-    assert p.switch_seconds(8, 8, 20_000) == pytest.approx(p.catchup_seconds(8, 20_000) / 2_500)
-    assert p.switch_seconds(8, 8, 20_000) > 0.05 * p.costs.get(8, s)
+    assert p.switch_seconds(8, 8, 20_000) == pytest.approx(p.catchup_seconds(8, 20_000) / 2_500) == 250e-6 * 8
     assert p.decide(8, rows(20_000)) is None and calls == [20_000]  # counted once, though asked twice
     # ...and the same per step after a plain stretch ten times as long: speculation is not locked out
     assert p.switch_seconds(8, 8, 200_000) == pytest.approx(p.switch_seconds(8, 8, 20_000))
-    p.observe(8, s, p.costs.get(8, s) + 0.001, 3.4, behind=1000)  # a catch-up measured at 1 us a row
-    assert p.switch_seconds(8, 8, 200_000) == pytest.approx(8e-6)
+    p.observe(8, s, p.costs.get(8, s) + 0.002, 3.4, behind=2_000)  # catch-ups measured cheaper (1 us a row)
+    p.observe(8, s, p.costs.get(8, s) + 0.002, 3.4, behind=2_000)
+    assert p.switch_seconds(8, 8, 200_000) < 5e-4
     assert p.decide(8, rows(200_000)) is s and p.stats()["switches"] == 1
 
 
@@ -496,8 +498,8 @@ def test_exploring_a_strategy_counts_the_catch_up_against_the_budget():
         p = SDPolicy([s], [8], epsilon=0.2, explore_budget=0.02, seed=5)
         p.costs.set(8, None, 0.01)
         p.costs.set(8, s, 0.012)  # by the prior a strategy step pays (accept 3.4): exploration is cheap
+        p.observe(8, s, 0.012 + 0.5, 1.0, behind=2_000)  # ...but it measured no gain, and a dear catch-up
         p.accept.observe(8, s, 1.0)
-        p.accept.observe(8, s, 1.0)  # ...but it measured no gain, so plain decoding stays the incumbent
         for _ in range(3):
             p.observe(8, None, 0.01, 1.0)
         for _ in range(2000):

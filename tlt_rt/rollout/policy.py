@@ -206,10 +206,13 @@ class SDPolicy:
         """What catching the drafter up on `rows` rows adds to each step of a stretch of speculation, the
         stretch assumed as long as the plain one that left the rows behind (about rows / batch steps): the
         rule that buys once a rent paid so far would have bought. Per step that is the per-row cost times the
-        batch, however long plain decoding ran, so a long plain stretch does not lock speculation out."""
-        if rows <= 0:
+        batch, however long plain decoding ran, so a long plain stretch does not lock speculation out. Only a
+        measured per-row cost counts here (0 until a catch-up step ran in this bucket): the prior is far too
+        dear at small batches, where a catch-up is one eager drafter forward whatever its rows."""
+        seen = self._catchup.get(bucket)
+        if rows <= 0 or seen is None or seen[1] <= 0:
             return 0.0
-        return self.catchup_seconds(bucket, rows) / max(1.0, rows / batch_size)
+        return rows * seen[0] / seen[1] / max(1.0, rows / batch_size)
 
     def over_budget(self, bucket: int, extra: float = 0.0, step: float = 0.0) -> bool:
         """True while speculation has cost more than its budget of this bucket's decode time (auto only);
