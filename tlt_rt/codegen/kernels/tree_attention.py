@@ -11,8 +11,9 @@ kv = h // group) attends to
 One program holds a tile of BLOCK_M rows of the flattened (token, head-in-group) axis of one KV head, so
 all T tokens x group heads share every prefix K/V tile it reads (one M block whenever T * group <= 128).
 Split-K cuts the prefix into chunks of whole tiles sized on the device from the real prefix, as decode
-attention does; the last split that holds prefix positions (split 0 when there are none) walks on through
-the W window positions under the mask in the same loop (a tile may hold the prefix's tail and the window).
+attention does; the last split that holds prefix positions (split 0 when there are none) also walks the W
+window positions under the mask: in the prefix's own loop for small tiles (a tile may then hold the
+prefix's tail and the window's head), in a loop of their own for large ones (MERGE_MAX_ROWS).
 Partials are merged by a second kernel (`decode_attention.combine_splits`).
 Decode attention merges inside its launch instead; here that made one program read the T x group rows of
 every split in turn, and a verify step slower (H100, Qwen2.5-7B shape). The reference is
@@ -43,6 +44,10 @@ __all__ = ["paged_attention_reference", "paged_tree_attention"]
 # Launch meta-parameters for head_dim <= 128 (256 halves block_m and block_n); num_warps applies to full
 # tiles (small T * group gives smaller ones, which use 4). `benchmarks/bench_attention.py --tune` sweeps them.
 TREE_META = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2, "split_waves": 2}
+# Tiles of at most this many rows walk the window in the prefix's loop (MERGE_WINDOW). On an H100 (SmolLM2,
+# batch 1) that sped a 12-token verify's attention up by 12% and slowed a 32-token one (128-row tiles) by 17%:
+# there the mask work every tile then does costs more than the loop iteration it saves.
+MERGE_MAX_ROWS = 64
 
 
 @triton.jit
@@ -80,6 +85,7 @@ def _tree_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    MERGE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):  # fmt: skip
@@ -109,13 +115,14 @@ def _tree_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     bt_row = BLOCK_TABLES + b * stride_btb
 
-    # this split's chunk of the prefix (every row sees every position); the last split that holds prefix
-    # positions runs on through the W window positions in the same loop, under the tree mask, so a tile
-    # can hold the prefix's tail and the window's head
+    # this split's chunk of the prefix (every row sees every position); with MERGE_WINDOW the last split
+    # that holds prefix positions runs on through the W window positions in the same loop, under the tree
+    # mask, so a tile can hold the prefix's tail and the window's head
     start = split * chunk_len
     end = tl.minimum(start + chunk_len, prefix)
-    if split == n_used - 1:
-        end = seq_len
+    if MERGE_WINDOW:
+        if split == n_used - 1:
+            end = seq_len
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         ok = pos < end
@@ -125,12 +132,32 @@ def _tree_attention_kernel(
                     + offs_d[:, None] * stride_kd, mask=ok[None, :], other=0.0)  # fmt: skip
         v = tl.load(V_CACHE + blk[:, None] * stride_vb + slot_row[:, None] * stride_vp + kvh * stride_vh
                     + offs_d[None, :] * stride_vd, mask=ok[:, None], other=0.0)  # fmt: skip
-        rel = pos - prefix
-        in_window = ok & (rel >= 0)
-        tree = tl.load(TREE_MASK + b * stride_mb + tok[:, None] * stride_mi + rel[None, :] * stride_mj,
-                       mask=row_ok[:, None] & in_window[None, :], other=0) != 0  # fmt: skip
-        allowed = (ok & (rel < 0))[None, :] | tree
+        if MERGE_WINDOW:
+            rel = pos - prefix
+            in_window = ok & (rel >= 0)
+            tree = tl.load(TREE_MASK + b * stride_mb + tok[:, None] * stride_mi + rel[None, :] * stride_mj,
+                           mask=row_ok[:, None] & in_window[None, :], other=0) != 0  # fmt: skip
+            allowed = (ok & (rel < 0))[None, :] | tree
+        else:
+            allowed = ok[None, :]
         m_i, l_i, acc = _attend_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION, DOT_FP32)
+
+    # otherwise the W window positions in a loop of their own, under the mask (last used split only)
+    if not MERGE_WINDOW:
+        if split == n_used - 1:
+            for n0 in range(prefix, seq_len, BLOCK_N):
+                pos = n0 + offs_n
+                ok = (pos >= 0) & (pos < seq_len)  # a padding row (seq_len 0) would start at -W
+                rel = pos - prefix
+                blk = tl.load(bt_row + pos // PAGE_SIZE, mask=ok, other=0).to(tl.int64)
+                slot_row = pos % PAGE_SIZE
+                k = tl.load(K_CACHE + blk[None, :] * stride_kb + slot_row[None, :] * stride_kp + kvh * stride_kh
+                            + offs_d[:, None] * stride_kd, mask=ok[None, :], other=0.0)  # fmt: skip
+                v = tl.load(V_CACHE + blk[:, None] * stride_vb + slot_row[:, None] * stride_vp + kvh * stride_vh
+                            + offs_d[None, :] * stride_vd, mask=ok[:, None], other=0.0)  # fmt: skip
+                allowed = tl.load(TREE_MASK + b * stride_mb + tok[:, None] * stride_mi + rel[None, :] * stride_mj,
+                                  mask=row_ok[:, None] & ok[None, :], other=0) != 0  # fmt: skip
+                m_i, l_i, acc = _attend_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION, DOT_FP32)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -207,6 +234,7 @@ def paged_tree_attention(
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
         GROUP=group, BLOCK_M=block_m, HEAD_DIM=head_dim, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
+        MERGE_WINDOW=block_m <= MERGE_MAX_ROWS,
         DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot,
         num_warps=meta["num_warps"] if block_m * head_dim >= meta["block_m"] * 128 else 4,
         num_stages=meta["num_stages"],
