@@ -197,13 +197,11 @@ class Engine:
     def _decode_step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool) -> None:
         """One plain or speculative step of every running sample, as the SD policy decides."""
         strategy, behind = None, 0
-        if self.runner.drafter is not None:
-            count = 0
-            if self.speculative == "auto":  # drafter rows the next SD step would catch up eagerly first
-                count = functools.partial(self.runner.drafter.rows_behind, sched.running)
-            strategy = self.policy.decide(len(sched.running), count)  # counts only when weighing a strategy
-            if strategy is not None and count:
-                behind = count()
+        if self.runner.drafter is not None:  # rows an SD step would catch up first, counted only when needed
+            auto = self.speculative == "auto"
+            count = functools.partial(self.runner.drafter.rows_behind, sched.running) if auto else 0
+            strategy = self.policy.decide(len(sched.running), count)
+            behind = count() if strategy is not None and auto else 0
         sched.reserve(1 if strategy is None else scratch_tokens(strategy))
         if not sched.running:
             return

@@ -20,8 +20,9 @@ Switching from plain decoding to a strategy re-prefills nothing: the engine keep
 states and catches the drafter up on the rows it missed at the next speculative step. That catch-up is not
 free (an eager drafter forward over every missed row: at batch 128 after ~40 plain steps it tripled an SD
 step on an H200), so the engine says how many rows the drafter is behind (`behind`); the policy learns a
-cost per row per bucket from the steps that paid one (CATCHUP_PRIOR until then), keeps those steps out of
-the strategy's steady step cost, and counts the expected catch-up in a step's expected regret.
+cost per row per bucket from the steps that paid one (rollout/catchup.py), keeps those steps out of the
+strategy's steady step cost, counts the expected catch-up in a step's expected regret, and weighs it per
+step when leaving plain decoding, exploring, or letting a strategy prove itself over budget.
 """
 
 from __future__ import annotations
@@ -32,43 +33,14 @@ from collections.abc import Callable
 
 from tlt_rt.ir.strategy import Strategy, bucket_for
 from tlt_rt.rollout.accept_stats import AcceptStats
+from tlt_rt.rollout.catchup import CatchupCosts, rows_once
 from tlt_rt.rollout.config import PolicyConfig
 from tlt_rt.rollout.costs import CostTable, option_name
+from tlt_rt.rollout.rng import decision_uniform as _uniform
 
 __all__ = ["AcceptStats", "SDPolicy"]
 
-# seconds per caught-up drafter row, as a share of a plain step's seconds per sequence, until measured
-CATCHUP_PRIOR = 0.25
-
-
-_MASK64 = (1 << 64) - 1
 PLAIN_READINGS = 3  # plain decoding steps timed online per bucket before speculating there in auto mode
-
-
-def _once(behind: int | Callable[[], int]) -> Callable[[], int]:
-    """`behind` as a callable that counts at most once."""
-    if not callable(behind):
-        return lambda: behind
-    seen: list[int] = []
-
-    def rows() -> int:
-        if not seen:
-            seen.append(behind())
-        return seen[0]
-
-    return rows
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def _uniform(seed: int, bucket: int, counter: int) -> float:
-    """A uniform in [0, 1) from (seed, bucket, counter): decisions replay exactly from a few integers."""
-    return (_splitmix64(_splitmix64(_splitmix64(seed) ^ bucket) ^ counter) >> 11) / float(1 << 53)
 
 
 class SDPolicy:
@@ -129,7 +101,7 @@ class SDPolicy:
         self._calls: Counter = Counter()  # bucket -> decisions made there (drives the random stream)
         self._use: Counter = Counter()  # name -> times returned
         self._counts: Counter = Counter()  # decisions / explore / measure / switches
-        self._catchup: dict[int, list[float]] = {}  # bucket -> [seconds, rows] of measured drafter catch-ups
+        self.catchup = CatchupCosts()  # what catching the drafter up costs here, per bucket
         self._known: dict[int, int] = {}  # bucket -> the cost table's revision when every option had a cost
 
     def bucket(self, batch_size: int) -> int:
@@ -153,7 +125,7 @@ class SDPolicy:
         asked only when a strategy is weighed (counting the rows costs a pass over the batch)."""
         if self.mode == "off":
             return None
-        rows = _once(behind)
+        rows = rows_once(behind)
         b = self.bucket(batch_size)
         n = self._calls[b]
         self._calls[b] += 1
@@ -203,16 +175,8 @@ class SDPolicy:
         return batch_size * self.accept.mean(bucket, strategy) / cost > rates[cur] * (1 + self.hysteresis)
 
     def switch_seconds(self, bucket: int, batch_size: int, rows: int) -> float:
-        """What catching the drafter up on `rows` rows adds to each step of a stretch of speculation, the
-        stretch assumed as long as the plain one that left the rows behind (about rows / batch steps): the
-        rule that buys once a rent paid so far would have bought. Per step that is the per-row cost times the
-        batch, however long plain decoding ran, so a long plain stretch does not lock speculation out. Only a
-        measured per-row cost counts here (0 until a catch-up step ran in this bucket): the prior is far too
-        dear at small batches, where a catch-up is one eager drafter forward whatever its rows."""
-        seen = self._catchup.get(bucket)
-        if rows <= 0 or seen is None or seen[1] <= 0:
-            return 0.0
-        return rows * seen[0] / seen[1] / max(1.0, rows / batch_size)
+        """Seconds a catch-up of `rows` rows adds to each step of speculating from here (`CatchupCosts.per_step`)."""
+        return self.catchup.per_step(bucket, batch_size, rows)
 
     def over_budget(self, bucket: int, extra: float = 0.0, step: float = 0.0) -> bool:
         """True while speculation has cost more than its budget of this bucket's decode time (auto only);
@@ -233,22 +197,15 @@ class SDPolicy:
         return cost - max(1.0, self.accept.mean(bucket, choice)) * plain, cost
 
     def catchup_seconds(self, bucket: int, rows: int) -> float:
-        """Expected seconds to catch the drafter up on `rows` rows at this bucket: measured per row where
-        steps have paid one, else CATCHUP_PRIOR x a plain step's seconds per sequence; 0 if unknown."""
-        if rows <= 0:
-            return 0.0
-        seen = self._catchup.get(bucket)
-        if seen is not None and seen[1] > 0:
-            return rows * seen[0] / seen[1]
-        plain = self.costs.interpolate(bucket, None)
-        return 0.0 if plain is None else rows * CATCHUP_PRIOR * plain / bucket
+        """Expected seconds to catch the drafter up on `rows` rows at this bucket (`CatchupCosts.seconds`)."""
+        return self.catchup.seconds(bucket, rows, self.costs.interpolate(bucket, None))
 
     def _within_budget(self, bucket: int, choice: Strategy | None, behind: Callable[[], int]) -> Strategy | None:
         """`choice`, unless running it would put speculation over budget (what it has cost so far plus what
         this step is expected to cost) and `choice` is not proven to beat plain decoding by the accept length
-        and cost measured so far, its catch-up included (`switch_seconds`); then plain decoding. Counting the step
-        before it runs keeps a costly first try (an SD step at a large batch can cost several plain steps)
-        out of a bucket until enough plain decoding time has passed there to pay for it."""
+        and cost measured so far, its catch-up included (`switch_seconds`); then plain decoding. Counting the
+        step before it runs keeps a costly first try (an SD step at a large batch can cost several plain
+        steps) out of a bucket until enough plain decoding time has passed there to pay for it."""
         if choice is None or not self.over_budget(bucket, *self._expected_regret(bucket, choice, behind)):
             return choice
         accept = self.accept.measured(bucket, choice)
@@ -288,9 +245,7 @@ class SDPolicy:
         if steady is None:
             self.costs.observe(b, strategy, seconds)
         else:  # a catch-up step: its excess over the steady cost teaches the per-row catch-up cost only
-            seen = self._catchup.setdefault(b, [0.0, 0.0])
-            seen[0] = seen[0] * 0.5 + max(0.0, seconds - steady)
-            seen[1] = seen[1] * 0.5 + behind
+            self.catchup.observe(b, seconds - steady, behind)
         acc = self._regret.setdefault(b, [0.0, 0.0])
         acc[0] *= self._fade
         acc[1] = acc[1] * self._fade + seconds
@@ -309,7 +264,7 @@ class SDPolicy:
             "switches": self._counts["switches"],
             "held_back_steps": self._counts["held_back"],
             "regret_share": {b: r / e for b, (r, e) in sorted(self._regret.items()) if e > 0},
-            "catchup_us_per_row": {b: 1e6 * t / n for b, (t, n) in sorted(self._catchup.items()) if n > 0},
+            "catchup_us_per_row": self.catchup.us_per_row(),
             "strategy_use": dict(self._use),
             "current": {b: self._current[b] for b in sorted(self._current)},
             "accept_mean": {str(s): self.accept.pooled_mean(s) for s in self.strategies},
@@ -331,7 +286,7 @@ class SDPolicy:
             "use": dict(self._use),
             "counts": dict(self._counts),
             "regret": {str(b): list(v) for b, v in self._regret.items()},
-            "catchup": {str(b): list(v) for b, v in self._catchup.items()},
+            "catchup": self.catchup.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -351,4 +306,4 @@ class SDPolicy:
         self._use = Counter(state["use"])
         self._counts = Counter(state["counts"])
         self._regret = {int(b): list(v) for b, v in state.get("regret", {}).items()}
-        self._catchup = {int(b): list(v) for b, v in state.get("catchup", {}).items()}
+        self.catchup.load_state_dict(state.get("catchup", {}))

@@ -101,3 +101,19 @@ def sequence_seed(seed: int, prompt_index: int, sample_index: int, occurrence: i
         h = _mix32_int(h ^ _mix32_int(v & _M32))
     h2 = _mix32_int(h ^ 0xA54FF53A)
     return h << 31 | h2 >> 1
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def decision_uniform(seed: int, bucket: int, counter: int) -> float:
+    """A uniform in [0, 1) from (seed, bucket, counter), for the SD policy's draws: its decisions replay
+    exactly from a few integers."""
+    return (_splitmix64(_splitmix64(_splitmix64(seed) ^ bucket) ^ counter) >> 11) / float(1 << 53)
