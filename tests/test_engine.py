@@ -208,7 +208,7 @@ def test_stats_report_what_ran():
 
 
 def test_sequence_hidden_rows_keep_their_order():
-    from tlt_rt.rollout.sequence import PlainRows, Sequence, flush_hidden
+    from tlt_rt.rollout.sequence import MERGE_EVERY, PlainRows, Sequence, flush_hidden
 
     log = PlainRows()
     s = Sequence(1, 0, 0, [1], 0, 10, plain_rows=log)
@@ -242,6 +242,14 @@ def test_sequence_hidden_rows_keep_their_order():
         seqs[1].add_hidden(torch.full((1, 2), -1.0))
         log.add(step[:1], [seqs[1]])
         assert [q.hidden().tolist() for q in seqs] == [want[0], [*want[1], [-1, -1], [0, 1]], want[2]]
+    # the log never holds more than MERGE_EVERY steps: rows of finished sequences are not kept by it
+    log = PlainRows()
+    seqs = [Sequence(i, 0, 0, [1], 0, 10, plain_rows=log) for i in range(2)]
+    for t in range(2 * MERGE_EVERY + 3):
+        log.add(torch.tensor([[t, 0.0], [t, 1.0]]), seqs)
+        assert len(log.steps) < MERGE_EVERY
+    assert len(log.steps) == 3 and len(seqs[1].hidden_chunks) >= 2
+    assert seqs[1].hidden().tolist() == [[t, 1.0] for t in range(2 * MERGE_EVERY + 3)]
 
 
 def test_warm_up_writes_only_to_the_trash_blocks():

@@ -146,8 +146,12 @@ class PlainRows:
         self.steps: list[tuple[torch.Tensor, list[Sequence]]] = []
 
     def add(self, rows: torch.Tensor, seqs: list[Sequence]) -> None:
-        """Row i of `rows` [B, H] is the next hidden row of seqs[i] (the list is kept: do not change it)."""
+        """Row i of `rows` [B, H] is the next hidden row of seqs[i] (the list is kept: do not change it).
+        Every MERGE_EVERY steps the log is flushed, so it never holds more: a scheduler that outlives its
+        requests (`AsyncEngine`) would otherwise keep the rows of every finished one."""
         self.steps.append((rows, seqs))
+        if len(self.steps) >= MERGE_EVERY:
+            self.flush()
 
     def flush(self) -> None:
         """Append every logged row to its sequence, in step order: one stack when every step ran the same
