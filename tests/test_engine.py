@@ -227,7 +227,7 @@ def test_sequence_hidden_rows_keep_their_order():
     assert s.hidden_chunks == [] and not log.steps and x.hidden().tolist() == [[0, 1]] * 3
     log.add(step[:1], [s])
     assert s.hidden().tolist() == [[0, 1]]
-    # many sequences and steps at once: one gather when the batch changes, one stack when it does not
+    # many sequences and steps at once, the batch the same from step to step or not
     other = torch.arange(10.0, 16.0).view(3, 2)
     for varied in (True, False):
         log = PlainRows()

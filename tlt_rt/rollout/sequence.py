@@ -93,7 +93,7 @@ class Sequence:
         return parts[0] if len(parts) == 1 else torch.cat(parts[::-1])
 
     def _flush(self) -> None:
-        """Copy out the rows plain steps logged (for every sequence of the log: one gather)."""
+        """Copy out the rows plain steps logged (for every sequence of the log at once)."""
         if self.plain_rows is not None and self.plain_rows.steps:
             self.plain_rows.flush()
 
@@ -154,37 +154,26 @@ class PlainRows:
             self.flush()
 
     def flush(self) -> None:
-        """Append every logged row to its sequence, in step order: one stack when every step ran the same
-        sequences (the usual stretch of plain steps), else one gather."""
+        """Append every logged row to its sequence, in step order: one stack per run of steps that ran the
+        same sequences (the usual stretch between a finish and the next), whose rows each of them takes as
+        one chunk."""
         steps, self.steps = self.steps, []
-        if not steps:
-            return
-        first = steps[0][1]
-        if all(len(q) == len(first) and all(map(operator.is_, q, first)) for _, q in steps[1:]):
-            stacked = torch.stack([rows for rows, _ in steps], 1)  # [B, steps, H]
-            for seq, chunk in zip(first, stacked.unbind(0), strict=True):
-                seq._append_chunk(chunk)
-            return
-        where: dict[int, tuple[Sequence, list[int]]] = {}
-        total = 0
+        runs: list[tuple[list[Sequence], list[torch.Tensor]]] = []
         for rows, q in steps:
-            for i, seq in enumerate(q):
-                entry = where.get(id(seq))
-                if entry is None:
-                    entry = where[id(seq)] = (seq, [])
-                entry[1].append(total + i)
-            total += rows.shape[0]
-        idx = [j for _, js in where.values() for j in js]
-        base = torch.cat([rows for rows, _ in steps])
-        picked = base.index_select(0, torch.tensor(idx, device=base.device))
-        sizes = [len(js) for _, js in where.values()]
-        for (seq, _), chunk in zip(where.values(), picked.split(sizes), strict=True):
-            seq._append_chunk(chunk)
+            last = runs[-1][0] if runs else None
+            if last is not None and (q is last or (len(q) == len(last) and all(map(operator.is_, q, last)))):
+                runs[-1][1].append(rows)
+            else:
+                runs.append((q, [rows]))
+        for q, rows in runs:
+            stacked = torch.stack(rows, 1)  # [B, steps, H]
+            for seq, chunk in zip(q, stacked.unbind(0), strict=True):
+                seq._append_chunk(chunk)
 
 
 def flush_hidden(seqs: list[Sequence]) -> None:
-    """Copy out the logged plain-step rows of many sequences (each log once, with one gather: the rows one
-    by one cost a tensor op each, tens of ms at batch 128 after a few dozen plain steps)."""
+    """Copy out the logged plain-step rows of many sequences (each log once, a stack per run of steps: the
+    rows one by one cost a tensor op each, tens of ms at batch 128 after a few dozen plain steps)."""
     logs = {id(s.plain_rows): s.plain_rows for s in seqs if s.plain_rows is not None and s.plain_rows.steps}
     for log in logs.values():
         log.flush()
