@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_throughput import prepare_engine, prompts_for  # noqa: E402
+from step_costs import append_jsonl  # noqa: E402
 
 from tlt_rt.models.default import load_tokenizer  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
@@ -162,10 +162,7 @@ def main(argv=None) -> None:
     for r in rows:
         cells = " ".join(f"{r[p]:7.1f}" for p in PARTS)
         print(f"{r['batch']:5d} {r['engine']:6} {r['steps']:5d} {r['step_us']:7.1f} {r['median_us']:7.1f} {cells}")
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":
