@@ -25,6 +25,7 @@ from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import prepare
 from tlt_rt.rollout.block_manager import BlockManager, auto_num_blocks
+from tlt_rt.rollout.catchup import rows_once
 from tlt_rt.rollout.config import EngineConfig, engine_config
 from tlt_rt.rollout.model_runner import ModelRunner, engine_drafter, on_stream
 from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
@@ -199,9 +200,9 @@ class Engine:
         strategy, behind = None, 0
         if self.runner.drafter is not None:  # rows an SD step would catch up first, counted only when needed
             auto = self.speculative == "auto"
-            count = functools.partial(self.runner.drafter.rows_behind, sched.running) if auto else 0
+            count = rows_once(functools.partial(self.runner.drafter.rows_behind, sched.running)) if auto else 0
             strategy = self.policy.decide(len(sched.running), count)
-            behind = count() if strategy is not None and auto else 0
+            behind = count() if strategy is not None and auto else 0  # the policy's count, if it made one
         sched.reserve(1 if strategy is None else scratch_tokens(strategy))
         if not sched.running:
             return
