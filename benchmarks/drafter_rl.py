@@ -11,6 +11,11 @@
      ttt3s    ttt3 plus a cross-entropy on the sampled next token (weight 0.5)
      vocab    ttt3 with a reduced draft vocabulary of --draft-vocab tokens (from the training answers)
      greedyT  ttt3 with one-hot targets (temperature 0), for comparison
+     cos      vocab with a cosine learning-rate schedule (3% rise, fall to a tenth) at --lr
+     cos3     cos at 3x --lr
+     mix      cos, its data also holding each training prompt's greedy answer (warm-up --greedy-answers)
+     mix3     mix at 3x --lr
+   Cosine variants train the --epochs steps whole (--train-seconds does not cut their schedule short).
 3. For every strategy, held-out accept length in the engine (SD on every step) at T=1.0 and greedy, the
    perfect-drafter ceiling of the same tree shape and verify budget on the answers the engine emitted
    (`drafter_eval.oracle_tree_steps`; greedy answers are the same for every drafter, sampled ones are
@@ -39,7 +44,7 @@ from tlt_rt.rollout import Engine, SamplingParams
 from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.eval import oracle_tree_steps
 from tlt_rt.train.drafter.trainer import DrafterTrainer
-from tlt_rt.train.drafter.warmup import generate_data
+from tlt_rt.train.drafter.warmup import LR_WARMUP_SHARE, generate_data
 from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
 
 VARIANTS = {
@@ -48,6 +53,12 @@ VARIANTS = {
     "ttt3s": dict(unroll=3, unroll_context="chain", sampled_weight=0.5),
     "vocab": dict(unroll=3, unroll_context="chain", draft_vocab=True),
     "greedyT": dict(unroll=3, unroll_context="chain", temperature=0.0),
+    "cos": dict(unroll=3, unroll_context="chain", draft_vocab=True, lr_schedule="cosine"),
+    "cos3": dict(unroll=3, unroll_context="chain", draft_vocab=True, lr_schedule="cosine", lr_scale=3.0),
+    "mix": dict(unroll=3, unroll_context="chain", draft_vocab=True, lr_schedule="cosine", greedy_data=True),
+    "mix3": dict(
+        unroll=3, unroll_context="chain", draft_vocab=True, lr_schedule="cosine", lr_scale=3.0, greedy_data=True
+    ),
 }
 
 
@@ -55,21 +66,26 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def train_variant(target, buffer, name: str, a) -> tuple[Drafter, dict]:
+def train_variant(target, buffers: dict[bool, DrafterBuffer], name: str, a) -> tuple[Drafter, dict]:
     opts = dict(VARIANTS[name])
     vocab = a.draft_vocab if opts.pop("draft_vocab", False) else 0
+    lr = a.lr * opts.pop("lr_scale", 1.0)
+    buffer = buffers[opts.pop("greedy_data", False)]
+    steps = max(1, round(a.epochs * buffer.num_tokens / a.batch_tokens))
+    cosine = opts.get("lr_schedule") == "cosine"
+    if cosine:
+        opts.update(lr_warmup_steps=round(LR_WARMUP_SHARE * steps), lr_total_steps=steps)
     torch.manual_seed(a.seed)
     drafter = Drafter(target.arch, target).to(target.lm_head.weight.device)
     trainer = DrafterTrainer(
-        drafter, buffer, lr=a.lr, batch_tokens=a.batch_tokens, seed=a.seed, token_weight=1.0, draft_vocab=vocab, **opts
+        drafter, buffer, lr=lr, batch_tokens=a.batch_tokens, seed=a.seed, token_weight=1.0, draft_vocab=vocab, **opts
     )
-    steps = max(1, round(a.epochs * buffer.num_tokens / a.batch_tokens))
     t0, done, m = time.perf_counter(), 0, {}
-    while done < steps and time.perf_counter() - t0 < a.train_seconds:
+    while done < steps and (cosine or time.perf_counter() - t0 < a.train_seconds):
         m = trainer.step()
         done += 1
     info = {"steps": done, "train_s": round(time.perf_counter() - t0, 1), "top1": m.get("top1"), "loss": m.get("loss")}
-    info["draft_vocab"] = drafter.draft_vocab_size
+    info.update(draft_vocab=drafter.draft_vocab_size, lr=lr, train_tokens=buffer.num_tokens)
     log(f"{name}: {info}")
     return drafter.eval(), info
 
@@ -139,12 +155,20 @@ def main(argv: list[str] | None = None) -> None:
     buffer = DrafterBuffer(max_steps=1)
     t0 = time.perf_counter()
     params = SamplingParams(n=a.samples, temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=a.seed)
-    n_tokens = generate_data(plain, train_prompts, params, buffer)
+    greedy_data = any(VARIANTS[v].get("greedy_data") for v in a.variants.split(","))
+    mixed = DrafterBuffer(max_steps=1) if greedy_data else buffer
+    n_tokens = generate_data(plain, train_prompts, params, buffer, also=(mixed,) if greedy_data else ())
     log(f"{n_tokens} answer tokens ({buffer.num_tokens} rows) generated in {time.perf_counter() - t0:.0f}s")
+    if greedy_data:
+        t0 = time.perf_counter()
+        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=a.max_new_tokens, seed=a.seed)
+        n_greedy = generate_data(plain, train_prompts, greedy, mixed)
+        log(f"{n_greedy} greedy answer tokens generated in {time.perf_counter() - t0:.0f}s")
+    buffers = {False: buffer, True: mixed}
 
     rows, ceilings = [], {}
     for name in a.variants.split(","):
-        drafter, info = train_variant(target, buffer, name, a)
+        drafter, info = train_variant(target, buffers, name, a)
         for strategy in strategies:
             st = Strategy.parse(strategy)
             for temp in (a.temperature, 0.0):

@@ -7,12 +7,12 @@ import threading
 import pytest
 import torch
 
-from tlt_rt.config import DrafterConfig
+from tlt_rt.config import ConfigError, DrafterConfig
 from tlt_rt.models import ArchConfig, CausalLM
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.train.drafter.data import DrafterBatch, DrafterBuffer, _Step, collect_hidden
 from tlt_rt.train.drafter.loss import add_noise, batch_loss, drafter_loss
-from tlt_rt.train.drafter.trainer import DrafterTrainer
+from tlt_rt.train.drafter.trainer import DrafterTrainer, scheduled_lr
 
 V, H = 97, 64
 
@@ -256,6 +256,31 @@ def test_from_config():
     t = DrafterTrainer.from_config(drafter, buf, DrafterConfig(lr=2e-4, batch_tokens=64, noise_std=0.1))
     assert t.batch_tokens == 64 and t.noise_std == 0.1 and t.optimizer.param_groups[0]["lr"] == 2e-4
     assert {id(p) for g in t.optimizer.param_groups for p in g["params"]} == {id(p) for p in drafter.parameters()}
+
+
+def test_cosine_schedule_rises_falls_and_resumes(tmp_path):
+    cfg = DrafterConfig(lr=1e-3, lr_schedule="cosine", lr_warmup_steps=4, lr_total_steps=15, lr_min_ratio=0.1)
+    lrs = [scheduled_lr(cfg, s) for s in range(20)]
+    assert lrs[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])  # linear rise to the peak
+    assert lrs[4] == pytest.approx(1e-3) and lrs[14] == pytest.approx(1e-4)  # cosine from the peak to a tenth
+    assert lrs[9] == pytest.approx(1e-4 + 0.9e-3 * 0.5)  # its midpoint
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False)) and lrs[19] == pytest.approx(1e-4)
+    assert scheduled_lr(DrafterConfig(lr=3e-4), 10_000) == 3e-4  # constant: online training's open length
+    for bad in (dict(lr_schedule="cosine"), dict(lr_schedule="cosine", lr_total_steps=4, lr_warmup_steps=4),
+                dict(lr_min_ratio=1.5), dict(lr_warmup_steps=-1), dict(lr_schedule="linear")):  # fmt: skip
+        with pytest.raises(ConfigError):
+            DrafterConfig(**bad)
+    # the optimizer steps with the scheduled rate, and a resumed trainer goes on where the schedule was
+    kw = dict(lr=1e-3, lr_schedule="cosine", lr_warmup_steps=2, lr_total_steps=6)
+    trainer, _ = _trainer(**kw)
+    seen = [trainer.step()["lr"] for _ in range(3)]
+    assert seen == pytest.approx([scheduled_lr(trainer.config, s) for s in range(3)])
+    trainer.save_checkpoint(tmp_path / "ckpt", async_=False)
+    want = trainer.step()
+    fresh, _ = _trainer(**kw)
+    fresh.load_checkpoint(tmp_path / "ckpt")
+    got = fresh.step()
+    assert got["lr"] == want["lr"] == pytest.approx(scheduled_lr(trainer.config, 3)) and got["loss"] == want["loss"]
 
 
 @pytest.mark.gpu

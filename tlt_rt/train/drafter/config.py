@@ -20,7 +20,15 @@ class DrafterConfig:
     train_online: bool = option(
         True, help="Train the drafter on idle rollout workers so it keeps up with the changing policy."
     )
-    lr: float = option(1e-4, help="Drafter learning rate.")
+    lr: float = option(1e-4, help="Drafter learning rate (the peak, under a schedule).")
+    lr_schedule: Literal["constant", "cosine"] = option(
+        "constant",
+        help="'constant' (online training, whose length is open) or 'cosine': a linear rise over lr_warmup_steps, "
+        "then a cosine fall to lr_min_ratio * lr at lr_total_steps (a warm-up of known length).",
+    )
+    lr_warmup_steps: int = option(0, help="Optimizer steps of the cosine schedule's linear rise.")
+    lr_total_steps: int = option(0, help="Optimizer steps the cosine schedule spans (required by 'cosine').")
+    lr_min_ratio: float = option(0.1, help="The cosine schedule's last learning rate, as a share of lr.")
     batch_tokens: int = option(4096, help="Tokens per drafter training batch.")
     buffer_steps: int = option(
         4, help="RL steps of (token, target hidden state) data kept for drafter training; older is dropped."
@@ -89,6 +97,20 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check_min(self, "lr_warmup_steps", 0)
+        check_min(self, "lr_total_steps", 0)
+        check(0 <= self.lr_min_ratio <= 1, "lr_min_ratio", f"must be in [0, 1], got {self.lr_min_ratio}")
+        check(
+            self.lr_schedule != "cosine" or self.lr_total_steps > self.lr_warmup_steps,
+            "lr_total_steps",
+            f"the cosine schedule needs lr_total_steps > lr_warmup_steps, got {self.lr_total_steps} and "
+            f"{self.lr_warmup_steps}",
+        )
+        check(
+            self.lr_schedule in ("constant", "cosine"),
+            "lr_schedule",
+            f"must be 'constant' or 'cosine', got {self.lr_schedule!r}",
+        )
         check(0 < self.tail_fraction <= 1, "tail_fraction", f"must be in (0, 1], got {self.tail_fraction}")
         check_min(self, "max_spot_steps", 0)
         check_min(self, "tail_sms", 0)

@@ -4,8 +4,10 @@ One optimizer step = `grad_accum` micro-steps, each one packed batch of `batch_t
 buffer. `train(stop)` checks `stop` before every micro-step; a step interrupted that way is undone: its
 partial gradient is dropped and the buffer cursor and noise generator go back to where the step began,
 so the data it had drawn is trained on later and a resumed run repeats exactly what an uninterrupted
-one would have done. AdamW state lives across `step()` / `train()` calls. On CUDA the forward runs under
-bf16 autocast by default (the drafter's weights and AdamW state stay in their own dtype, fp32 usually).
+one would have done. AdamW state lives across `step()` / `train()` calls; the learning rate follows
+`lr_schedule` by the step count (`scheduled_lr`), so a resumed trainer goes on where the schedule was.
+On CUDA the forward runs under bf16 autocast by default (the drafter's weights and AdamW state stay in
+their own dtype, fp32 usually).
 
 Checkpoints (a folder): drafter.safetensors (the drafter's own weights, plus `d2t` when the draft
 vocabulary is reduced), optimizer.pt, trainer.pt (step count, buffer cursor, noise generator state).
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 import threading
 import time
@@ -57,6 +60,18 @@ def _cpu_copy(obj):
     if isinstance(obj, list | tuple):
         return type(obj)(_cpu_copy(v) for v in obj)
     return obj
+
+
+def scheduled_lr(cfg: DrafterConfig, step: int) -> float:
+    """Learning rate of optimizer step `step` (0-based) under `cfg.lr_schedule`: constant, or a linear rise
+    over lr_warmup_steps then a cosine fall to lr_min_ratio * lr at lr_total_steps (held there after)."""
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    if step < cfg.lr_warmup_steps:
+        return cfg.lr * (step + 1) / cfg.lr_warmup_steps
+    span = cfg.lr_total_steps - cfg.lr_warmup_steps
+    frac = min(1.0, (step - cfg.lr_warmup_steps) / max(span - 1, 1))
+    return cfg.lr * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 # the trainer's own keyword names for DrafterConfig fields (kept: benchmarks and tests use them)
@@ -206,6 +221,9 @@ class DrafterTrainer:
         grad_norm = float("nan")
         if self.max_grad_norm is not None:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.max_grad_norm))
+        lr = scheduled_lr(self.config, self.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1

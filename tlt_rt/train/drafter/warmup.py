@@ -29,11 +29,20 @@ from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
 
+# share of a cosine schedule's steps its learning rate rises over
+LR_WARMUP_SHARE = 0.03
+
 
 def generate_data(
-    engine: Engine, prompts: list[list[int]], params: SamplingParams, buffer: DrafterBuffer, step: int = 0
+    engine: Engine,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    buffer: DrafterBuffer,
+    step: int = 0,
+    also: tuple[DrafterBuffer, ...] = (),
 ) -> int:
-    """Generate with the target and add (tokens, hidden) of every whole sequence to the buffer."""
+    """Generate with the target and add (tokens, hidden) of every whole sequence to the buffer (and to each
+    buffer of `also`); returns the answer tokens generated."""
     outs = engine.generate(prompts, SamplingParams(**{**params.__dict__, "return_hidden": True}))
     ids, hidden = [], []
     for o in outs:
@@ -41,7 +50,8 @@ def generate_data(
         # hidden covers every position but the last token's
         ids.append(seq[:-1])
         hidden.append(o.hidden.float().cpu())
-    buffer.add(step, ids, hidden)
+    for b in (buffer, *also):
+        b.add(step, ids, hidden)
     return sum(len(o.token_ids) for o in outs)
 
 
@@ -83,6 +93,8 @@ def warmup(
     fc_bias: bool = True,
     export_format: str = "sglang",
     task: ArithmeticTask | None = None,
+    lr_schedule: str = "constant",
+    greedy_answers: bool = False,
 ) -> dict:
     """steps=None trains for `epochs` passes over the generated tokens: a one-layer drafter over-fits a small
     set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
@@ -93,7 +105,10 @@ def warmup(
     steps where the target samples a token outside the tree). `gen_batch` caps the generating engine's batch.
     `unroll_context`, `loss_temperature`, `sampled_weight` and `draft_vocab` are the trainer's (drafter_loss,
     DrafterTrainer); `fc_bias=False` builds a drafter vLLM serves as is; `export_format` picks the engine layout.
-    `task` makes the prompts (default: two-step two-digit word problems of `seed`)."""
+    `task` makes the prompts (default: two-step two-digit word problems of `seed`). `lr_schedule="cosine"`
+    rises over the first LR_WARMUP_SHARE of the steps and falls to a tenth of `lr` at the last one.
+    `greedy_answers` adds each training prompt's greedy answer to the data, beside the sampled ones: the
+    paths greedy decoding takes, which samples at T=1 visit rarely."""
     temps = list(dict.fromkeys([temperature, *eval_temperatures]))
     if any(t < 0 for t in temps):
         raise ValueError(f"warmup: temperatures must be >= 0, got {temps}")
@@ -110,6 +125,9 @@ def warmup(
     t0 = time.perf_counter()
     buffer = DrafterBuffer(max_steps=1)
     n_tokens = generate_data(plain, train_prompts, params, buffer)
+    if greedy_answers:
+        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
+        n_tokens += generate_data(plain, train_prompts, greedy, buffer)
     gen_s = time.perf_counter() - t0
 
     target = plain.target
@@ -120,6 +138,8 @@ def warmup(
     drafter.eval()
     before = {t: accept_length(spec, eval_prompts, p) for t, p in evals.items()}
 
+    if steps is None:
+        steps = max(1, round(epochs * buffer.num_tokens / batch_tokens))
     drafter.train()
     trainer = DrafterTrainer(
         drafter,
@@ -134,10 +154,11 @@ def warmup(
         temperature=loss_temperature,
         sampled_weight=sampled_weight,
         draft_vocab=draft_vocab,
+        lr_schedule=lr_schedule,
+        lr_warmup_steps=round(LR_WARMUP_SHARE * steps) if lr_schedule == "cosine" else 0,
+        lr_total_steps=steps if lr_schedule == "cosine" else 0,
     )
     trainer.refresh_vocab()  # a reduced vocabulary from the generated answers (the untrained measure used all ids)
-    if steps is None:
-        steps = max(1, round(epochs * buffer.num_tokens / batch_tokens))
     bar = tqdm(range(steps), desc="drafter warm-up", disable=not progress, file=sys.stderr)
     t1 = time.perf_counter()
     metrics: dict = {}
@@ -157,6 +178,9 @@ def warmup(
         "generated_tokens": n_tokens,
         "generation_seconds": gen_s,
         "train_steps": steps,
+        "lr": lr,
+        "lr_schedule": lr_schedule,
+        "greedy_answers": greedy_answers,
         "unroll": unroll,
         "unroll_context": unroll_context,
         "loss_temperature": loss_temperature,
@@ -202,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gen-batch", type=int, default=256, help="batch of the engine that generates the data")
     ap.add_argument("--strategy", default="8_4_48")
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
+    ap.add_argument("--greedy-answers", action="store_true",
+                    help="also train on each training prompt's greedy answer")  # fmt: skip
     ap.add_argument("--batch-tokens", type=int, default=8192)
     ap.add_argument("--device", default=None)
     ap.add_argument(
@@ -246,6 +273,8 @@ def main(argv: list[str] | None = None) -> None:
         fc_bias=not a.no_fc_bias,
         export_format=a.format,
         task=task,
+        lr_schedule=a.lr_schedule,
+        greedy_answers=a.greedy_answers,
     )
     print(
         f"{rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
