@@ -15,6 +15,9 @@
      cos3     cos at 3x --lr
      mix      cos, its data also holding each training prompt's greedy answer (warm-up --greedy-answers)
      mix3     mix at 3x --lr
+     lr3      vocab at 3x --lr (constant)
+     lr3e2    lr3 for twice the --epochs
+     mixc3    lr3 on the data with greedy answers
    Cosine variants train the --epochs steps whole (--train-seconds does not cut their schedule short).
 3. For every strategy, held-out accept length in the engine (SD on every step) at T=1.0 and greedy, the
    perfect-drafter ceiling of the same tree shape and verify budget on the answers the engine emitted
@@ -28,6 +31,7 @@ Prints one JSON line per (variant, strategy, temperature) and a table; --out app
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -59,6 +63,9 @@ VARIANTS = {
     "mix3": dict(
         unroll=3, unroll_context="chain", draft_vocab=True, lr_schedule="cosine", lr_scale=3.0, greedy_data=True
     ),
+    "lr3": dict(unroll=3, unroll_context="chain", draft_vocab=True, lr_scale=3.0),
+    "lr3e2": dict(unroll=3, unroll_context="chain", draft_vocab=True, lr_scale=3.0, epochs_scale=2.0),
+    "mixc3": dict(unroll=3, unroll_context="chain", draft_vocab=True, lr_scale=3.0, greedy_data=True),
 }
 
 
@@ -71,7 +78,7 @@ def train_variant(target, buffers: dict[bool, DrafterBuffer], name: str, a) -> t
     vocab = a.draft_vocab if opts.pop("draft_vocab", False) else 0
     lr = a.lr * opts.pop("lr_scale", 1.0)
     buffer = buffers[opts.pop("greedy_data", False)]
-    steps = max(1, round(a.epochs * buffer.num_tokens / a.batch_tokens))
+    steps = max(1, round(a.epochs * opts.pop("epochs_scale", 1.0) * buffer.num_tokens / a.batch_tokens))
     cosine = opts.get("lr_schedule") == "cosine"
     if cosine:
         opts.update(lr_warmup_steps=round(LR_WARMUP_SHARE * steps), lr_total_steps=steps)
@@ -90,11 +97,22 @@ def train_variant(target, buffers: dict[bool, DrafterBuffer], name: str, a) -> t
     return drafter.eval(), info
 
 
-def evaluate(target, drafter, prompts, strategy: str, temperature: float, a) -> tuple[float, list[dict]]:
-    """(engine accept length, the emitted answers as oracle samples)."""
+def spec_engine(target, drafter, strategy: str, a) -> Engine:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        eng = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,), max_batch=a.gen_batch)
+        return Engine(target, drafter=drafter, speculative="on", strategies=(strategy,), max_batch=a.gen_batch)
+
+
+def free(engine: Engine) -> None:
+    """Give an engine's KV cache and captured steps back: each new engine sizes its cache by the free memory."""
+    engine.release_memory()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def evaluate(eng: Engine, target, prompts, temperature: float, a) -> tuple[float, list[dict]]:
+    """(engine accept length, the emitted answers as oracle samples)."""
     params = SamplingParams(n=1, temperature=temperature, max_new_tokens=a.max_new_tokens, seed=a.seed + 1)
     before = eng.stats()["accept_length_hist"]
     outs = eng.generate(prompts, params)
@@ -165,15 +183,17 @@ def main(argv: list[str] | None = None) -> None:
         n_greedy = generate_data(plain, train_prompts, greedy, mixed)
         log(f"{n_greedy} greedy answer tokens generated in {time.perf_counter() - t0:.0f}s")
     buffers = {False: buffer, True: mixed}
+    free(plain)  # the target stays; the generating engine's cache goes
 
     rows, ceilings = [], {}
     for name in a.variants.split(","):
         drafter, info = train_variant(target, buffers, name, a)
         for strategy in strategies:
             st = Strategy.parse(strategy)
+            eng = spec_engine(target, drafter, strategy, a)
             for temp in (a.temperature, 0.0):
                 t1 = time.perf_counter()
-                acc, samples = evaluate(target, drafter, eval_prompts, strategy, temp, a)
+                acc, samples = evaluate(eng, target, eval_prompts, temp, a)
                 t2 = time.perf_counter()
                 if (strategy, temp) not in ceilings:  # on the first variant's answers (module docstring)
                     ceilings[(strategy, temp)] = oracle_tree_steps(
@@ -187,6 +207,9 @@ def main(argv: list[str] | None = None) -> None:
                 }  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+            free(eng)
+            del eng
+        del drafter
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"\n{device_name}, {n_tokens} training answer tokens at T={a.temperature}, {a.held_out} held-out prompts")
     print(f"{'variant':8} {'strategy':9} {'T':>4} {'accept':>7} {'ceiling':>8} {'ratio':>6} {'steps':>6}")
