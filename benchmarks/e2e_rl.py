@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter", default=None, help="a warmed-up drafter (run, checkpoint or EAGLE folder)")
     ap.add_argument("--fresh-drafter", action="store_true", help="no warm-up: the auto run starts from a fresh drafter")
     ap.add_argument("--warmup-prompts", type=int, default=256, help="drafter warm-up: prompts (4 answers each)")
-    ap.add_argument("--warmup-epochs", type=float, default=2.0, help="drafter warm-up: passes over its data")
+    ap.add_argument("--warmup-epochs", type=float, default=10.0, help="drafter warm-up: passes over its data")
     ap.add_argument("--warmup-max-new-tokens", type=int, default=256, help="drafter warm-up: answer length cap")
     ap.add_argument("--strategy", default="8_4_32", help="drafter warm-up: the strategy its accept length uses")
     ap.add_argument(

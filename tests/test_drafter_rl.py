@@ -296,6 +296,7 @@ def test_tree_ceiling_equals_a_brute_force_tree_and_the_chain_ceiling(sharp_targ
             assert sum(got) > 0
     chain = oracle_tree_steps(sharp_target, samples, temperature, 4, 1, 5)
     assert chain == pytest.approx(oracle_steps(sharp_target, samples, temperature, 1, 4))
+    assert oracle_tree_steps(sharp_target, samples, temperature, 4, 1, 5, chunk=3) == chain  # batching only
     # a smaller verify budget can only cut the tree: never more accepted at any root
     for s in samples:
         full, cut = (tree_accepts(sharp_target, s, temperature, 3, 2, v) for v in (7, 3))

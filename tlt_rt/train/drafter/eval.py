@@ -268,13 +268,14 @@ def tree_accepts(
 
 @torch.no_grad()
 def oracle_tree_steps(
-    target, samples: list[dict], temperature: float, depth: int, topk: int, verify_tokens: int
+    target, samples: list[dict], temperature: float, depth: int, topk: int, verify_tokens: int, chunk: int = 64
 ) -> float:
     """Tokens per step a perfect drafter would give with the engine's tree of this shape and verify budget
-    (`tree_accepts`, walked as the engine walks): the ceiling that a strategy's accept length is judged by."""
+    (`tree_accepts`, walked as the engine walks): the ceiling that a strategy's accept length is judged by.
+    `chunk` root rows share one batched tree walk (memory grows with it; the count does not depend on it)."""
     emitted = steps = 0
     for s in samples:
-        e, n = walk_steps(tree_accepts(target, s, temperature, depth, topk, verify_tokens))
+        e, n = walk_steps(tree_accepts(target, s, temperature, depth, topk, verify_tokens, chunk))
         emitted, steps = emitted + e, steps + n
     return emitted / max(steps, 1)
 

@@ -3,7 +3,8 @@
     python -m tlt_rt.train.drafter.warmup --out runs/drafter-smollm2 [--target PATH] [--prompts 256] [--steps 2000]
 
 1. the target generates `--samples` answers to each training prompt (plain decoding at the RL temperature,
-   hidden states returned as tensors), so no external data is needed;
+   hidden states returned as tensors) and its greedy answer (unless --no-greedy-answers), so no external
+   data is needed;
 2. a fresh drafter trains on those (token, hidden) sequences with a progress bar;
 3. accept length with strategy `--strategy` is measured on held-out prompts before and after training,
    then the drafter is exported as an EAGLE draft-model folder (`tlt_rt.models.eagle_export`).
@@ -74,16 +75,16 @@ def warmup(
     max_new_tokens: int = 256,
     temperature: float = 0.9,
     strategy: str = "8_4_48",
-    lr: float = 3e-4,
+    lr: float = 9e-4,
     batch_tokens: int = 8192,
     seed: int = 0,
     device: str | None = None,
     dtype: str = "auto",
     progress: bool = True,
-    epochs: float = 4.0,
+    epochs: float = 10.0,
     noise_std: float = 0.0,
     token_weight: float = 1.0,
-    unroll: int = 2,
+    unroll: int = 3,
     eval_temperatures: tuple[float, ...] = (0.0,),
     gen_batch: int = 256,
     unroll_context: str = "chain",
@@ -94,7 +95,7 @@ def warmup(
     export_format: str = "sglang",
     task: ArithmeticTask | None = None,
     lr_schedule: str = "constant",
-    greedy_answers: bool = False,
+    greedy_answers: bool = True,
 ) -> dict:
     """steps=None trains for `epochs` passes over the generated tokens: a one-layer drafter over-fits a small
     set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
@@ -208,10 +209,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--held-out", type=int, default=32)
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--steps", type=int, default=None, help="default: --epochs passes over the generated data")
-    ap.add_argument("--epochs", type=float, default=4.0)
+    ap.add_argument("--epochs", type=float, default=10.0)
     ap.add_argument("--noise-std", type=float, default=0.0, help="Gaussian noise on input features")
     ap.add_argument("--token-weight", type=float, default=1.0, help="CE weight (feature regression: 1.0)")
-    ap.add_argument("--unroll", type=int, default=2, help="training passes fed the drafter's own predictions")
+    ap.add_argument("--unroll", type=int, default=3, help="training passes fed the drafter's own predictions")
     ap.add_argument("--unroll-context", choices=("chain", "shifted"), default="chain",
                     help="attention context of unrolled passes (drafter_loss)")  # fmt: skip
     ap.add_argument("--loss-temperature", type=float, default=1.0, help="temperature of the soft targets (0: argmax)")
@@ -225,10 +226,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="accept length is also measured at these (0 = greedy)")  # fmt: skip
     ap.add_argument("--gen-batch", type=int, default=256, help="batch of the engine that generates the data")
     ap.add_argument("--strategy", default="8_4_48")
-    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--lr", type=float, default=9e-4)
     ap.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
-    ap.add_argument("--greedy-answers", action="store_true",
-                    help="also train on each training prompt's greedy answer")  # fmt: skip
+    ap.add_argument("--no-greedy-answers", dest="greedy_answers", action="store_false",
+                    help="train on the sampled answers only (default: each prompt's greedy answer too)")  # fmt: skip
     ap.add_argument("--batch-tokens", type=int, default=8192)
     ap.add_argument("--device", default=None)
     ap.add_argument(
