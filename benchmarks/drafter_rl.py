@@ -47,9 +47,8 @@ from tlt_rt.models.default import load_tokenizer
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.rollout import Engine, SamplingParams
 from tlt_rt.train.drafter.data import DrafterBuffer
-from tlt_rt.train.drafter.eval import oracle_tree_steps
 from tlt_rt.train.drafter.trainer import DrafterTrainer
-from tlt_rt.train.drafter.warmup import LR_WARMUP_SHARE, generate_data
+from tlt_rt.train.drafter.warmup import LR_WARMUP_SHARE, accept_and_answers, ceiling, generate_data
 from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
 
 VARIANTS = {
@@ -115,23 +114,10 @@ def free(engine: Engine) -> None:
         torch.cuda.empty_cache()
 
 
-def evaluate(eng: Engine, target, prompts, temperature: float, a) -> tuple[float, list[dict]]:
+def evaluate(eng: Engine, prompts, temperature: float, a) -> tuple[float, list[dict]]:
     """(engine accept length, the emitted answers as oracle samples)."""
     params = SamplingParams(n=1, temperature=temperature, max_new_tokens=a.max_new_tokens, seed=a.seed + 1)
-    before = eng.stats()["accept_length_hist"]
-    outs = eng.generate(prompts, params)
-    hist = {k: v - before.get(k, 0) for k, v in eng.stats()["accept_length_hist"].items()}
-    n = sum(hist.values())
-    acc = sum(k * v for k, v in hist.items()) / n if n else float("nan")
-    dev = target.lm_head.weight.device
-    samples = [
-        {
-            "ids": torch.tensor(prompts[o.prompt_index] + o.token_ids, device=dev),
-            "prompt_len": len(prompts[o.prompt_index]),
-        }
-        for o in outs
-    ]
-    return acc, samples
+    return accept_and_answers(eng, prompts, params)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -190,19 +176,15 @@ def main(argv: list[str] | None = None) -> None:
     free(plain)  # the target stays; the generating engine's cache goes
 
     rows = []
-    chunk = 512 if cuda else 64  # root rows per batched oracle walk
     for name in a.variants.split(","):
         drafter, info = train_variant(target, buffers, name, a)
         for strategy in strategies:
-            st = Strategy.parse(strategy)
             eng = spec_engine(target, drafter, strategy, a)
             for temp in (a.temperature, 0.0):
                 t1 = time.perf_counter()
-                acc, samples = evaluate(eng, target, eval_prompts, temp, a)
+                acc, samples = evaluate(eng, eval_prompts, temp, a)
                 t2 = time.perf_counter()
-                ceil = oracle_tree_steps(
-                    target, samples[: a.oracle_samples or None], temp, st.depth, st.topk, st.verify_tokens, chunk
-                )
+                ceil = ceiling(target, samples[: a.oracle_samples or None], temp, strategy)
                 row = {
                     "variant": name, "strategy": strategy, "temperature": temp, "accept_length": round(acc, 3),
                     "ceiling": round(ceil, 3), "ratio": round(acc / ceil, 3), **info,

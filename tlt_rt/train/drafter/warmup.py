@@ -22,11 +22,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from tlt_rt.ir.strategy import Strategy
 from tlt_rt.models.default import load_tokenizer
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import export_eagle
 from tlt_rt.rollout import Engine, SamplingParams
 from tlt_rt.train.drafter.data import DrafterBuffer
+from tlt_rt.train.drafter.eval import oracle_tree_steps
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
 
@@ -58,11 +60,33 @@ def generate_data(
 
 def accept_length(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> float:
     """Mean tokens emitted per speculative step on `prompts` (the engine must speculate on every step)."""
+    return accept_and_answers(engine, prompts, params)[0]
+
+
+def accept_and_answers(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, list[dict]]:
+    """`accept_length`, and the answers it counted as `drafter_eval` samples ({"ids": prompt + answer on the
+    target's device, "prompt_len"}), on which the perfect-drafter ceiling of the same steps is computed."""
     before = engine.stats()["accept_length_hist"]
-    engine.generate(prompts, params)
+    outs = engine.generate(prompts, params)
     hist = {k: v - before.get(k, 0) for k, v in engine.stats()["accept_length_hist"].items()}
     n = sum(hist.values())
-    return sum(k * v for k, v in hist.items()) / n if n else float("nan")
+    acc = sum(k * v for k, v in hist.items()) / n if n else float("nan")
+    dev = engine.target.lm_head.weight.device
+    answers = [
+        {
+            "ids": torch.tensor(prompts[o.prompt_index] + o.token_ids, device=dev),
+            "prompt_len": len(prompts[o.prompt_index]),
+        }
+        for o in outs
+    ]
+    return acc, answers
+
+
+def ceiling(target, answers: list[dict], temperature: float, strategy: str) -> float:
+    """The perfect-drafter ceiling of `strategy`'s tree and verify budget on `answers` (oracle_tree_steps)."""
+    st = Strategy.parse(strategy)
+    chunk = 512 if target.lm_head.weight.device.type == "cuda" else 64  # root rows per batched walk
+    return oracle_tree_steps(target, answers, temperature, st.depth, st.topk, st.verify_tokens, chunk)
 
 
 def warmup(
@@ -168,7 +192,9 @@ def warmup(
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['top1']:.3f}")
     train_s = time.perf_counter() - t1
     drafter.eval()
-    after = {t: accept_length(spec, eval_prompts, p) for t, p in evals.items()}
+    measured = {t: accept_and_answers(spec, eval_prompts, p) for t, p in evals.items()}
+    after = {t: acc for t, (acc, _) in measured.items()}
+    ceilings = {t: ceiling(target, answers, t, strategy) for t, (_, answers) in measured.items()}
     folder = export_eagle(drafter, out, format=export_format)
     report = {
         "target": str(target_path or "smollm2"),
@@ -193,7 +219,7 @@ def warmup(
         "final_top1": metrics.get("top1"),
         "accept_length_before": before[temperature],
         "accept_length_after": after[temperature],
-        "accept_length": {f"{t:g}": {"before": before[t], "after": after[t]} for t in temps},
+        "accept_length": {f"{t:g}": {"before": before[t], "after": after[t], "ceiling": ceilings[t]} for t in temps},
         "drafter": str(folder),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
     }
@@ -282,7 +308,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{rep['train_steps']} steps in {rep['train_seconds']:.0f}s; drafter in {rep['drafter']}"
     )
     for t, acc in rep["accept_length"].items():
-        print(f"accept length with {rep['strategy']} at T={t}: {acc['before']:.2f} untrained -> {acc['after']:.2f}")
+        print(
+            f"accept length with {rep['strategy']} at T={t}: {acc['before']:.2f} untrained -> {acc['after']:.2f} "
+            f"(a perfect drafter: {acc['ceiling']:.2f}, {acc['after'] / acc['ceiling']:.0%} of it)"
+        )
 
 
 if __name__ == "__main__":
