@@ -60,11 +60,12 @@ def test_default_steps_follow_the_data(tmp_path):
 
 
 def test_greedy_answers_join_the_data_and_the_cosine_schedule_runs(tmp_path):
-    kw = dict(num_prompts=2, held_out=1, samples=1, steps=4, max_new_tokens=8, strategy="3_2_4", batch_tokens=64,
-              device="cpu", progress=False, eval_temperatures=())  # fmt: skip
-    plain = warmup(None, tmp_path / "a", greedy_answers=False, **kw)
+    kw = dict(num_prompts=2, held_out=1, samples=1, steps=4, max_new_tokens=8, strategy="3_2_4", device="cpu",
+              progress=False, eval_temperatures=())  # fmt: skip
+    plain = warmup(None, tmp_path / "a", greedy_answers=False, batch_tokens=64, **kw)
     mixed = warmup(None, tmp_path / "b", lr_schedule="cosine", **kw)  # greedy answers by default
     # the same sampled answers (same seed) plus one greedy answer per training prompt (<= 8 tokens each)
     assert plain["generated_tokens"] < mixed["generated_tokens"] <= plain["generated_tokens"] + 2 * 8
     assert mixed["greedy_answers"] and mixed["lr_schedule"] == "cosine" and not plain["greedy_answers"]
     assert math.isfinite(mixed["final_loss"])
+    assert plain["batch_tokens"] == 64 and mixed["batch_tokens"] == 1024  # the CPU's default packed row
