@@ -140,6 +140,8 @@ def main(argv=None) -> None:
     ap.add_argument("--strategies", nargs="+", default=["8_4_32", "6_2_12"])
     ap.add_argument("--show", type=int, default=8, help="kernels of each phase with the most time")
     ap.add_argument("--out", default=None, help="append one JSON line per (batch, option)")
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="draft over N target ids (a reduced head, ids 0..N-1: costs, not gains)")  # fmt: skip
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
@@ -149,6 +151,8 @@ def main(argv=None) -> None:
         engine = Engine.from_pretrained(None, speculative="on", dtype="bfloat16", device="cuda",
                                         strategies=args.strategies, max_batch=max(b, 1),
                                         num_blocks=256 + 32 * b)  # fmt: skip
+        if args.draft_vocab:
+            engine.drafter_runner.drafter.set_draft_vocab(torch.arange(args.draft_vocab))
         # the captured step's kernels (compiled glue, Triton attention, compiled rerank), run eagerly
         engine.runner.pool = None
         instrument(engine)
@@ -157,7 +161,8 @@ def main(argv=None) -> None:
             profile_step(engine, prompts, option)  # warm: compiles, allocator
             got = profile_step(engine, prompts, option)
             name = str(option) if option else "off"
-            row = {"batch": b, "option": name, "device": torch.cuda.get_device_name()}
+            row = {"batch": b, "option": name, "device": torch.cuda.get_device_name(),
+                   "draft_vocab": args.draft_vocab or None}  # fmt: skip
             for ph in PHASES:
                 n, us, names, times = got.get(ph, (0, 0.0, Counter(), Counter()))
                 row[f"{ph}_launches"], row[f"{ph}_us"] = n, round(us, 1)
@@ -167,7 +172,8 @@ def main(argv=None) -> None:
             if args.out:
                 with open(args.out, "a") as f:
                     f.write(json.dumps(row) + "\n")
-    print(f"device: {torch.cuda.get_device_name()}; kernel launches / kernel us of one step, by phase")
+    vocab = f"; draft vocabulary {args.draft_vocab}" if args.draft_vocab else ""
+    print(f"device: {torch.cuda.get_device_name()}; kernel launches / kernel us of one step, by phase{vocab}")
     print("batch option  " + " ".join(f"{p:>13}" for p in PHASES) + "         total")
     for r in table:
         cells = " ".join(f"{r[p + '_launches']:4d}/{r[p + '_us']:7.1f}" for p in PHASES)

@@ -11,7 +11,9 @@ postprocessing). Per batch: the median step of each option and its ratio to plai
 --trainer [VARIANT ...]: each round runs again with the RL worker's drafter trainer busy beside the engine
 (a thread on its own CUDA stream training on random rollout data, as tail training does), once per
 variant: `all` (back to back on every SM), `sms=N` (drafter.tail_sms), `duty=F` (drafter.tail_duty),
-`vocab=N` (reduced draft vocabulary), `tokens=N`, or several joined by ','; prints each option's step time
+`vocab=N` (reduced draft vocabulary), `tokens=N`, `gil=S` (the interpreter's switch interval while the
+trainer runs; default the tail trainer's own, 0 = Python's 5 ms), or several joined by ','; `py` is a thread
+of pure Python instead (no device work: what sharing the GIL alone costs). Prints each option's step time
 with the trainer against without, and the trainer's steps. --hidden keeps hidden rows as RL rollouts do.
 --kernels: the GPU kernels (count and time) of one step of each option, from the torch profiler.
 """
@@ -37,7 +39,7 @@ from tlt_rt.models.drafter import Drafter  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.train.drafter.config import DrafterConfig  # noqa: E402
 from tlt_rt.train.drafter.data import DrafterBuffer  # noqa: E402
-from tlt_rt.train.drafter.tail import Pacer, trainer_stream  # noqa: E402
+from tlt_rt.train.drafter.tail import TAIL_SWITCH_INTERVAL_S, Pacer, trainer_stream  # noqa: E402
 from tlt_rt.train.drafter.trainer import DrafterTrainer  # noqa: E402
 
 
@@ -62,7 +64,9 @@ class BusyTrainer:
     are `drafter.tail_sms` / `drafter.tail_duty`: its stream's SM share and its pacing."""
 
     def __init__(self, engine: Engine, sms: int = 0, duty: float = 1.0, batch_tokens: int = 4096,
-                 draft_vocab: int = 0, samples: int = 64, length: int = 256):  # fmt: skip
+                 draft_vocab: int = 0, samples: int = 64, length: int = 256,
+                 gil: float = TAIL_SWITCH_INTERVAL_S):  # fmt: skip
+        self.gil = gil
         target = engine.target
         v, h = target.arch.vocab_size, target.arch.hidden_size
         gen = torch.Generator().manual_seed(0)
@@ -92,6 +96,9 @@ class BusyTrainer:
     def __enter__(self):
         self.stop.clear()
         self.steps = 0
+        self.switch = sys.getswitchinterval()
+        if self.gil > 0:  # as TailTrainer.start does
+            sys.setswitchinterval(min(self.switch, self.gil))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
         while self.steps == 0 and self.thread.is_alive():  # running before the rollout starts
@@ -101,22 +108,47 @@ class BusyTrainer:
     def __exit__(self, *exc) -> None:
         self.stop.set()
         self.thread.join()
+        sys.setswitchinterval(self.switch)
+
+
+class BusyPython(BusyTrainer):
+    """A thread running pure Python back to back, no device work: what sharing the GIL with a busy thread
+    costs the engine's steps, at the tail trainer's switch interval (`gil`)."""
+
+    def __init__(self, engine: Engine, gil: float = TAIL_SWITCH_INTERVAL_S):
+        self.gil, self.used_sms = gil, 0
+        self.stop, self.steps, self.thread = threading.Event(), 0, None
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            x = 0
+            for i in range(20_000):
+                x += i
+            self.steps += 1
 
 
 def trainer_variant(spec: str) -> dict:
-    """'all' | 'sms=16' | 'duty=0.5' | 'vocab=8192' | combinations joined by ',' -> BusyTrainer keywords."""
+    """'all' | 'py' | 'sms=16' | 'duty=0.5' | 'vocab=8192' | 'gil=1e-4' | combinations joined by ',' ->
+    BusyTrainer keywords ('py': BusyPython's)."""
     out: dict = {}
     for part in spec.split(","):
-        if part == "all":
+        if part in ("all", "py"):
             continue
         key, _, value = part.partition("=")
         names = {"sms": ("sms", int), "duty": ("duty", float), "vocab": ("draft_vocab", int),
-                 "tokens": ("batch_tokens", int)}  # fmt: skip
-        if key not in names or not value:
-            raise SystemExit(f"--trainer {spec!r}: parts are all, sms=N, duty=F, vocab=N, tokens=N")
+                 "tokens": ("batch_tokens", int), "gil": ("gil", float)}  # fmt: skip
+        if key not in names or not value or (spec.startswith("py") and key != "gil"):
+            raise SystemExit(f"--trainer {spec!r}: parts are all, sms=N, duty=F, vocab=N, tokens=N, gil=S; "
+                             "py takes gil=S only")  # fmt: skip
         name, kind = names[key]
         out[name] = kind(value)
     return out
+
+
+def busy(engine: Engine, spec: str) -> BusyTrainer:
+    """The busy neighbour a --trainer variant names."""
+    cls = BusyPython if spec.split(",")[0] == "py" else BusyTrainer
+    return cls(engine, **trainer_variant(spec))
 
 
 def step_times(engine: Engine, prompts, max_new: int, hidden: bool = False) -> dict[str, list[float]]:
@@ -183,7 +215,8 @@ def main(argv=None) -> None:
         metavar="VARIANT",
         help="also time every round with a drafter trainer beside, once per variant: all (every SM, "
         "back to back), sms=N (drafter.tail_sms), duty=F (drafter.tail_duty), vocab=N (draft "
-        "vocabulary), tokens=N (batch tokens), joined by ','; no value = all",
+        "vocabulary), tokens=N (batch tokens), gil=S (switch interval), joined by ','; py = a pure-Python "
+        "thread; no value = all",
     )
     ap.add_argument("--hidden", action="store_true", help="keep the hidden rows, as RL rollouts do")
     ap.add_argument("--draft-vocab", type=int, default=0,
@@ -218,7 +251,7 @@ def main(argv=None) -> None:
                                        num_blocks=256 + 32 * b)  # fmt: skip
         plain.capture(profile=False, modes=("greedy",))
         step_times(plain, prompts, 16)
-        trainers = {v: BusyTrainer(engine, **trainer_variant(v)) for v in variants}
+        trainers = {v: busy(engine, v) for v in variants}
         times = {(n, t): [] for n in [*names, "off-engine"] for t in [None, *variants]}
         steps = dict.fromkeys(variants, 0)
         for _ in range(args.rounds):
