@@ -1,4 +1,6 @@
-"""Drafter training throughput, packed rows (`packed`) against one padded sample per row (`unpacked`).
+"""Drafter training throughput, packed rows (`packed`) against one padded sample per row (`unpacked`), and
+the drafter warm-up's step (`warmup-vocab8192`: the GPU configs' 8,192-id draft head, three unrolled passes,
+the warm-up's batch: WARMUP_TOKENS).
 
     pytest benchmarks/bench_drafter_train.py --benchmark-only
 
@@ -20,10 +22,12 @@ from tlt_rt.models import ArchConfig, CausalLM
 from tlt_rt.models.drafter import Drafter, xformers_works
 from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.trainer import DrafterTrainer
+from tlt_rt.train.drafter.warmup import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 BATCH_TOKENS, LO, HI = (8192, 64, 3000) if CUDA else (256, 8, 200)
+WARMUP_TOKENS = GPU_BATCH_TOKENS if CUDA else CPU_BATCH_TOKENS
 SMOLLM2 = dict(
     model_type="llama",
     vocab_size=49152,
@@ -38,7 +42,7 @@ SMOLLM2 = dict(
 )
 
 
-def _setup(packed: bool) -> DrafterTrainer:
+def _setup(packed: bool, draft_vocab: int = 0, batch_tokens: int = BATCH_TOKENS, unroll: int = 1) -> DrafterTrainer:
     torch.manual_seed(0)
     arch = ArchConfig(**SMOLLM2, num_hidden_layers=1)
     target = CausalLM(arch).to(DEVICE, torch.bfloat16 if CUDA else torch.float32).eval()
@@ -50,12 +54,15 @@ def _setup(packed: bool) -> DrafterTrainer:
     hidden = [torch.randn(n, arch.hidden_size, generator=g).to(target.lm_head.weight.dtype) for n in lengths]
     buf = DrafterBuffer(max_steps=1, device=DEVICE)
     buf.add(0, ids, hidden)
-    return DrafterTrainer(drafter, buf, lr=1e-4, batch_tokens=BATCH_TOKENS, packed=packed)
+    if draft_vocab:
+        drafter.set_draft_vocab(torch.arange(draft_vocab))
+    return DrafterTrainer(drafter, buf, lr=1e-4, batch_tokens=batch_tokens, packed=packed, unroll=unroll)
 
 
-@pytest.mark.parametrize("provider", ["packed", "unpacked"])
+@pytest.mark.parametrize("provider", ["packed", "unpacked", "warmup-vocab8192"])
 def test_drafter_train_step(benchmark, provider):
-    trainer = _setup(provider == "packed")
+    warm = provider == "warmup-vocab8192"
+    trainer = _setup(provider != "unpacked", *((8192, WARMUP_TOKENS, 3) if warm else ()))
     trainer.step()  # warm-up (allocator, kernels, optimizer state)
     tokens: list[float] = []
 
@@ -67,9 +74,9 @@ def test_drafter_train_step(benchmark, provider):
     mean_tokens = sum(tokens) / len(tokens)
     benchmark.extra_info.update(
         device=torch.cuda.get_device_name() if CUDA else "cpu",
-        batch_tokens=BATCH_TOKENS,
+        batch_tokens=trainer.batch_tokens,
         real_tokens_per_step=mean_tokens,
         tokens_per_s=mean_tokens / median_s,
-        budget_used=mean_tokens / BATCH_TOKENS,
+        budget_used=mean_tokens / trainer.batch_tokens,
         packed_attention="xformers" if provider == "packed" and xformers_works(DEVICE) else "sdpa",
     )

@@ -6,12 +6,13 @@ import threading
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tlt_rt.config import ConfigError, DrafterConfig
 from tlt_rt.models import ArchConfig, CausalLM
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.train.drafter.data import DrafterBatch, DrafterBuffer, _Step, collect_hidden
-from tlt_rt.train.drafter.loss import add_noise, batch_loss, drafter_loss
+from tlt_rt.train.drafter.loss import TOP1_ROWS, add_noise, batch_loss, drafter_loss, full_vocab_top1, metric_rows
 from tlt_rt.train.drafter.trainer import DrafterTrainer, scheduled_lr
 
 V, H = 97, 64
@@ -183,6 +184,39 @@ def test_loss_ignores_padding_and_packing_equals_per_sample_mean():
     assert float(same.hidden_loss) == 0.0 and float(same.top1) == 1.0
     g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
     assert torch.equal(add_noise(th, 0.1, g1), add_noise(th, 0.1, g2)) and add_noise(th, 0.0) is th
+
+
+def test_reduced_vocab_top1_takes_the_targets_full_argmax_at_its_loss_rows():
+    target, drafter = tiny_pair()
+    drafter.set_draft_vocab(torch.arange(0, V, 2))
+    seqs = sequences(6, 10, 30, seed=4)
+    buf = DrafterBuffer()
+    buf.add(0, seqs, collect_hidden(target, seqs))
+    batch = buf.next_batch(6 * 30, packed=False)  # one row a sample, padded: loss rows and others
+    mask = batch.loss_mask
+    with torch.no_grad():
+        feat = drafter.features(batch.target_hidden)
+        full = F.linear(feat, drafter.lm_head.weight).argmax(-1)  # the target's argmax over all V ids
+        drafted = drafter.to_target_ids(drafter(batch.input_ids, drafter.features(batch.hidden), batch.positions,
+                                                batch.segment_ids).logits.argmax(-1))  # fmt: skip
+        # a batch of no more than TOP1_ROWS positions: the agreement over every loss row, exactly
+        assert mask.numel() <= TOP1_ROWS and not bool(mask.all())
+        want = ((drafted == full) & mask).sum() / mask.sum()
+        torch.testing.assert_close(batch_loss(drafter, batch).top1, want.float())
+        # more positions than rows: `rows` distinct positions, all loss rows, spread over the batch
+        idx = metric_rows(mask, 7)
+        assert len(set(idx.tolist())) == 7 and bool(mask.flatten()[idx].all())
+        assert len({i // mask.shape[1] for i in idx.tolist()}) > 1 or mask.shape[0] == 1
+        assert sorted(idx.tolist()) != list(range(7))  # not simply the first seven
+        top = full_vocab_top1(drafter, feat, mask, rows=7)
+        assert int((top >= 0).sum()) == 7 and torch.equal(top.view(-1)[idx], full.view(-1)[idx])
+        # fewer loss rows than asked: every loss row is taken, the rest pad the count
+        few = torch.zeros_like(mask)
+        few.view(-1)[[3, 17, 40]] = True
+        assert set(metric_rows(few, 5).tolist()) >= {3, 17, 40}
+        out = drafter_loss(feat, feat @ drafter.lm_head.weight.T, feat, feat @ drafter.lm_head.weight.T, few,
+                           target_top1=full_vocab_top1(drafter, feat, few, rows=5))  # fmt: skip
+        assert float(out.top1) == 1.0  # the same argmax on the three rows; unchecked rows never count
 
 
 def _trainer(drafter_seed=0, **kw) -> tuple[DrafterTrainer, DrafterBuffer]:

@@ -36,6 +36,7 @@ from tlt_rt.rollout.rng import sequence_seed
 from tlt_rt.rollout.scheduler import Scheduler
 from tlt_rt.rollout.sequence import PrefillJob, Sequence, flush_hidden
 from tlt_rt.rollout.speculative import scratch_tokens
+from tlt_rt.rollout.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +91,9 @@ class Engine:
         # enters its timing, and the engine's kernels are scheduled first when both have work ready
         self.stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
         self.policy = SDPolicy(self.strategies, self.buckets, load_costs(self), mode=speculative, config=cfg.policy)
-        self._stats: Counter = Counter()
-        self._accept_hist: Counter = Counter()
-        self._strategy_use: Counter = Counter()
-        self.timeline: list[dict] = []
+        self._stats = EngineStats()
+        self.timeline = self._stats.timeline  # read by benchmarks, the tail trainer and the RL records
         self._next_id = 0
-        self._gen_time = 0.0
-        self._t_start = time.perf_counter()
 
     @property
     def drafter_runner(self):
@@ -169,19 +166,20 @@ class Engine:
             # a group never outgrows the running batch: larger n prefills the prompt once per slice
             for k in range(0, len(group), self.max_batch):
                 sched.waiting.append(PrefillJob(self.new_id(), list(p), group=group[k : k + self.max_batch]))
-        self._t_start = t_start = time.perf_counter()
+        self._stats.t_start = t_start = time.perf_counter()
         with self.on_stream():
             while sched.busy:
                 self._step(sched, params, keep_hidden)
             if params.return_hidden:
                 flush_hidden(sched.done)
-        self._gen_time += time.perf_counter() - t_start
+        self._stats.gen_time += time.perf_counter() - t_start
         sched.done.sort(key=lambda s: (s.prompt_index, s.sample_index))
         return [s.completion(params.return_hidden) for s in sched.done]
 
     def scheduler(self, stop=frozenset()) -> Scheduler:
         """A scheduler over this engine's blocks and limits, counting into its stats."""
-        return Scheduler(self.blocks, self.max_batch, self.max_prefill_tokens, self._stats, stop, self.max_context)
+        counts = self._stats.counts
+        return Scheduler(self.blocks, self.max_batch, self.max_prefill_tokens, counts, stop, self.max_context)
 
     def _step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool) -> None:
         """schedule -> run -> postprocess: a prefill of waiting work, else a decode step of the running."""
@@ -189,7 +187,7 @@ class Engine:
         if jobs:
             t0 = time.perf_counter()
             n = prefill(self.runner, sched, jobs, params, keep_hidden)
-            self._record("prefill", None, len(jobs), n, t0, len(sched.running))
+            self._stats.record("prefill", None, len(jobs), n, t0, len(sched.running))
         elif sched.running:
             self._decode_step(sched, params, keep_hidden)
         else:
@@ -214,25 +212,8 @@ class Engine:
         dt = time.perf_counter() - t0
         b = len(seqs)
         self.policy.observe(b, strategy, dt, emitted / b, behind if strategy is not None else 0)
-        self._stats["steps"] += 1
-        if strategy is not None:
-            self._stats["sd_steps"] += 1
-            self._strategy_use[str(strategy)] += 1
-            self._accept_hist.update([a + 1 for a in out.accept_len])
-        self._record("sd" if strategy else "decode", strategy, b, emitted, t0, len(sched.running), dt)
-
-    def _record(self, kind, strategy, batch, tokens, t0, running, seconds=None) -> None:
-        self.timeline.append(
-            {
-                "kind": kind,
-                "strategy": str(strategy) if strategy else None,
-                "batch": batch,
-                "tokens": tokens,
-                "start": t0 - self._t_start,
-                "seconds": time.perf_counter() - t0 if seconds is None else seconds,
-                "running": running,
-            }
-        )
+        self._stats.decode_step(strategy, out.accept_len)
+        self._stats.record("sd" if strategy else "decode", strategy, b, emitted, t0, len(sched.running), dt)
 
     def on_stream(self):
         """The engine's own CUDA stream as a context (`model_runner.on_stream`)."""
@@ -240,20 +221,10 @@ class Engine:
 
     # ----------------------------------------------------------------------------------------- stats
     def stats(self) -> dict:
-        steps = self._stats["steps"]
-        hist = dict(sorted(self._accept_hist.items()))
-        n_sd = sum(hist.values())
+        """Steps, tokens, accept lengths and strategy use so far (`rollout.stats`), the memory the KV cache
+        and the captured steps hold, and the SD policy's state."""
         return {
-            "steps": steps,
-            "sd_steps": self._stats["sd_steps"],
-            "decode_steps": steps - self._stats["sd_steps"],
-            "prefill_steps": self._stats["prefill_steps"],
-            "generated_tokens": self._stats["generated_tokens"],
-            "preemptions": self._stats["preemptions"],
-            "accept_length_hist": hist,
-            "mean_accept_length": (sum(k * v for k, v in hist.items()) / n_sd) if n_sd else None,
-            "strategy_use": dict(self._strategy_use),
-            "tokens_per_second": self._stats["generated_tokens"] / self._gen_time if self._gen_time else 0.0,
+            **self._stats.summary(),
             "kv_cache_bytes": self.runner.target.cache.nbytes(),
             "graph_memory": self.graph_memory(),
             "policy": self.policy.stats(),

@@ -1,0 +1,56 @@
+"""What an engine counts as it runs: steps by kind, the accept-length histogram and strategy use, the
+step timeline (one entry a step: what ran, on how many sequences, for how long) and generation time."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+
+class EngineStats:
+    def __init__(self) -> None:
+        # counts the scheduler adds to as well: prefill_steps, generated_tokens, preemptions
+        self.counts: Counter = Counter()
+        self.accept_hist: Counter = Counter()  # tokens emitted per speculative step (accepted + 1)
+        self.strategy_use: Counter = Counter()
+        self.timeline: list[dict] = []
+        self.gen_time = 0.0
+        self.t_start = time.perf_counter()  # the timeline's zero: the start of the current generate call
+
+    def decode_step(self, strategy, accept_len) -> None:
+        """Count one decode step: plain (`strategy` None) or speculative with per-sequence `accept_len`."""
+        self.counts["steps"] += 1
+        if strategy is not None:
+            self.counts["sd_steps"] += 1
+            self.strategy_use[str(strategy)] += 1
+            self.accept_hist.update([a + 1 for a in accept_len])
+
+    def record(self, kind, strategy, batch, tokens, t0, running, seconds=None) -> None:
+        """A timeline entry for a step that began at perf_counter `t0`."""
+        self.timeline.append(
+            {
+                "kind": kind,
+                "strategy": str(strategy) if strategy else None,
+                "batch": batch,
+                "tokens": tokens,
+                "start": t0 - self.t_start,
+                "seconds": time.perf_counter() - t0 if seconds is None else seconds,
+                "running": running,
+            }
+        )
+
+    def summary(self) -> dict:
+        c, hist = self.counts, dict(sorted(self.accept_hist.items()))
+        n_sd = sum(hist.values())
+        return {
+            "steps": c["steps"],
+            "sd_steps": c["sd_steps"],
+            "decode_steps": c["steps"] - c["sd_steps"],
+            "prefill_steps": c["prefill_steps"],
+            "generated_tokens": c["generated_tokens"],
+            "preemptions": c["preemptions"],
+            "accept_length_hist": hist,
+            "mean_accept_length": (sum(k * v for k, v in hist.items()) / n_sd) if n_sd else None,
+            "strategy_use": dict(self.strategy_use),
+            "tokens_per_second": c["generated_tokens"] / self.gen_time if self.gen_time else 0.0,
+        }
