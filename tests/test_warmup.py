@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import math
 
+import torch
+from safetensors.torch import load_file
+
 from tlt_rt.models.eagle_export import load_eagle
 from tlt_rt.train.drafter.warmup import warmup
 
@@ -57,6 +60,13 @@ def test_default_steps_follow_the_data(tmp_path):
     )
     # two passes over every generated (prompt + answer) token at 64 tokens a step
     assert rep["train_steps"] >= 2 * (rep["generated_tokens"] // 64)
+    # a warm-up repeats: the same seed gives the same data, initial drafter and training, whatever ran before
+    torch.manual_seed(12345)
+    again = warmup(None, tmp_path / "e", num_prompts=2, held_out=1, samples=1, max_new_tokens=8, strategy="3_2_4",
+                   batch_tokens=64, device="cpu", progress=False, epochs=2.0)  # fmt: skip
+    assert again["final_loss"] == rep["final_loss"] and again["generated_tokens"] == rep["generated_tokens"]
+    a, b = (load_file(str(p / "model.safetensors")) for p in (tmp_path / "d", tmp_path / "e"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_greedy_answers_join_the_data_and_the_cosine_schedule_runs(tmp_path):

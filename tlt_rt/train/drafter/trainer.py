@@ -48,6 +48,7 @@ from tlt_rt.train.drafter.vocab import DraftVocab
 StopFlag = threading.Event | Callable[[], bool]
 # cuDNN attention re-plans for every new sequence shape (~75 ms of host time a call on an H100 with torch
 # 2.11) and packed batches change shape every step: training uses flash / mem-efficient / math only
+METRICS = ("loss", "hidden_loss", "token_loss", "top1")  # a step's token-weighted means
 TRAIN_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -159,7 +160,7 @@ class DrafterTrainer:
         `after_step(metrics)` runs after each step (a pacer, progress)."""
         should_stop = stop.is_set if isinstance(stop, threading.Event) else stop
         done, tokens, t0, stopped = 0, 0, time.perf_counter(), False
-        sums = {"loss": 0.0, "hidden_loss": 0.0, "token_loss": 0.0, "top1": 0.0}
+        sums = dict.fromkeys(METRICS, 0.0)
         last: dict[str, float] = {}
         while max_steps is None or done < max_steps:
             m = self._step(should_stop)
@@ -193,7 +194,7 @@ class DrafterTrainer:
         for _ in range(self.grad_accum):
             batches.append(self.buffer.next_batch(self.batch_tokens, self.packed).to(self.device))
             total += batches[-1].num_tokens
-        sums = {"loss": 0.0, "hidden_loss": 0.0, "token_loss": 0.0, "top1": 0.0}
+        sums = None  # the step's metrics on the device, read once at its end: no host sync inside a step
         for b in batches:
             if should_stop():  # undo the whole step: no partial update, no data skipped
                 self.optimizer.zero_grad(set_to_none=True)
@@ -216,11 +217,11 @@ class DrafterTrainer:
                     )
                 share = out.num_tokens / max(total, 1)
                 (out.loss * share).backward()
-            for k in sums:
-                sums[k] += float(getattr(out, k).detach()) * share
-        grad_norm = float("nan")
+            part = torch.stack([getattr(out, k).detach().float() for k in METRICS]) * share
+            sums = part if sums is None else sums + part
+        norm = None
         if self.max_grad_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.max_grad_norm))
+            norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.max_grad_norm)
         lr = scheduled_lr(self.config, self.steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -229,9 +230,12 @@ class DrafterTrainer:
         self.steps += 1
         if self.device.type == "cuda":  # its own stream only: never wait for the engine's steps beside it
             torch.cuda.current_stream(self.device).synchronize()
+        values = torch.cat([sums, norm.reshape(1).to(sums)]) if norm is not None else sums
+        values = values.tolist()
+        grad_norm = values[len(METRICS)] if norm is not None else float("nan")
         elapsed = time.perf_counter() - t0
         metrics = {
-            **sums,
+            **dict(zip(METRICS, values[: len(METRICS)], strict=True)),
             "tokens": float(total),
             "tokens_per_s": total / max(elapsed, 1e-9),
             "grad_norm": grad_norm,

@@ -163,7 +163,9 @@ def warmup(
     gen_s = time.perf_counter() - t0
 
     target = plain.target
-    drafter = Drafter(target.arch, target, fc_bias=fc_bias).to(device)
+    with torch.random.fork_rng(devices=[]):  # the drafter's initial weights follow `seed`: a warm-up repeats
+        torch.manual_seed(seed)
+        drafter = Drafter(target.arch, target, fc_bias=fc_bias).to(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spec = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,))
