@@ -273,6 +273,8 @@ def main(argv: list[str] | None = None) -> None:
         help="tokens per training batch (default: 8192 on a GPU, 1024 on a CPU)",
     )
     ap.add_argument("--device", default=None)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="fixes the answers, the drafter's initial weights and the data order")  # fmt: skip
     ap.add_argument(
         "--config",
         default=None,
@@ -301,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
         a.strategy,
         a.lr,
         a.batch_tokens,
+        seed=a.seed,
         device=a.device,
         epochs=a.epochs,
         noise_std=a.noise_std,
