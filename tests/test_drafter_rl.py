@@ -255,13 +255,20 @@ def own_answers(target, temperature, lengths, prompt_len=5, seed=0):
     return out
 
 
-def brute_accepts(target, s, temperature, depth, k, verify):
-    """The same ceiling with every tree node's distribution from a dense forward over its whole path."""
+def brute_accepts(target, s, temperature, depth, k, verify, vocab=None):
+    """The same ceiling with every tree node's distribution from a dense forward over its whole path (over
+    the ids of `vocab` only, when given)."""
     ids, n, out = s["ids"], s["ids"].shape[0] - 1, []
     scale = temperature if temperature > 0 else 1.0
+    outside = torch.ones(V, dtype=torch.bool)
+    if vocab is not None:
+        outside[vocab] = False
 
     def logprobs(seq):
-        return torch.log_softmax(target(seq[None]).logits[0, -1].float() / scale, -1)
+        lg = target(seq[None]).logits[0, -1].float()
+        if vocab is not None:
+            lg = lg.masked_fill(outside, float("-inf"))
+        return torch.log_softmax(lg / scale, -1)
 
     for r in range(s["prompt_len"] - 1, n):
         c = Candidates.start(logprobs(ids[: r + 1])[None], k)
@@ -302,3 +309,29 @@ def test_tree_ceiling_equals_a_brute_force_tree_and_the_chain_ceiling(sharp_targ
         full, cut = (tree_accepts(sharp_target, s, temperature, 3, 2, v) for v in (7, 3))
         assert all(c <= f for c, f in zip(cut, full, strict=True)) and sum(cut) < sum(full)
     assert walk_steps([2, 0, 0, 1, 0]) == (3 + 2, 2)  # roots 0 and 3
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_tree_ceiling_over_a_reduced_vocabulary(sharp_target, temperature):
+    samples = own_answers(sharp_target, temperature, (18, 23))
+    used = torch.unique(torch.cat([s["ids"] for s in samples]))
+    g = torch.Generator().manual_seed(3)
+    # half the answers' ids and a few others: some drafted tokens are now out of reach, others rank higher
+    vocab = torch.cat([used[torch.randperm(used.numel(), generator=g)[: used.numel() // 2]], torch.arange(4)])
+    vocab = torch.unique(vocab)
+    with torch.no_grad():
+        for s in samples:
+            got = tree_accepts(sharp_target, s, temperature, 3, 2, 6, chunk=7, vocab=vocab)
+            assert got == brute_accepts(sharp_target, s, temperature, 3, 2, 6, vocab)
+            assert tree_accepts(sharp_target, s, temperature, 3, 2, 6, vocab=torch.arange(V)) == tree_accepts(
+                sharp_target, s, temperature, 3, 2, 6
+            )
+    full = oracle_tree_steps(sharp_target, samples, temperature, 3, 2, 6)
+    cut = oracle_tree_steps(sharp_target, samples, temperature, 3, 2, 6, vocab=vocab)
+    assert 1.0 <= cut < full
+    # the chain ceiling likewise: nothing the vocabulary leaves out is ever accepted
+    unused = torch.tensor([i for i in range(V) if i not in set(used.tolist())])
+    assert oracle_steps(sharp_target, samples, temperature, 2, 4, vocab=unused) == 1.0
+    assert oracle_steps(sharp_target, samples, temperature, 2, 4, vocab=torch.arange(V)) == oracle_steps(
+        sharp_target, samples, temperature, 2, 4
+    )

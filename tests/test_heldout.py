@@ -106,6 +106,10 @@ def test_oracle_counts_by_hand():
     assert oracle_counts(target, [s], 0.0, topk=1, depth=8) == (6, 2)  # [hit, hit, miss] + [hit, hit, end]
     assert oracle_counts(target, [s], 0.0, topk=1, depth=1) == (5, 3)  # [hit] [miss] [hit], then the end
     assert oracle_steps(target, [s], 0.0, topk=1, depth=8) == 3.0
+    # without id 0 in the draft vocabulary, rows 2 and 3 (whose best is 0) rank 1 first: misses at x3=3 and
+    # x4=0 (never drafted); rows 0, 1 and 4 still hit
+    assert oracle_counts(target, [s], 0.0, topk=1, depth=8, vocab=torch.tensor([1, 2, 3])) == (6, 3)
+    assert oracle_counts(target, [s], 0.0, topk=1, depth=8, vocab=torch.arange(4)) == (6, 2)
 
 
 def test_worker_ceiling_and_evaluate_stay_out_of_the_step(tiny, tmp_path):  # noqa: F811

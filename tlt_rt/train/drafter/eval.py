@@ -16,28 +16,47 @@ from tlt_rt.ir.tree import Candidates, build_tree
 from tlt_rt.models.drafter import Drafter
 
 
+def restrict(logits: torch.Tensor, vocab: torch.Tensor | None) -> torch.Tensor:
+    """Logits [..., V] with every id outside `vocab` (target ids, None = all) at -inf: what a drafter with
+    that reduced vocabulary ranks (its head is trained on the target's distribution restricted to it)."""
+    if vocab is None:
+        return logits
+    vocab = vocab.to(logits.device)
+    out = torch.full_like(logits, float("-inf"))
+    return out.index_copy_(-1, vocab, logits.index_select(-1, vocab))
+
+
 @torch.no_grad()
-def oracle_steps(target, samples: list[dict], temperature: float, topk: int, depth: int) -> float:
+def oracle_steps(
+    target, samples: list[dict], temperature: float, topk: int, depth: int, vocab: torch.Tensor | None = None
+) -> float:
     """Tokens per step a perfect drafter would give: the step accepts the sampled tokens while each lies in
-    the target's top-k at its position (at most `depth`), plus one."""
-    emitted, steps = oracle_counts(target, samples, temperature, topk, depth)
+    the target's top-k at its position (at most `depth`), plus one. `vocab`: a reduced draft vocabulary (a
+    token outside it is never drafted; the top-k is taken over it)."""
+    emitted, steps = oracle_counts(target, samples, temperature, topk, depth, vocab)
     return emitted / max(steps, 1)
 
 
-def oracle_counts(target, samples: list[dict], temperature: float, topk: int, depth: int) -> tuple[int, int]:
+def oracle_counts(
+    target, samples: list[dict], temperature: float, topk: int, depth: int, vocab: torch.Tensor | None = None
+) -> tuple[int, int]:
     """(tokens emitted, steps taken) of `oracle_steps`, so that several workers' answers add up."""
-    return oracle_counts_by_shape(target, samples, temperature, {"": (topk, depth)})[""]
+    return oracle_counts_by_shape(target, samples, temperature, {"": (topk, depth)}, vocab)[""]
 
 
 @torch.no_grad()
 def oracle_counts_by_shape(
-    target, samples: list[dict], temperature: float, shapes: dict[str, tuple[int, int]]
+    target,
+    samples: list[dict],
+    temperature: float,
+    shapes: dict[str, tuple[int, int]],
+    vocab: torch.Tensor | None = None,
 ) -> dict[str, tuple[int, int]]:
     """`oracle_counts` for several (topk, depth) shapes at once: the LM head runs once per sample, the top-k
     once per distinct k (a top-k of its own, not a prefix of a larger one, so tied logits pick the same ids)."""
     counts = {name: [0, 0] for name in shapes}
     for s in samples:
-        logits = F.linear(target.model.norm(s["hidden"]), target.lm_head.weight)
+        logits = restrict(F.linear(target.model.norm(s["hidden"]), target.lm_head.weight), vocab)
         if temperature > 0:
             logits = logits / temperature
         nxt = s["ids"].to(logits.device)[1:, None]
@@ -220,14 +239,22 @@ def _tree_level(target, kv, roots, tokens, positions, chain_kv, anc):
 
 @torch.no_grad()
 def tree_accepts(
-    target, s: dict, temperature: float, depth: int, topk: int, verify_tokens: int, chunk: int = 64
+    target,
+    s: dict,
+    temperature: float,
+    depth: int,
+    topk: int,
+    verify_tokens: int,
+    chunk: int = 64,
+    vocab: torch.Tensor | None = None,
 ) -> list[int]:
     """Draft tokens a perfect drafter's tree accepts at each root row r = P-1 .. L-2 of sample `s`.
 
     The perfect drafter is the target itself at the sampling temperature (T = 0 ranks by T = 1 log-probs):
     the tree is built exactly as the engine builds it (tlt_rt.ir.tree: topk children of the topk best
     frontier nodes per level, the best verify_tokens - 1 candidates kept by cumulative log-prob), and the
-    step accepts the sample's own next tokens while they follow a path of that tree."""
+    step accepts the sample's own next tokens while they follow a path of that tree. `vocab`: a reduced draft
+    vocabulary (target ids): the tree's candidates come from the target's distribution restricted to it."""
     ids = s["ids"].to(target.lm_head.weight.device)
     n = ids.shape[0] - 1  # root rows 0 .. L-2
     kv, logits = _prefix_kv(target, ids)
@@ -236,7 +263,7 @@ def tree_accepts(
     for a in range(s["prompt_len"] - 1, n, chunk):
         roots = torch.arange(a, min(a + chunk, n), device=ids.device)
         r = roots.numel()
-        cands = Candidates.start(torch.log_softmax(logits[roots].float() / scale, -1), topk)
+        cands = Candidates.start(torch.log_softmax(restrict(logits[roots].float(), vocab) / scale, -1), topk)
         chain_kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in target.model.layers]
         anc = torch.zeros(r, topk, 0, dtype=torch.long, device=ids.device)
         prev = None
@@ -247,7 +274,7 @@ def tree_accepts(
                 anc = torch.cat([anc.gather(1, slot[..., None].expand(-1, -1, anc.shape[-1])), slot[..., None]], -1)
             pos = (roots + 1 + level)[:, None].expand(-1, topk)
             lv = _tree_level(target, kv, roots, cands.tokens.gather(1, front), pos, chain_kv, anc)
-            cands = cands.grow(front, torch.log_softmax(lv.float() / scale, -1))
+            cands = cands.grow(front, torch.log_softmax(restrict(lv.float(), vocab) / scale, -1))
             prev = front
         tree = build_tree(cands, ids[roots], roots + 1, verify_tokens)
         node = torch.zeros(r, dtype=torch.long, device=ids.device)
@@ -268,14 +295,22 @@ def tree_accepts(
 
 @torch.no_grad()
 def oracle_tree_steps(
-    target, samples: list[dict], temperature: float, depth: int, topk: int, verify_tokens: int, chunk: int = 64
+    target,
+    samples: list[dict],
+    temperature: float,
+    depth: int,
+    topk: int,
+    verify_tokens: int,
+    chunk: int = 64,
+    vocab: torch.Tensor | None = None,
 ) -> float:
     """Tokens per step a perfect drafter would give with the engine's tree of this shape and verify budget
     (`tree_accepts`, walked as the engine walks): the ceiling that a strategy's accept length is judged by.
-    `chunk` root rows share one batched tree walk (memory grows with it; the count does not depend on it)."""
+    `chunk` root rows share one batched tree walk (memory grows with it; the count does not depend on it);
+    `vocab` restricts the drafter to a reduced vocabulary."""
     emitted = steps = 0
     for s in samples:
-        e, n = walk_steps(tree_accepts(target, s, temperature, depth, topk, verify_tokens, chunk))
+        e, n = walk_steps(tree_accepts(target, s, temperature, depth, topk, verify_tokens, chunk, vocab))
         emitted, steps = emitted + e, steps + n
     return emitted / max(steps, 1)
 
