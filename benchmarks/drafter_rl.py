@@ -120,6 +120,12 @@ def evaluate(eng: Engine, prompts, temperature: float, a) -> tuple[float, list[d
     return accept_and_answers(eng, prompts, params)
 
 
+def rl_prompts(n: int, seed: int) -> list[list[int]]:
+    """`n` prompts of the RL workload (two-step two-digit word problems of `seed`) as SmolLM2 token ids."""
+    tok = load_tokenizer(None)
+    return [format_prompt(p, tok) for p in ArithmeticTask(digits=2, num_ops=2, word_problems=True, seed=seed).sample(n)]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="a CPU-sized end-to-end check")
@@ -154,9 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     cuda = torch.cuda.is_available() and not a.tiny
     device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
 
-    tok = load_tokenizer(None)
-    task = ArithmeticTask(digits=2, num_ops=2, word_problems=True, seed=a.seed)
-    prompts = [format_prompt(p, tok) for p in task.sample(a.prompts + a.held_out)]
+    prompts = rl_prompts(a.prompts + a.held_out, a.seed)
     train_prompts, eval_prompts = prompts[: a.prompts], prompts[a.prompts :]
     plain = Engine.from_pretrained(None, speculative="off", dtype=dtype, device=device, max_batch=a.gen_batch)
     target = plain.target

@@ -27,12 +27,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's tlt_rt, not an installed one
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from drafter_rl import rl_prompts  # noqa: E402
+
 from tlt_rt.ir.strategy import Strategy  # noqa: E402
-from tlt_rt.models.default import load_tokenizer  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.train.drafter.eval import oracle_tree_steps  # noqa: E402
 from tlt_rt.train.drafter.vocab import DraftVocab  # noqa: E402
-from tlt_rt.train.rl.data import ArithmeticTask, format_prompt  # noqa: E402
 
 
 def counts_of(prompts: list[list[int]], outs, vocab_size: int) -> torch.Tensor:
@@ -74,9 +75,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     warnings.simplefilter("ignore")
     cuda = torch.cuda.is_available() and not a.tiny
     device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
-    tok = load_tokenizer(None)
-    task = ArithmeticTask(digits=2, num_ops=2, word_problems=True, seed=a.seed)
-    prompts = [format_prompt(p, tok) for p in task.sample(a.prompts + a.held_out)]
+    prompts = rl_prompts(a.prompts + a.held_out, a.seed)
     train, evals = prompts[: a.prompts], prompts[a.prompts :]
     engine = Engine.from_pretrained(None, speculative="off", dtype=dtype, device=device, max_batch=a.gen_batch)
     target, v = engine.target, engine.target.arch.vocab_size
