@@ -8,7 +8,9 @@
 #            worker's drafter trainer, by its SM share, pacing and switch interval, and beside a pure-Python
 #            thread (what the GIL alone costs) (~3 minutes)
 #   phases   the step's kernels by phase, batch 1 and 32 (~1.5 minutes)
-# Usage: [COMMIT=abc1234] benchmarks/gpu_steps.sh OUTDIR [PART ...]   (default: ratio trainer; each part has its own timeout)
+#   vocab    the same at batch 1 and 32 for 8_4_32 with draft heads of 2,048, 4,096 and 16,384 ids and the full
+#            one: a draft level's cost against the vocabulary's size (~3 minutes)
+# Usage: [COMMIT=abc1234] benchmarks/gpu_steps.sh OUTDIR [PART ...]  (default: ratio trainer; each part has its own timeout)
 set -u
 out=${1:-gpu-results}
 shift || true
@@ -37,6 +39,12 @@ for part in $parts; do
       timeout 200 python benchmarks/step_phases.py --batch 1 32 --strategies 8_4_32 6_2_12 --draft-vocab 8192 \
           --show 3 --out "$out/step-phases-$commit.jsonl" > "$out/step-phases-$commit.log" 2>&1
       tail -n 7 "$out/step-phases-$commit.log" ;;
-    *) echo "unknown part: $part (tests, ratio, trainer, phases)" >&2; exit 2 ;;
+    vocab)
+      for n in 2048 4096 16384 0; do
+        timeout 100 python benchmarks/step_phases.py --batch 1 32 --strategies 8_4_32 --draft-vocab $n --show 0 \
+            --out "$out/step-phases-vocab-$commit.jsonl" > "$out/step-phases-vocab$n-$commit.log" 2>&1
+        echo "draft vocabulary $n:"; tail -n 3 "$out/step-phases-vocab$n-$commit.log"
+      done ;;
+    *) echo "unknown part: $part (tests, ratio, trainer, phases, vocab)" >&2; exit 2 ;;
   esac
 done
