@@ -5,8 +5,8 @@
 #   ratio    SD step / plain step, one engine, interleaved, batch 1 and 32, 8_4_32 and 6_2_12, with each
 #            step's kernels (~2 minutes)
 #   trainer  plain and 6_2_12 steps at batch 4 and 8 (where the rollout's tail spends its time) beside the RL
-#            worker's drafter trainer, by its SM share, pacing and switch interval, and beside a pure-Python
-#            thread (what the GIL alone costs) (~3 minutes)
+#            worker's drafter trainer, by its SM share, pacing, switch interval and batch (shorter kernels), and
+#            beside a pure-Python thread (what the GIL alone costs) (~3 minutes)
 #   phases   the step's kernels by phase, batch 1 and 32 (~1.5 minutes)
 #   vocab    the same at batch 1 and 32 for 8_4_32 with draft heads of 2,048, 4,096 and 16,384 ids and the full
 #            one: a draft level's cost against the vocabulary's size (~3 minutes)
@@ -33,7 +33,7 @@ for part in $parts; do
     trainer)
       timeout 330 python benchmarks/step_ratio.py --batch 4 8 --strategies 6_2_12 --rounds 3 --max-new-tokens 96 \
           --hidden --draft-vocab 8192 --trainer sms=16,vocab=8192 sms=16,vocab=8192,gil=0 py sms=8,vocab=8192 \
-          sms=16,vocab=8192,duty=0.5 --out "$out/trainer-beside-$commit.jsonl" > "$out/trainer-beside-$commit.log" 2>&1
+          sms=16,vocab=8192,duty=0.5 sms=16,vocab=8192,tokens=1024 --out "$out/trainer-beside-$commit.jsonl" > "$out/trainer-beside-$commit.log" 2>&1
       tail -n 14 "$out/trainer-beside-$commit.log" ;;
     phases)
       timeout 200 python benchmarks/step_phases.py --batch 1 32 --strategies 8_4_32 6_2_12 --draft-vocab 8192 \
