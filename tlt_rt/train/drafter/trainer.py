@@ -46,9 +46,9 @@ from tlt_rt.train.drafter.loss import batch_loss
 from tlt_rt.train.drafter.vocab import DraftVocab
 
 StopFlag = threading.Event | Callable[[], bool]
+METRICS = ("loss", "hidden_loss", "token_loss", "top1")  # a step's token-weighted means
 # cuDNN attention re-plans for every new sequence shape (~75 ms of host time a call on an H100 with torch
 # 2.11) and packed batches change shape every step: training uses flash / mem-efficient / math only
-METRICS = ("loss", "hidden_loss", "token_loss", "top1")  # a step's token-weighted means
 TRAIN_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
