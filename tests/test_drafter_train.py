@@ -155,10 +155,24 @@ def test_loss_ignores_padding_and_packing_equals_per_sample_mean():
     buf.add(0, seqs, hid)
     rows = [s.shape[0] - 1 for s in seqs]
     with torch.no_grad():
-        packed = batch_loss(drafter, buf.next_batch(sum(rows)))  # exactly one epoch
+        pb = buf.next_batch(sum(rows))  # exactly one epoch
+        ub = buf.next_batch(len(rows) * max(rows), packed=False)
+        # what the batch knows on the host (no device sync to read it) is what its tensors say, moved or not
+        for b, shared in ((pb, True), (ub, False)):
+            seg = b.segment_ids
+            looked = bool(((seg[:, 1:] != seg[:, :-1]) & (seg[:, 1:] >= 0)).any())
+            assert b.tokens == int(b.loss_mask.sum()) == sum(rows) and b.shared_rows is looked is shared
+            moved = b.to("cpu")
+            assert (moved.tokens, moved.shared_rows) == (b.tokens, b.shared_rows)
+        packed = batch_loss(drafter, pb)
         assert packed.num_tokens == sum(rows)
-        unpacked = batch_loss(drafter, buf.next_batch(len(rows) * max(rows), packed=False))
+        unpacked = batch_loss(drafter, ub)
         assert unpacked.num_tokens == sum(rows)
+        # a batch built elsewhere, without the host facts, counts and looks instead: the same loss
+        bare = DrafterBatch(pb.input_ids, pb.hidden, pb.target_hidden, pb.positions, pb.segment_ids, pb.loss_mask,
+                            pb.cu_seqlens)  # fmt: skip
+        again = batch_loss(drafter, bare)
+        assert again.num_tokens == sum(rows) and torch.equal(again.loss, packed.loss)
         torch.testing.assert_close(packed.loss, unpacked.loss, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(packed.top1, unpacked.top1)
         each = []

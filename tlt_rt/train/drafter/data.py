@@ -31,13 +31,18 @@ class DrafterBatch:
     segment_ids: torch.Tensor  # [R, T] int32, one id per sample piece, -1 on padding
     loss_mask: torch.Tensor  # [R, T] bool, False on padding
     cu_seqlens: torch.Tensor  # [S+1] int32, piece boundaries among the real rows (`x[loss_mask]` order)
+    # known on the host where the batch is assembled, so that reading them never waits for the device
+    tokens: int = -1  # real rows (-1: count loss_mask)
+    shared_rows: bool | None = None  # whether some row holds pieces of several samples (None: look)
 
     @property
     def num_tokens(self) -> int:
-        return int(self.loss_mask.sum())
+        return self.tokens if self.tokens >= 0 else int(self.loss_mask.sum())
 
     def to(self, device: torch.device | str) -> DrafterBatch:
-        return DrafterBatch(**{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)})
+        """The tensors on `device` (without waiting), the host facts as they are."""
+        return DrafterBatch(**{f.name: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+                               for f in fields(self) for v in [getattr(self, f.name)]})  # fmt: skip
 
 
 @dataclass
@@ -255,7 +260,8 @@ def _assemble(pieces: list[tuple[_Step, int, int, int]], packed: bool) -> Drafte
 
         rows = [pad(ids, 0), pad(hid, 0), pad(tgt, 0), pad(pos, 0), pad(seg, -1)]
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(lens, 0, dtype=torch.int32)])
-    return DrafterBatch(rows[0], rows[1], rows[2], rows[3], rows[4], rows[4] >= 0, cu.to(rows[0].device))
+    return DrafterBatch(rows[0], rows[1], rows[2], rows[3], rows[4], rows[4] >= 0, cu.to(rows[0].device),
+                        int(lens.sum()), packed and len(pieces) > 1)  # fmt: skip
 
 
 @torch.no_grad()

@@ -79,6 +79,7 @@ def drafter_loss(
     temperature: float = 1.0,
     sampled_labels: torch.Tensor | None = None,
     sampled_weight: float = 0.0,
+    num_tokens: int | None = None,
 ) -> LossOutput:
     """Weighted SmoothL1 + soft cross-entropy over the rows where `loss_mask` [...] is True.
 
@@ -87,6 +88,7 @@ def drafter_loss(
     `sampled_labels` [...] draft ids of the tokens actually drawn next (-1: none), weighted `sampled_weight`.
     `target_top1` [...] is the target's argmax over its full vocabulary (default: argmax of target_logits),
     -1 at rows the agreement leaves out; `d2t` [Vd] maps draft ids to target ids for the agreement metric.
+    `num_tokens`: the True rows of `loss_mask` where the caller knows them (None: counted, a host sync on a GPU).
     """
     m = loss_mask.to(torch.float32)
     n = m.sum().clamp(min=1.0)
@@ -112,7 +114,8 @@ def drafter_loss(
     checked = m * (target_top1 >= 0).float()  # -1: a row whose target argmax was not taken (`metric_rows`)
     top1 = ((draft_top1 == target_top1).float() * checked).sum() / checked.sum().clamp(min=1.0)
     loss = hidden_weight * hidden_loss + token_weight * token_loss + extra
-    return LossOutput(loss, hidden_loss.detach(), token_loss.detach(), top1.detach(), int(loss_mask.sum()))
+    n_rows = int(loss_mask.sum()) if num_tokens is None else num_tokens
+    return LossOutput(loss, hidden_loss.detach(), token_loss.detach(), top1.detach(), n_rows)
 
 
 def metric_rows(mask: torch.Tensor, rows: int = TOP1_ROWS) -> torch.Tensor:
@@ -178,10 +181,14 @@ def batch_loss(
             labels = sampled_next(batch, drafter.t2d() if drafter.d2t is not None else None)
     # block-diagonal attention only where a row holds several samples; right padding needs no mask (causal)
     seg = batch.segment_ids
-    segments = seg if bool(((seg[:, 1:] != seg[:, :-1]) & (seg[:, 1:] >= 0)).any()) else None
+    shared = batch.shared_rows
+    if shared is None:
+        shared = bool(((seg[:, 1:] != seg[:, :-1]) & (seg[:, 1:] >= 0)).any())
+    segments = seg if shared else None
     feed = add_noise(inp, noise_std, generator)
+    rows = batch.tokens if batch.tokens >= 0 else None  # pass 1's rows: loss_mask's (known on the host)
 
-    def score(out, mask):
+    def score(out, mask, n=None):
         return drafter_loss(
             out.hidden,
             out.logits,
@@ -195,11 +202,13 @@ def batch_loss(
             temperature,
             labels,
             sampled_weight,
+            n,
         )
 
     if unroll > 1 and unroll_context == "chain":
-        results = [score(out, batch.loss_mask & valid) for out, valid in drafter.forward_unrolled(
-            batch.input_ids, feed, batch.positions, seg, unroll
+        # pass 1's rows are loss_mask's; the later passes' counts are never read (their losses join pass 1's)
+        results = [score(out, batch.loss_mask & valid, rows if k == 0 else 0) for k, (out, valid) in enumerate(
+            drafter.forward_unrolled(batch.input_ids, feed, batch.positions, seg, unroll)
         )]  # fmt: skip
     else:
         # follows[r, t]: row t-1 is the same sample's previous row, whose prediction row t can be fed
@@ -208,7 +217,7 @@ def batch_loss(
         results = []
         for k in range(unroll):
             out = drafter(batch.input_ids, feed, batch.positions, segments)
-            results.append(score(out, batch.loss_mask))
+            results.append(score(out, batch.loss_mask, rows))
             if k + 1 < unroll:
                 shifted = torch.cat([feed[:, :1], out.hidden[:, :-1].to(feed.dtype)], 1)
                 feed = torch.where(follows[..., None], shifted, inp.to(feed.dtype))
