@@ -4,8 +4,8 @@
         [--sizes 1024 2048 4096 8192 16384] [--temperature 1.0] [--out F.jsonl] [--tiny]
 
 SmolLM2 answers the RL workload (two-step two-digit word problems) at --temperature. The training prompts'
-sequences (prompt and answer, as the drafter trainer's buffer counts them) give each id a count, and each size
-a draft vocabulary (`DraftVocab`: the most frequent ids, EOS always kept), built as the trainer builds it.
+sequences (prompt and answer: the rollouts the trainer's buffer holds) give each id a count, and each size a
+draft vocabulary (`DraftVocab`: the most frequent ids, EOS always kept), built as the trainer builds it.
 Held-out answers, at --temperature and greedy, then give per size:
   coverage  the share of the held-out answer tokens inside the vocabulary (a token outside is never drafted)
   ceiling   the perfect-drafter accept length of --strategy's tree and verify budget when the drafter ranks
@@ -34,14 +34,6 @@ from tlt_rt.ir.strategy import Strategy  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.train.drafter.eval import oracle_tree_steps  # noqa: E402
 from tlt_rt.train.drafter.vocab import DraftVocab  # noqa: E402
-
-
-def counts_of(prompts: list[list[int]], outs, vocab_size: int) -> torch.Tensor:
-    """Per-id counts [V] over every generated sequence, prompt and answer (the trainer's buffer holds both)."""
-    c = torch.zeros(vocab_size, dtype=torch.float64)
-    for o in outs:
-        c += torch.bincount(torch.tensor(prompts[o.prompt_index] + o.token_ids), minlength=vocab_size).double()
-    return c
 
 
 def held_out(engine: Engine, prompts: list[list[int]], temperature: float, max_new: int, seed: int) -> list[dict]:
@@ -81,11 +73,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     target, v = engine.target, engine.target.arch.vocab_size
     t0 = time.perf_counter()
     params = SamplingParams(n=a.samples, temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=a.seed)
-    counts = counts_of(train, engine.generate(train, params), v)
+    counter = DraftVocab(v, 1)  # its per-id counts over every sequence, prompt and answer
+    counter.update([torch.tensor(train[o.prompt_index] + o.token_ids) for o in engine.generate(train, params)])
+    counts, counted = counter.counts, int(counter.counts.sum())
     answers = {t: held_out(engine, evals, t, a.max_new_tokens, a.seed + 1) for t in dict.fromkeys([a.temperature, 0.0])}
-    print(f"{int(counts.sum())} counted tokens, {len(evals)} held-out prompts; {time.perf_counter() - t0:.0f}s",
+    print(f"{counted} counted tokens, {len(evals)} held-out prompts; {time.perf_counter() - t0:.0f}s",
           flush=True)  # fmt: skip
     chunk = 512 if cuda else 64
+    name = torch.cuda.get_device_name() if cuda else "cpu"
     keep = [i for i in target.arch.eos_token_ids if 0 <= i < v]
     rows = []
     for temp, samples in answers.items():
@@ -100,10 +95,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "temperature": temp, "strategy": a.strategy, "vocab": size, "full_vocab": v,
                 "coverage": 1.0 if vocab is None else round(float(torch.isin(tokens, vocab).float().mean()), 4),
                 "ceiling": round(ceil, 3), "ceiling_full": round(full, 3), "share": round(ceil / full, 3),
-                "answer_tokens": int(tokens.numel()), "counted_tokens": int(counts.sum()), "seconds": 0.0,
-                "device": torch.cuda.get_device_name() if cuda else "cpu",
+                "answer_tokens": int(tokens.numel()), "counted_tokens": counted,
+                "seconds": round(time.perf_counter() - t1, 1), "device": name,
             }  # fmt: skip
-            row["seconds"] = round(time.perf_counter() - t1, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
             if a.out:

@@ -186,7 +186,7 @@ def batch_loss(
         shared = bool(((seg[:, 1:] != seg[:, :-1]) & (seg[:, 1:] >= 0)).any())
     segments = seg if shared else None
     feed = add_noise(inp, noise_std, generator)
-    rows = batch.tokens if batch.tokens >= 0 else None  # pass 1's rows: loss_mask's (known on the host)
+    rows = batch.num_tokens  # pass 1's rows: loss_mask's (known on the host where the batch was packed)
 
     def score(out, mask, n=None):
         return drafter_loss(
