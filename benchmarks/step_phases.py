@@ -98,8 +98,8 @@ def kernels_by_phase(prof) -> dict[str, list]:
     }
     out: dict[str, list] = defaultdict(lambda: [0, 0.0, Counter(), Counter()])
     for e in raw:
-        if e.device_type() != DeviceType.CUDA:
-            continue
+        if e.device_type() != DeviceType.CUDA or e.name().startswith("phase:"):
+            continue  # a phase's own range on the device's timeline is no kernel
         t = launched.get(e.correlation_id())
         row = out["unattributed" if t is None else _innermost(ranges, t)]
         row[0] += 1

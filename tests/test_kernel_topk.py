@@ -63,3 +63,23 @@ def test_bad_arguments_are_named():
         topk_logprobs(x.t(), 2)
     with pytest.raises(AssertionError, match=r"\[R, V\]"):
         topk_logprobs(x[0], 2)
+
+
+@settings(deadline=None, max_examples=6)
+@given(rows=st.integers(1, 4), k=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_id_map_gives_the_mapped_ids_of_the_same_choice(rows, k, seed):
+    """A reduced head's draft -> target map applied in the merge: the ids an unmapped call picks, mapped."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = 300
+    logits = (3 * torch.randn(rows, vocab, generator=g)).to(DEVICE)
+    logits[:, 5] = logits[:, 9]  # a tie: the lower draft id first, whatever the target ids
+    id_map = torch.randperm(5000, generator=g)[:vocab].to(DEVICE)
+    lp, ids = topk_logprobs(logits, k, block_v=256)
+    mlp, mids = topk_logprobs(logits, k, block_v=256, id_map=id_map)
+    assert torch.equal(mlp, lp)
+    assert torch.equal(mids, id_map[ids])
+    ref_lp, ref_ids = topk_logprobs_reference(logits, k, id_map=id_map)
+    torch.testing.assert_close(mlp, ref_lp, atol=1e-5, rtol=1e-5)
+    assert torch.equal(mids, ref_ids)
+    with pytest.raises(AssertionError, match="id_map must be int64"):
+        topk_logprobs(logits, k, id_map=id_map[:-1])

@@ -299,3 +299,21 @@ def test_fused_projections_follow_weight_updates(checkpoint):
     model.train()
     model(torch.randint(0, SMALL["vocab_size"], (1, 6))).logits.sum().backward()
     assert attn.q_proj.weight.grad is not None and mlp.gate_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("mlp_bias", [False, True])
+def test_mlp_forward_add_is_the_residual_plus_the_mlp(fused, mlp_bias):
+    """`MLP.forward_add` (the residual added by the down projection's matmul, or on its own with a bias)
+    gives residual + mlp(x)."""
+    from tlt_rt.models.arch import ArchConfig
+    from tlt_rt.models.llama import MLP
+
+    torch.manual_seed(0)
+    arch = ArchConfig(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, mlp_bias=mlp_bias)  # fmt: skip
+    mlp = MLP(arch)
+    assert not fused or mlp.fuse()
+    x, res = torch.randn(5, 64), torch.randn(5, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(mlp.forward_add(x, res), res + mlp(x))

@@ -340,7 +340,11 @@ class Drafter(nn.Module):
         """
         meta.validate(input_ids.shape[0])
         x = self._fuse(input_ids, hidden)
-        x = self.layer(x, positions, self._rotary(x.device), (cache.k[0], cache.v[0], meta, self.attn_backend))
+        layer = self.layer  # its forward, with the last residual add inside the down projection's matmul
+        h = layer.self_attn.forward_paged(layer.input_layernorm(x), positions, self._rotary(x.device), cache.k[0],
+                                          cache.v[0], meta, self.attn_backend)  # fmt: skip
+        x, h = layer.post_attention_layernorm.add(x, h)
+        x = layer.mlp.forward_add(h, x)
         rows = x if logits_indices is None else x[logits_indices]
         logits = self.logits(rows)
         return ModelOutput(logits=self.to_target_vocab(logits) if full_vocab else logits, hidden=x)

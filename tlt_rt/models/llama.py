@@ -330,6 +330,18 @@ class MLP(nn.Module):
             h = self.glue.swiglu(self.gate_proj(x), self.up_proj(x))
         return apply_linear(self.glue, self.down_proj, h)
 
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + self(x) for rows [N, H], the add done by the down projection's matmul (its C input) where
+        that is a bias-free nn.Linear of the residual's dtype: one launch less than the add on its own."""
+        down = self.down_proj
+        if type(down) is not nn.Linear or down.bias is not None or x.dim() != 2 or residual.dtype != down.weight.dtype:
+            return residual + self(x)
+        if self.fused is not None and self.fused.intact():
+            h = self.glue.linear_swiglu(x, self.fused.weight, self.fused.bias)
+        else:
+            h = self.glue.swiglu(self.gate_proj(x), self.up_proj(x))
+        return torch.addmm(residual, h.to(down.weight.dtype), down.weight.t())
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, arch: ArchConfig):

@@ -113,10 +113,15 @@ def _level_meta(prefix_lens, tables, valid, k: int, levels: int, block_size: int
 
 def _top_children(drafter, logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k most likely children of each row of drafter logits over the draft vocabulary [R, Vd]: log-probs
-    [R, k] f32 and target token ids [R, k] (on CUDA one Triton top-k + log-sum-exp in two launches; no
-    [R, V] log-softmax is written, and a reduced draft vocabulary is never scattered to the full one)."""
-    lp, ids = topk_logprobs(logits, k) if logits.is_cuda else topk_logprobs_reference(logits, k)
-    return lp, drafter.to_target_ids(ids)
+    [R, k] f32 and target token ids [R, k] (on CUDA one Triton top-k + log-sum-exp in two launches, which
+    also map a reduced draft vocabulary's ids to the target's; no [R, V] log-softmax is written, and a
+    reduced draft vocabulary is never scattered to the full one)."""
+    d2t = drafter.d2t
+    if d2t is not None:
+        d2t = d2t.to(logits.device)  # a buffer of the drafter: already there whenever the drafter is
+    if logits.is_cuda:
+        return topk_logprobs(logits, k, id_map=d2t)
+    return topk_logprobs_reference(logits, k, id_map=d2t)
 
 
 def grow_candidates(
