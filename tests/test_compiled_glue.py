@@ -82,3 +82,16 @@ def test_verify_slots(q_len, write):
     keep = torch.rand(3, q_len, generator=g) < 0.7 if write else None
     args = (tables, lens, q_len, 4, keep)
     _same(_traced(runner.tree_slots)(*args), runner.tree_slots(*args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embed_cat(dtype):
+    """The drafter's fc input (its token's embedding beside the feature) traces as one graph and equals the
+    gather and concatenation done apart."""
+    from tlt_rt.models.llama import embed_cat
+
+    torch.manual_seed(0)
+    weight, ids, feature = torch.randn(50, 8), torch.randint(0, 50, (6,)), torch.randn(6, 8).to(dtype)
+    got = _traced(embed_cat)(weight, ids, feature)
+    _same(got, torch.cat([weight[ids].to(dtype), feature], dim=-1))
+    assert torch.equal(got, embed_cat(weight, ids, feature))

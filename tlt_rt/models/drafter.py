@@ -290,9 +290,9 @@ class Drafter(nn.Module):
         return full.index_copy_(-1, self.d2t.to(logits.device), logits)
 
     def _fuse(self, input_ids: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
-        dt = self.fc.weight.dtype
-        emb = F.embedding(input_ids, self.embed_tokens.weight.detach())
-        return apply_linear(self.layer.mlp.glue, self.fc, torch.cat([emb.to(dt), feature.to(dt)], dim=-1))
+        glue = self.layer.mlp.glue
+        x = glue.embed_cat(self.embed_tokens.weight.detach(), input_ids, feature.to(self.fc.weight.dtype))
+        return apply_linear(glue, self.fc, x)
 
     def forward(
         self,

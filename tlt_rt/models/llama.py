@@ -72,6 +72,12 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def embed_cat(weight: torch.Tensor, ids: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
+    """[weight[ids], feature] along the last dim, in the feature's dtype (an EAGLE drafter's fc input);
+    compiled, one kernel for the gather and the concatenation."""
+    return torch.cat([F.embedding(ids, weight).to(feature.dtype), feature], dim=-1)
+
+
 def add_rms_norm(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float):
     """Residual add then RMSNorm: returns (x + r, rms_norm(x + r)); compiled, one kernel for both."""
     s = x + r
@@ -150,6 +156,7 @@ class Glue:
     add_rms_norm = staticmethod(add_rms_norm)
     rotate_pair = staticmethod(rotate_pair)
     swiglu = staticmethod(swiglu)
+    embed_cat = staticmethod(embed_cat)
     linear = staticmethod(F.linear)
 
     def linear_swiglu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -201,6 +208,7 @@ class CompiledGlue(Glue):
         self.add_rms_norm = torch.compile(add_rms_norm, **opts)
         self.rotate_pair = torch.compile(rotate_pair, **opts)
         self.swiglu = torch.compile(swiglu, **opts)
+        self.embed_cat = torch.compile(embed_cat, **opts)
 
     def linear_swiglu(self, x, weight, bias=None):
         if self.skinny and not torch.is_grad_enabled():
