@@ -316,4 +316,9 @@ def test_mlp_forward_add_is_the_residual_plus_the_mlp(fused, mlp_bias):
     assert not fused or mlp.fuse()
     x, res = torch.randn(5, 64), torch.randn(5, 64)
     with torch.no_grad():
-        torch.testing.assert_close(mlp.forward_add(x, res), res + mlp(x))
+        want = res + mlp(x)
+        torch.testing.assert_close(mlp.forward_add(x, res.clone()), want)
+    got = mlp.forward_add(x, res)  # with gradients: out of place, the residual kept
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    assert mlp.down_proj.weight.grad is not None

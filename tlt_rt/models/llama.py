@@ -339,16 +339,25 @@ class MLP(nn.Module):
         return apply_linear(self.glue, self.down_proj, h)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + self(x) for rows [N, H], the add done by the down projection's matmul (its C input) where
-        that is a bias-free nn.Linear of the residual's dtype: one launch less than the add on its own."""
+        """residual + self(x) for rows [N, H]. In inference, where the down projection is a bias-free nn.Linear
+        of the residual's dtype, the add is the matmul's own (C input, accumulated in place: `residual` is
+        overwritten and returned), one launch less than the add on its own. An out-of-place addmm would not
+        save it: it copies C to its output first."""
         down = self.down_proj
-        if type(down) is not nn.Linear or down.bias is not None or x.dim() != 2 or residual.dtype != down.weight.dtype:
+        if (
+            torch.is_grad_enabled()
+            or type(down) is not nn.Linear
+            or down.bias is not None
+            or x.dim() != 2
+            or residual.dtype != down.weight.dtype
+            or not residual.is_contiguous()
+        ):
             return residual + self(x)
         if self.fused is not None and self.fused.intact():
             h = self.glue.linear_swiglu(x, self.fused.weight, self.fused.bias)
         else:
             h = self.glue.swiglu(self.gate_proj(x), self.up_proj(x))
-        return torch.addmm(residual, h.to(down.weight.dtype), down.weight.t())
+        return residual.addmm_(h.to(down.weight.dtype), down.weight.t())
 
 
 class DecoderLayer(nn.Module):
