@@ -223,6 +223,8 @@ def main(argv=None) -> None:
                     help="draft over N target ids (a reduced head, ids 0..N-1: costs, not gains)")  # fmt: skip
     ap.add_argument("--kernels", type=int, default=-1,
                     help="GPU kernels per step of each option; N > 0 also prints the N most launched")  # fmt: skip
+    ap.add_argument("--fused-merge", action="store_true",
+                    help="each draft level's top-k merge in its launch (Drafter.fused_level_merge)")  # fmt: skip
     ap.add_argument("--run", type=int, default=6, help="steps of one option before the next")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -242,6 +244,7 @@ def main(argv=None) -> None:
                                         num_blocks=256 + 32 * b)  # fmt: skip
         if args.draft_vocab:
             engine.drafter_runner.drafter.set_draft_vocab(torch.arange(args.draft_vocab))
+        engine.drafter_runner.drafter.fused_level_merge = args.fused_merge  # before any step is captured
         engine.capture(profile=False, modes=("greedy",))
         engine.policy = Rotation(options)
         step_times(engine, prompts, 16, args.hidden)  # prefill shapes compile here
@@ -266,7 +269,8 @@ def main(argv=None) -> None:
                     steps[v] += t.steps
                 for n, ts in got.items():
                     times[(n, v)] += ts
-        row = {"batch": b, "device": torch.cuda.get_device_name(), "draft_vocab": args.draft_vocab or None}
+        row = {"batch": b, "device": torch.cuda.get_device_name(), "draft_vocab": args.draft_vocab or None,
+               "fused_merge": args.fused_merge}  # fmt: skip
         row["off-engine_ms"] = 1e3 * statistics.median(times[("off-engine", None)])
         for n in names:
             row[f"{n}_ms"] = 1e3 * statistics.median(times[(n, None)])
@@ -282,6 +286,7 @@ def main(argv=None) -> None:
         del engine, trainers, plain
         torch.cuda.empty_cache()
     vocab = f"; draft vocabulary {args.draft_vocab}" if args.draft_vocab else ""
+    vocab += "; top-k merge in the level's launch" if args.fused_merge else ""
     print(f"device: {torch.cuda.get_device_name()}; median step ms, interleaved in one engine per batch{vocab}")
     for r in rows:
         plain = r["off_ms"]

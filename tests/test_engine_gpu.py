@@ -183,3 +183,20 @@ def test_returned_hidden_outlive_graph_replays(speculative):
         with torch.no_grad():
             dense = graphed.target(torch.tensor([[1, 2, 3] + o.token_ids], device="cuda"))
         torch.testing.assert_close(o.hidden, dense.hidden[0, :-1], atol=1e-3, rtol=1e-3)
+
+
+def test_level_merge_in_the_level_launch_drafts_the_same():
+    """`Drafter.fused_level_merge` (the top-k merge inside each draft level's launch) drafts the same trees in
+    the captured step: the same tokens and, greedy, the same accept lengths step by step, with a reduced
+    draft vocabulary."""
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
+    outs, hists = [], []
+    for fused in (False, True):
+        target, drafter = _pair()
+        drafter.set_draft_vocab(torch.arange(0, GPU_TINY.vocab_size, 2))
+        drafter.fused_level_merge = fused
+        eng = Engine(target, drafter=drafter, block_size=16, speculative="on", strategies=("3_3_8", "4_2_6"))
+        outs.append([o.token_ids for o in eng.generate(PROMPTS, params)])
+        hists.append(eng.stats()["accept_length_hist"])
+    assert outs[0] == outs[1]
+    assert hists[0] == hists[1] and sum(hists[0].values()) > 0

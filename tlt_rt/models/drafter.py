@@ -159,6 +159,7 @@ class Drafter(nn.Module):
         # EAGLE checkpoints and serving engines drop layer 0's input layernorm: fc's output enters attention as is
         self.layers[0].input_layernorm = nn.Identity()
         self.attn_backend: AttentionBackend = TorchAttention()
+        self.fused_level_merge = False  # the engine's draft levels: top-k merge inside the level's launch (CUDA)
         self.packed_attn: PackedAttn = "auto"
         self.register_buffer("d2t", None)
         self.register_buffer("draft_head", None, persistent=False)

@@ -28,14 +28,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tlt_rt.codegen.kernels.build_tree import build_tree_triton
-from tlt_rt.codegen.kernels.draft_level import draft_level, draft_level_reference
-from tlt_rt.codegen.kernels.topk_lse import topk_logprobs, topk_logprobs_reference
 from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import KVCache
 from tlt_rt.rollout.compiled import maybe_compiled
+from tlt_rt.rollout.draft_ops import fused_build_tree, next_level, top_children
 from tlt_rt.rollout.runner import Layout, build_meta
 from tlt_rt.rollout.sequence import Sequence, flush_hidden
 
@@ -111,19 +109,6 @@ def _level_meta(prefix_lens, tables, valid, k: int, levels: int, block_size: int
     return positions, seq_lens, slots, cu
 
 
-def _top_children(drafter, logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The k most likely children of each row of drafter logits over the draft vocabulary [R, Vd]: log-probs
-    [R, k] f32 and target token ids [R, k] (on CUDA one Triton top-k + log-sum-exp in two launches, which
-    also map a reduced draft vocabulary's ids to the target's; no [R, V] log-softmax is written, and a
-    reduced draft vocabulary is never scattered to the full one)."""
-    d2t = drafter.d2t
-    if d2t is not None:
-        d2t = d2t.to(logits.device)  # a buffer of the drafter: already there whenever the drafter is
-    if logits.is_cuda:
-        return topk_logprobs(logits, k, id_map=d2t)
-    return topk_logprobs_reference(logits, k, id_map=d2t)
-
-
 def grow_candidates(
     drafter,
     cache: KVCache,
@@ -144,7 +129,7 @@ def grow_candidates(
     `compiled`: every level's attention inputs through torch.compile, as the captured step builds them."""
     k, levels = strategy.topk, strategy.depth - 1
     b, dev = ins.tokens.shape[0], ins.tokens.device
-    lp, toks = _top_children(drafter, root_logits, k)  # level 0: the root's K best children, sorted
+    lp, toks = top_children(drafter, root_logits, k)  # level 0: the root's K best children, sorted
     if levels == 0:
         return Candidates(toks, lp, torch.full_like(toks, -1), k)
     tokens, scores, fronts = [toks], [lp], []
@@ -154,33 +139,23 @@ def grow_candidates(
     mask = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)  # level 1 sees only itself
     front_flat = torch.arange(k, device=dev).expand(b, k)  # level 0 is sorted: its frontier is itself
     front_tok, front_score, feats = toks, lp, root_hidden[:, None].expand(b, k, -1)
-    advance = draft_level if dev.type == "cuda" else draft_level_reference
     for d in range(1, levels + 1):
         meta = AttnMetadata("verify", cu, seq_lens[d - 1], ins.tables, slots[d - 1].view(-1), k, mask,
                             slots_resolved=True)  # fmt: skip
         out = drafter.forward_paged(front_tok.reshape(-1), feats.reshape(b * k, -1), positions[d - 1].view(-1),
                                     cache, meta, full_vocab=False)  # fmt: skip
-        child_lp, child_tok = _top_children(drafter, out.logits, k)  # [B*K, K]
-        tokens.append(child_tok.view(b, k * k))
         fronts.append(front_flat)
-        # the level's scores, and the next frontier (its K best, ties to the lower index) with its inputs:
-        # the parents' drafter outputs as features, the parents' tree-mask rows widened by its own slot
-        level_score, front_flat, front_tok, front_score, feats, mask = advance(
-            front_score, child_lp, child_tok, out.hidden, mask, k + (d - 1) * k * k
+        # the level's children [B*K, K] and scores, and the next frontier (its K best, ties to the lower index)
+        # with its inputs: the parents' drafter outputs as features, their tree-mask rows widened by its slot
+        child_tok, (level_score, front_flat, front_tok, front_score, feats, mask) = next_level(
+            drafter, out.logits, out.hidden, front_score, mask, k, k + (d - 1) * k * k
         )
+        tokens.append(child_tok.view(b, k * k))
         scores.append(level_score)
     # a level's K*K candidates are frontier-major: candidate j's parent is the level's frontier node j // K
     parents = torch.stack(fronts, 1)[..., None].expand(b, levels, k, k).reshape(b, levels * k * k)
     parents = torch.cat([torch.full_like(toks, -1), parents], 1)
     return Candidates(torch.cat(tokens, 1), torch.cat(scores, 1), parents, k)
-
-
-def fused_build_tree(cands: Candidates, root_tokens: Tensor, prefix_lens: Tensor, verify_tokens: int) -> DraftTree:
-    """`build_tree` in one Triton launch on CUDA (`codegen.kernels.build_tree`, one program per sequence, where
-    torch runs ~56 small sorts, gathers and scatters inside the captured step); `build_tree` itself elsewhere.
-    The same tree, field for field (tested)."""
-    build = build_tree_triton if cands.tokens.is_cuda else build_tree
-    return build(cands, root_tokens, prefix_lens, verify_tokens)
 
 
 def draft_tree(

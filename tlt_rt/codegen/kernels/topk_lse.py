@@ -17,6 +17,8 @@ scattered to the full one) is safe: its chunks give -inf candidates and a zero s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -62,6 +64,23 @@ def _topk_chunk_kernel(
 
 
 @triton.jit
+def _row_candidates(CAND_V, CAND_I, CHUNK_M, CHUNK_S, row, NC, BIG, K: tl.constexpr, BLOCK_NC: tl.constexpr,
+                    BLOCK_C: tl.constexpr):  # fmt: skip
+    """A row's log-sum-exp from its chunks' (max, sum), and its chunks' candidates (values, ids; BIG past
+    the last): what a merge takes its k rounds over."""
+    c = tl.arange(0, BLOCK_NC)
+    m = tl.load(CHUNK_M + row * NC + c, mask=c < NC, other=-float("inf"))
+    s = tl.load(CHUNK_S + row * NC + c, mask=c < NC, other=0.0)
+    big_m = tl.max(m, axis=0)
+    big_m = tl.where(big_m == -float("inf"), 0.0, big_m)
+    lse = big_m + tl.log(tl.sum(s * tl.exp(m - big_m), axis=0))
+    n = tl.arange(0, BLOCK_C)
+    v = tl.load(CAND_V + row * NC * K + n, mask=n < NC * K, other=-float("inf"))
+    ids = tl.load(CAND_I + row * NC * K + n, mask=n < NC * K, other=BIG)
+    return lse, v, ids
+
+
+@triton.jit
 def _topk_merge_kernel(
     # pointers
     CAND_V,
@@ -81,15 +100,7 @@ def _topk_merge_kernel(
     HAS_MAP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    c = tl.arange(0, BLOCK_NC)
-    m = tl.load(CHUNK_M + row * NC + c, mask=c < NC, other=-float("inf"))
-    s = tl.load(CHUNK_S + row * NC + c, mask=c < NC, other=0.0)
-    big_m = tl.max(m, axis=0)
-    big_m = tl.where(big_m == -float("inf"), 0.0, big_m)
-    lse = big_m + tl.log(tl.sum(s * tl.exp(m - big_m), axis=0))
-    n = tl.arange(0, BLOCK_C)
-    v = tl.load(CAND_V + row * NC * K + n, mask=n < NC * K, other=-float("inf"))
-    ids = tl.load(CAND_I + row * NC * K + n, mask=n < NC * K, other=BIG)
+    lse, v, ids = _row_candidates(CAND_V, CAND_I, CHUNK_M, CHUNK_S, row, NC, BIG, K, BLOCK_NC, BLOCK_C)
     for j in tl.static_range(K):
         best = tl.max(v, axis=0)
         at = tl.min(tl.where(v == best, ids, BIG), axis=0)
@@ -117,30 +128,59 @@ def topk_logprobs(
             f"got {id_map.dtype} {tuple(id_map.shape)} on {id_map.device}"
         )
         id_map = id_map.contiguous()
+    out_lp = torch.empty(R, k, dtype=torch.float32, device=logits.device)
+    out_i = torch.empty(R, k, dtype=torch.int64, device=logits.device)
+    if R == 0:
+        return out_lp, out_i
+    ch = topk_chunks(logits, k, block_v)
+    _topk_merge_kernel[(R,)](
+        ch.cand_v, ch.cand_i, ch.chunk_m, ch.chunk_s, out_lp, out_i, out_i if id_map is None else id_map,
+        ch.num_chunks, ch.big, K=k, **ch.merge_meta(), HAS_MAP=id_map is not None, num_warps=1,
+    )  # fmt: skip
+    return out_lp, out_i
+
+
+@dataclass
+class Chunks:
+    """The first launch's results for R rows of V logits in NC chunks: what a merge (here, or inside a draft
+    level's kernel: `codegen.kernels.draft_level`) reads."""
+
+    cand_v: Tensor  # [R, NC, K] f32 each chunk's k best logits
+    cand_i: Tensor  # [R, NC, K] int64 their ids
+    chunk_m: Tensor  # [R, NC] f32 each chunk's max
+    chunk_s: Tensor  # [R, NC] f32 its sum of exp(x - max)
+    big: int  # an id past every real one
+
+    @property
+    def num_chunks(self) -> int:
+        return self.chunk_m.shape[1]
+
+    def merge_meta(self) -> dict[str, int]:
+        nc, k = self.cand_v.shape[1:]
+        return {"BLOCK_NC": max(16, triton.next_power_of_2(nc)), "BLOCK_C": max(16, triton.next_power_of_2(nc * k))}
+
+
+def topk_chunks(logits: Tensor, k: int, block_v: int | None = None) -> Chunks:
+    """The first of `topk_logprobs`' two launches: every (row, chunk)'s k best logits and its (max, sum of
+    exp). logits [R, V], R >= 1, checked by the caller."""
+    R, V = logits.shape
     block_v = min(triton.next_power_of_2(V), block_v or DEFAULT_BLOCK_V)
     nc = triton.cdiv(V, block_v)
     dev = logits.device
-    cand_v = torch.empty(R, nc, k, dtype=torch.float32, device=dev)
-    cand_i = torch.empty(R, nc, k, dtype=torch.int64, device=dev)
-    chunk_m = torch.empty(R, nc, dtype=torch.float32, device=dev)
-    chunk_s = torch.empty(R, nc, dtype=torch.float32, device=dev)
-    out_lp = torch.empty(R, k, dtype=torch.float32, device=dev)
-    out_i = torch.empty(R, k, dtype=torch.int64, device=dev)
-    if R == 0:
-        return out_lp, out_i
+    ch = Chunks(
+        torch.empty(R, nc, k, dtype=torch.float32, device=dev),
+        torch.empty(R, nc, k, dtype=torch.int64, device=dev),
+        torch.empty(R, nc, dtype=torch.float32, device=dev),
+        torch.empty(R, nc, dtype=torch.float32, device=dev),
+        V + block_v,
+    )
     _topk_chunk_kernel[(R, nc)](
-        logits, cand_v, cand_i, chunk_m, chunk_s,
+        logits, ch.cand_v, ch.cand_i, ch.chunk_m, ch.chunk_s,
         V, nc,
         logits.stride(0),
         K=k, BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 4,
     )  # fmt: skip
-    _topk_merge_kernel[(R,)](
-        cand_v, cand_i, chunk_m, chunk_s, out_lp, out_i, out_i if id_map is None else id_map,
-        nc, V + block_v,
-        K=k, BLOCK_NC=max(16, triton.next_power_of_2(nc)), BLOCK_C=max(16, triton.next_power_of_2(nc * k)),
-        HAS_MAP=id_map is not None, num_warps=1,
-    )  # fmt: skip
-    return out_lp, out_i
+    return ch
 
 
 def topk_logprobs_reference(logits: Tensor, k: int, id_map: Tensor | None = None) -> tuple[Tensor, Tensor]:
