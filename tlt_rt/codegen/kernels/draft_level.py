@@ -28,8 +28,8 @@ from tlt_rt.codegen.kernels.topk_lse import Chunks, _row_candidates
 def _draft_level_kernel(
     # pointers
     FRONT_SCORE,  # [B, K] f32
-    CHILD_LP,  # [B, K*K] f32 (read unless FROM_CHUNKS)
-    CHILD_TOK,  # [B, K*K] int64 (read; written when FROM_CHUNKS)
+    CHILD_LP,  # [B, K*K] f32
+    CHILD_TOK,  # [B, K*K] int64
     HIDDEN,  # [B*K, H]
     MASK_IN,  # [B, K, W] uint8
     SCORE,  # [B, K*K] f32 out
@@ -38,52 +38,23 @@ def _draft_level_kernel(
     NEXT_SCORE,  # [B, K] f32 out
     FEATS,  # [B, K, H] out
     MASK_OUT,  # [B, K, W + K] uint8 out
-    CAND_V,  # FROM_CHUNKS: the frontier rows' top-k chunks (topk_lse.Chunks), [B*K, NC, K] f32
-    CAND_I,  # [B*K, NC, K] int64
-    CHUNK_M,  # [B*K, NC] f32
-    CHUNK_S,  # [B*K, NC] f32
-    ID_MAP,  # [Vd] int64 draft -> target ids (read when HAS_MAP)
     # sizes
     H,
     W,
     offset,
-    NC,
-    BIG,
     # meta
     K: tl.constexpr,
     BLOCK_KK: tl.constexpr,
     BLOCK_W: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    FROM_CHUNKS: tl.constexpr,
-    HAS_MAP: tl.constexpr,
-    BLOCK_NC: tl.constexpr,
-    BLOCK_C: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kk = K * K
     c = tl.arange(0, BLOCK_KK)
     in_level = c < kk
-    if FROM_CHUNKS:  # each frontier row's K children: the top-k merge, in registers (topk_lse)
-        score = tl.zeros([BLOCK_KK], dtype=tl.float32)
-        toks = tl.zeros([BLOCK_KK], dtype=tl.int64)
-        for r in tl.static_range(K):
-            lse, v, ids = _row_candidates(CAND_V, CAND_I, CHUNK_M, CHUNK_S, b * K + r, NC, BIG, K, BLOCK_NC, BLOCK_C)
-            front = tl.load(FRONT_SCORE + b * K + r)
-            for j in tl.static_range(K):
-                best = tl.max(v, axis=0)
-                at = tl.min(tl.where(v == best, ids, BIG), axis=0)
-                if HAS_MAP:
-                    tok = tl.load(ID_MAP + at)
-                else:
-                    tok = at
-                score = tl.where(c == r * K + j, front + (best - lse), score)
-                toks = tl.where(c == r * K + j, tok, toks)
-                v = tl.where((v == best) & (ids == at), -float("inf"), v)
-        tl.store(CHILD_TOK + b * kk + c, toks, mask=in_level)
-    else:
-        score = tl.load(FRONT_SCORE + b * K + c // K, mask=in_level, other=0.0) + tl.load(
-            CHILD_LP + b * kk + c, mask=in_level, other=0.0
-        )
+    score = tl.load(FRONT_SCORE + b * K + c // K, mask=in_level, other=0.0) + tl.load(
+        CHILD_LP + b * kk + c, mask=in_level, other=0.0
+    )
     tl.store(SCORE + b * kk + c, score, mask=in_level)
     taken = c >= kk
     w = tl.arange(0, BLOCK_W)
@@ -97,10 +68,7 @@ def _draft_level_kernel(
         parent = at // K
         tl.store(NEXT_FLAT + b * K + j, offset + at)
         tl.store(NEXT_SCORE + b * K + j, best)
-        if FROM_CHUNKS:
-            tl.store(NEXT_TOK + b * K + j, tl.sum(tl.where(c == at, toks, 0), axis=0))
-        else:
-            tl.store(NEXT_TOK + b * K + j, tl.load(CHILD_TOK + b * kk + at))
+        tl.store(NEXT_TOK + b * K + j, tl.load(CHILD_TOK + b * kk + at))
         row = tl.load(MASK_IN + (b * K + parent) * W + w, mask=w < W, other=0)
         tl.store(MASK_OUT + (b * K + j) * w_out + w, row, mask=w < W)
         tl.store(MASK_OUT + (b * K + j) * w_out + W + w, (w == j).to(tl.uint8), mask=w < K)
@@ -139,13 +107,89 @@ def draft_level(
     _draft_level_kernel[(b,)](
         front_score, child_lp, child_tok, hidden, mask.view(torch.uint8),
         score, flat, tok, best, feats, mask_out.view(torch.uint8),
-        score, child_tok, score, score, child_tok,  # no chunks
-        h, w, offset, 1, 0,
+        h, w, offset,
         K=k, BLOCK_KK=max(16, triton.next_power_of_2(k * k)), BLOCK_W=max(16, triton.next_power_of_2(max(w, k))),
-        BLOCK_H=min(1024, triton.next_power_of_2(h)), FROM_CHUNKS=False, HAS_MAP=False, BLOCK_NC=16, BLOCK_C=16,
-        num_warps=4,
+        BLOCK_H=min(1024, triton.next_power_of_2(h)), num_warps=4,
     )  # fmt: skip
     return score, flat, tok, best, feats, mask_out
+
+
+@triton.jit
+def _draft_level_chunks_kernel(
+    # pointers
+    FRONT_SCORE,  # [B, K] f32
+    CHILD_TOK,  # [B, K*K] int64 out: the children's ids
+    HIDDEN,  # [B*K, H]
+    MASK_IN,  # [B, K, W] uint8
+    SCORE,  # [B, K*K] f32 out
+    NEXT_FLAT,  # [B, K] int64 out
+    NEXT_TOK,  # [B, K] int64 out
+    NEXT_SCORE,  # [B, K] f32 out
+    FEATS,  # [B, K, H] out
+    MASK_OUT,  # [B, K, W + K] uint8 out
+    CAND_V,  # the frontier rows' top-k chunks (topk_lse.Chunks), [B*K, NC, K] f32
+    CAND_I,  # [B*K, NC, K] int64
+    CHUNK_M,  # [B*K, NC] f32
+    CHUNK_S,  # [B*K, NC] f32
+    ID_MAP,  # [Vd] int64 draft -> target ids (read when HAS_MAP)
+    # sizes
+    H,
+    W,
+    offset,
+    NC,
+    BIG,
+    # meta
+    K: tl.constexpr,
+    BLOCK_KK: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_MAP: tl.constexpr,
+    BLOCK_NC: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kk = K * K
+    c = tl.arange(0, BLOCK_KK)
+    in_level = c < kk
+    # each frontier row's K children: the top-k merge (topk_lse), in registers
+    score = tl.zeros([BLOCK_KK], dtype=tl.float32)
+    toks = tl.zeros([BLOCK_KK], dtype=tl.int64)
+    for r in tl.static_range(K):
+        lse, v, ids = _row_candidates(CAND_V, CAND_I, CHUNK_M, CHUNK_S, b * K + r, NC, BIG, K, BLOCK_NC, BLOCK_C)
+        front = tl.load(FRONT_SCORE + b * K + r)
+        for j in tl.static_range(K):
+            best = tl.max(v, axis=0)
+            at = tl.min(tl.where(v == best, ids, BIG), axis=0)
+            if HAS_MAP:
+                tok = tl.load(ID_MAP + at)
+            else:
+                tok = at
+            score = tl.where(c == r * K + j, front + (best - lse), score)  # as draft_level adds the merge's
+            toks = tl.where(c == r * K + j, tok, toks)
+            v = tl.where((v == best) & (ids == at), -float("inf"), v)
+    tl.store(CHILD_TOK + b * kk + c, toks, mask=in_level)
+    tl.store(SCORE + b * kk + c, score, mask=in_level)
+    # the frontier as `_draft_level_kernel` chooses it, the chosen ids read from registers
+    taken = c >= kk
+    w = tl.arange(0, BLOCK_W)
+    h = tl.arange(0, BLOCK_H)
+    w_out = W + K
+    for j in tl.static_range(K):
+        open_score = tl.where(taken, -float("inf"), score)
+        best = tl.max(open_score, axis=0)
+        at = tl.min(tl.where((open_score == best) & ~taken, c, BLOCK_KK), axis=0)
+        taken = taken | (c == at)
+        parent = at // K
+        tl.store(NEXT_FLAT + b * K + j, offset + at)
+        tl.store(NEXT_SCORE + b * K + j, best)
+        tl.store(NEXT_TOK + b * K + j, tl.sum(tl.where(c == at, toks, 0), axis=0))
+        row = tl.load(MASK_IN + (b * K + parent) * W + w, mask=w < W, other=0)
+        tl.store(MASK_OUT + (b * K + j) * w_out + w, row, mask=w < W)
+        tl.store(MASK_OUT + (b * K + j) * w_out + W + w, (w == j).to(tl.uint8), mask=w < K)
+        for start in range(0, H, BLOCK_H):
+            hh = start + h
+            v = tl.load(HIDDEN + (b * K + parent) * H + hh, mask=hh < H)
+            tl.store(FEATS + (b * K + j) * H + hh, v, mask=hh < H)
 
 
 def draft_level_from_chunks(
@@ -175,14 +219,14 @@ def draft_level_from_chunks(
     best = torch.empty(b, k, dtype=torch.float32, device=dev)
     feats = torch.empty(b, k, h, dtype=hidden.dtype, device=dev)
     mask_out = torch.empty(b, k, w + k, dtype=torch.bool, device=dev)
-    _draft_level_kernel[(b,)](
-        front_score, score, child_tok, hidden, mask.view(torch.uint8),
+    _draft_level_chunks_kernel[(b,)](
+        front_score, child_tok, hidden, mask.view(torch.uint8),
         score, flat, tok, best, feats, mask_out.view(torch.uint8),
         chunks.cand_v, chunks.cand_i, chunks.chunk_m, chunks.chunk_s, child_tok if id_map is None else id_map,
         h, w, offset, chunks.num_chunks, chunks.big,
         K=k, BLOCK_KK=max(16, triton.next_power_of_2(k * k)), BLOCK_W=max(16, triton.next_power_of_2(max(w, k))),
-        BLOCK_H=min(1024, triton.next_power_of_2(h)), FROM_CHUNKS=True, HAS_MAP=id_map is not None,
-        **chunks.merge_meta(), num_warps=4,
+        BLOCK_H=min(1024, triton.next_power_of_2(h)), HAS_MAP=id_map is not None, **chunks.merge_meta(),
+        num_warps=4,
     )  # fmt: skip
     return score, flat, tok, best, feats, mask_out, child_tok
 

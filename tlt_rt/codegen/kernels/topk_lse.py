@@ -64,23 +64,6 @@ def _topk_chunk_kernel(
 
 
 @triton.jit
-def _row_candidates(CAND_V, CAND_I, CHUNK_M, CHUNK_S, row, NC, BIG, K: tl.constexpr, BLOCK_NC: tl.constexpr,
-                    BLOCK_C: tl.constexpr):  # fmt: skip
-    """A row's log-sum-exp from its chunks' (max, sum), and its chunks' candidates (values, ids; BIG past
-    the last): what a merge takes its k rounds over."""
-    c = tl.arange(0, BLOCK_NC)
-    m = tl.load(CHUNK_M + row * NC + c, mask=c < NC, other=-float("inf"))
-    s = tl.load(CHUNK_S + row * NC + c, mask=c < NC, other=0.0)
-    big_m = tl.max(m, axis=0)
-    big_m = tl.where(big_m == -float("inf"), 0.0, big_m)
-    lse = big_m + tl.log(tl.sum(s * tl.exp(m - big_m), axis=0))
-    n = tl.arange(0, BLOCK_C)
-    v = tl.load(CAND_V + row * NC * K + n, mask=n < NC * K, other=-float("inf"))
-    ids = tl.load(CAND_I + row * NC * K + n, mask=n < NC * K, other=BIG)
-    return lse, v, ids
-
-
-@triton.jit
 def _topk_merge_kernel(
     # pointers
     CAND_V,
@@ -100,7 +83,15 @@ def _topk_merge_kernel(
     HAS_MAP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    lse, v, ids = _row_candidates(CAND_V, CAND_I, CHUNK_M, CHUNK_S, row, NC, BIG, K, BLOCK_NC, BLOCK_C)
+    c = tl.arange(0, BLOCK_NC)
+    m = tl.load(CHUNK_M + row * NC + c, mask=c < NC, other=-float("inf"))
+    s = tl.load(CHUNK_S + row * NC + c, mask=c < NC, other=0.0)
+    big_m = tl.max(m, axis=0)
+    big_m = tl.where(big_m == -float("inf"), 0.0, big_m)
+    lse = big_m + tl.log(tl.sum(s * tl.exp(m - big_m), axis=0))
+    n = tl.arange(0, BLOCK_C)
+    v = tl.load(CAND_V + row * NC * K + n, mask=n < NC * K, other=-float("inf"))
+    ids = tl.load(CAND_I + row * NC * K + n, mask=n < NC * K, other=BIG)
     for j in tl.static_range(K):
         best = tl.max(v, axis=0)
         at = tl.min(tl.where(v == best, ids, BIG), axis=0)
@@ -110,6 +101,23 @@ def _topk_merge_kernel(
         else:
             tl.store(OUT_I + row * K + j, at)
         v = tl.where((v == best) & (ids == at), -float("inf"), v)
+
+
+@triton.jit
+def _row_candidates(CAND_V, CAND_I, CHUNK_M, CHUNK_S, row, NC, BIG, K: tl.constexpr, BLOCK_NC: tl.constexpr,
+                    BLOCK_C: tl.constexpr):  # fmt: skip
+    """A row's log-sum-exp from its chunks' (max, sum), and its chunks' candidates (values, ids; BIG past
+    the last): what a merge takes its k rounds over (`_topk_merge_kernel` reads them the same way, inline)."""
+    c = tl.arange(0, BLOCK_NC)
+    m = tl.load(CHUNK_M + row * NC + c, mask=c < NC, other=-float("inf"))
+    s = tl.load(CHUNK_S + row * NC + c, mask=c < NC, other=0.0)
+    big_m = tl.max(m, axis=0)
+    big_m = tl.where(big_m == -float("inf"), 0.0, big_m)
+    lse = big_m + tl.log(tl.sum(s * tl.exp(m - big_m), axis=0))
+    n = tl.arange(0, BLOCK_C)
+    v = tl.load(CAND_V + row * NC * K + n, mask=n < NC * K, other=-float("inf"))
+    ids = tl.load(CAND_I + row * NC * K + n, mask=n < NC * K, other=BIG)
+    return lse, v, ids
 
 
 def topk_logprobs(
