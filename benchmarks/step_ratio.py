@@ -225,6 +225,8 @@ def main(argv=None) -> None:
                     help="GPU kernels per step of each option; N > 0 also prints the N most launched")  # fmt: skip
     ap.add_argument("--fused-merge", action="store_true",
                     help="each draft level's top-k merge in its launch (Drafter.fused_level_merge)")  # fmt: skip
+    ap.add_argument("--fused-head", action="store_true",
+                    help="the draft head's matmul in the top-k's first launch (Drafter.fused_head_topk)")  # fmt: skip
     ap.add_argument("--run", type=int, default=6, help="steps of one option before the next")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -244,7 +246,8 @@ def main(argv=None) -> None:
                                         num_blocks=256 + 32 * b)  # fmt: skip
         if args.draft_vocab:
             engine.drafter_runner.drafter.set_draft_vocab(torch.arange(args.draft_vocab))
-        engine.drafter_runner.drafter.fused_level_merge = args.fused_merge  # before any step is captured
+        drafter = engine.drafter_runner.drafter  # kernel choices before any step is captured
+        drafter.fused_level_merge, drafter.fused_head_topk = args.fused_merge, args.fused_head
         engine.capture(profile=False, modes=("greedy",))
         engine.policy = Rotation(options)
         step_times(engine, prompts, 16, args.hidden)  # prefill shapes compile here
@@ -270,7 +273,7 @@ def main(argv=None) -> None:
                 for n, ts in got.items():
                     times[(n, v)] += ts
         row = {"batch": b, "device": torch.cuda.get_device_name(), "draft_vocab": args.draft_vocab or None,
-               "fused_merge": args.fused_merge}  # fmt: skip
+               "fused_merge": args.fused_merge, "fused_head": args.fused_head}  # fmt: skip
         row["off-engine_ms"] = 1e3 * statistics.median(times[("off-engine", None)])
         for n in names:
             row[f"{n}_ms"] = 1e3 * statistics.median(times[(n, None)])
@@ -287,6 +290,7 @@ def main(argv=None) -> None:
         torch.cuda.empty_cache()
     vocab = f"; draft vocabulary {args.draft_vocab}" if args.draft_vocab else ""
     vocab += "; top-k merge in the level's launch" if args.fused_merge else ""
+    vocab += "; head in the top-k's launch" if args.fused_head else ""
     print(f"device: {torch.cuda.get_device_name()}; median step ms, interleaved in one engine per batch{vocab}")
     for r in rows:
         plain = r["off_ms"]

@@ -185,18 +185,19 @@ def test_returned_hidden_outlive_graph_replays(speculative):
         torch.testing.assert_close(o.hidden, dense.hidden[0, :-1], atol=1e-3, rtol=1e-3)
 
 
-def test_level_merge_in_the_level_launch_drafts_the_same():
-    """`Drafter.fused_level_merge` (the top-k merge inside each draft level's launch) drafts the same trees in
-    the captured step: the same tokens and, greedy, the same accept lengths step by step, with a reduced
-    draft vocabulary."""
+def test_fused_draft_kernels_draft_the_same():
+    """The draft levels' fused kernels in the captured step, with a reduced draft vocabulary:
+    `Drafter.fused_level_merge` (the top-k merge inside each level's launch) drafts the same trees, so the same
+    tokens and, greedy, the same accept lengths step by step; `fused_head_topk` (the LM head inside the
+    top-k's first launch, its logits rounded as the matmul's) the same tokens, speculating."""
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
     outs, hists = [], []
-    for fused in (False, True):
+    for merge, head in ((False, False), (True, False), (True, True), (False, True)):
         target, drafter = _pair()
         drafter.set_draft_vocab(torch.arange(0, GPU_TINY.vocab_size, 2))
-        drafter.fused_level_merge = fused
+        drafter.fused_level_merge, drafter.fused_head_topk = merge, head
         eng = Engine(target, drafter=drafter, block_size=16, speculative="on", strategies=("3_3_8", "4_2_6"))
         outs.append([o.token_ids for o in eng.generate(PROMPTS, params)])
         hists.append(eng.stats()["accept_length_hist"])
-    assert outs[0] == outs[1]
-    assert hists[0] == hists[1] and sum(hists[0].values()) > 0
+    assert all(o == outs[0] for o in outs[1:])
+    assert hists[1] == hists[0] and all(sum(h.values()) > 0 for h in hists)

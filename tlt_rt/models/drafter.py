@@ -159,7 +159,10 @@ class Drafter(nn.Module):
         # EAGLE checkpoints and serving engines drop layer 0's input layernorm: fc's output enters attention as is
         self.layers[0].input_layernorm = nn.Identity()
         self.attn_backend: AttentionBackend = TorchAttention()
-        self.fused_level_merge = False  # the engine's draft levels: top-k merge inside the level's launch (CUDA)
+        # kernel choices of the engine's draft levels on CUDA (rollout.draft_ops): the top-k's merge inside the
+        # level's launch; the LM head's matmul inside the top-k's first launch
+        self.fused_level_merge = False
+        self.fused_head_topk = False
         self.packed_attn: PackedAttn = "auto"
         self.register_buffer("d2t", None)
         self.register_buffer("draft_head", None, persistent=False)
@@ -332,12 +335,15 @@ class Drafter(nn.Module):
         meta: AttnMetadata,
         logits_indices: torch.Tensor | None = None,
         full_vocab: bool = True,
+        head: bool = True,
     ) -> ModelOutput:
         """Engine forward over packed rows, as `CausalLM.forward_paged`: input_ids/positions [N], hidden [N, H].
 
         Returns logits [M, V] over the TARGET vocabulary (rows `logits_indices`, default all), or with
         `full_vocab=False` [M, Vd] over the draft vocabulary (map ids with `to_target_ids`), and hidden
         [N, H]. K/V go to the drafter's one-layer `cache` at meta.slot_mapping (the target's block tables).
+        `head=False` leaves the LM head to the caller (logits None): a top-k that multiplies by the head
+        itself (`codegen.kernels.topk_lse.head_topk_chunks`).
         """
         meta.validate(input_ids.shape[0])
         x = self._fuse(input_ids, hidden)
@@ -346,6 +352,8 @@ class Drafter(nn.Module):
                                           cache.v[0], meta, self.attn_backend)  # fmt: skip
         x, h = layer.post_attention_layernorm.add(x, h)
         x = layer.mlp.forward_add(h, x)
+        if not head:
+            return ModelOutput(logits=None, hidden=x)
         rows = x if logits_indices is None else x[logits_indices]
         logits = self.logits(rows)
         return ModelOutput(logits=self.to_target_vocab(logits) if full_vocab else logits, hidden=x)
