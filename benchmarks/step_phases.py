@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_throughput import prompts_for  # noqa: E402
 from step_ratio import Rotation  # noqa: E402
 
+import tlt_rt.rollout.draft_ops as draft_ops  # noqa: E402
 import tlt_rt.rollout.drafting as drafting  # noqa: E402
 from tlt_rt.ir.strategy import Strategy  # noqa: E402
 from tlt_rt.models.default import load_tokenizer  # noqa: E402
@@ -60,9 +61,12 @@ def _ranged(fn, label: str):
 def instrument(engine: Engine) -> None:
     """Profiler ranges around each phase of the engine's steps (module functions and lowered calls)."""
     for name, label in [("catch_up_block", "catch-up"), ("_level_meta", "level-meta"),
-                        ("grow_candidates", "levels"), ("_top_children", "level-topk"),
-                        ("fused_build_tree", "rerank"), ("build_tree", "rerank")]:  # fmt: skip
+                        ("grow_candidates", "levels"), ("fused_build_tree", "rerank"),
+                        ("build_tree", "rerank")]:  # fmt: skip
         setattr(drafting, name, _ranged(getattr(drafting, name), label))
+    # the top-k, fused or not (a merge inside the level's own launch stays with the levels)
+    for name in ("top_children", "topk_chunks", "head_topk_chunks", "merge_chunks"):
+        setattr(draft_ops, name, _ranged(getattr(draft_ops, name), "level-topk"))
     DirectModels.verify = _ranged(DirectModels.verify, "verify")
     steps = engine.runner.steps
     lowered = steps.lowered
@@ -142,6 +146,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None, help="append one JSON line per (batch, option)")
     ap.add_argument("--draft-vocab", type=int, default=0,
                     help="draft over N target ids (a reduced head, ids 0..N-1: costs, not gains)")  # fmt: skip
+    ap.add_argument("--fused-merge", action="store_true", help="Drafter.fused_level_merge (step_ratio.py)")
+    ap.add_argument("--fused-head", action="store_true", help="Drafter.fused_head_topk (step_ratio.py)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
@@ -153,6 +159,8 @@ def main(argv=None) -> None:
                                         num_blocks=256 + 32 * b)  # fmt: skip
         if args.draft_vocab:
             engine.drafter_runner.drafter.set_draft_vocab(torch.arange(args.draft_vocab))
+        drafter = engine.drafter_runner.drafter
+        drafter.fused_level_merge, drafter.fused_head_topk = args.fused_merge, args.fused_head
         # the captured step's kernels (compiled glue, Triton attention, compiled rerank), run eagerly
         engine.runner.pool = None
         instrument(engine)
@@ -162,7 +170,8 @@ def main(argv=None) -> None:
             got = profile_step(engine, prompts, option)
             name = str(option) if option else "off"
             row = {"batch": b, "option": name, "device": torch.cuda.get_device_name(),
-                   "draft_vocab": args.draft_vocab or None}  # fmt: skip
+                   "draft_vocab": args.draft_vocab or None, "fused_merge": args.fused_merge,
+                   "fused_head": args.fused_head}  # fmt: skip
             for ph in PHASES:
                 n, us, names, times = got.get(ph, (0, 0.0, Counter(), Counter()))
                 row[f"{ph}_launches"], row[f"{ph}_us"] = n, round(us, 1)

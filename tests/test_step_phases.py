@@ -1,0 +1,38 @@
+"""benchmarks/step_phases.py's instrumentation on the CPU: every function it wraps still exists under the
+name it wraps, and an instrumented engine decodes as before, each phase's range opened."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from torch.profiler import ProfilerActivity, profile
+
+from tests.test_engine import PROMPTS, make_engine
+from tlt_rt.rollout import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import step_phases  # noqa: E402
+
+import tlt_rt.rollout.draft_ops as draft_ops  # noqa: E402
+import tlt_rt.rollout.drafting as drafting  # noqa: E402
+from tlt_rt.rollout.step_graph import DirectModels  # noqa: E402
+
+
+def test_instrumented_engine_decodes_the_same_in_its_phases(monkeypatch):
+    for mod, names in ((drafting, ("catch_up_block", "_level_meta", "grow_candidates", "fused_build_tree",
+                                   "build_tree")),
+                       (draft_ops, ("top_children", "topk_chunks", "head_topk_chunks", "merge_chunks"))):  # fmt: skip
+        for name in names:
+            monkeypatch.setattr(mod, name, getattr(mod, name))  # restored after the test
+    monkeypatch.setattr(DirectModels, "verify", DirectModels.verify)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12, stop_token_ids=[])
+    want = [o.token_ids for o in make_engine(enforce_eager=True).generate(PROMPTS, params)]
+    eng = make_engine(enforce_eager=True)
+    step_phases.instrument(eng)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        got = [o.token_ids for o in eng.generate(PROMPTS, params)]
+    assert got == want
+    seen = {e.name for e in prof.events() if e.name.startswith("phase:")}
+    assert {"phase:catch-up", "phase:levels", "phase:level-topk", "phase:rerank", "phase:verify"} <= seen, seen
+    assert eng.stats()["sd_steps"] > 0
