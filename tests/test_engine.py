@@ -208,11 +208,11 @@ def test_stats_report_what_ran():
 
 
 def test_sequence_hidden_rows_keep_their_order():
-    from tlt_rt.rollout.sequence import MERGE_EVERY, PlainRows, Sequence, flush_hidden
+    from tlt_rt.rollout.sequence import MERGE_EVERY, Sequence, StepRows, flush_hidden
 
-    log = PlainRows()
-    s = Sequence(1, 0, 0, [1], 0, 10, plain_rows=log)
-    x, y = Sequence(7, 0, 0, [1], 0, 10, plain_rows=log), Sequence(8, 0, 0, [1], 0, 10, plain_rows=log)
+    log = StepRows()
+    s = Sequence(1, 0, 0, [1], 0, 10, step_rows=log)
+    x, y = Sequence(7, 0, 0, [1], 0, 10, step_rows=log), Sequence(8, 0, 0, [1], 0, 10, step_rows=log)
     step = torch.arange(6.0).view(3, 2)  # a plain step's [B, H] hidden states; this sequence is row 1, then 2
     s.add_hidden(torch.zeros(1, 2))
     log.add(step, [x, s, y])
@@ -230,8 +230,8 @@ def test_sequence_hidden_rows_keep_their_order():
     # many sequences and steps at once, the batch the same from step to step or not
     other = torch.arange(10.0, 16.0).view(3, 2)
     for varied in (True, False):
-        log = PlainRows()
-        seqs = [Sequence(i, 0, 0, [1], 0, 10, plain_rows=log) for i in range(3)]
+        log = StepRows()
+        seqs = [Sequence(i, 0, 0, [1], 0, 10, step_rows=log) for i in range(3)]
         log.add(step, seqs)
         log.add(other, seqs if not varied else seqs[::-1])
         flush_hidden(seqs[:1])
@@ -243,8 +243,8 @@ def test_sequence_hidden_rows_keep_their_order():
         log.add(step[:1], [seqs[1]])
         assert [q.hidden().tolist() for q in seqs] == [want[0], [*want[1], [-1, -1], [0, 1]], want[2]]
     # the log never holds more than MERGE_EVERY steps: rows of finished sequences are not kept by it
-    log = PlainRows()
-    seqs = [Sequence(i, 0, 0, [1], 0, 10, plain_rows=log) for i in range(2)]
+    log = StepRows()
+    seqs = [Sequence(i, 0, 0, [1], 0, 10, step_rows=log) for i in range(2)]
     for t in range(2 * MERGE_EVERY + 3):
         log.add(torch.tensor([[t, 0.0], [t, 1.0]]), seqs)
         assert len(log.steps) < MERGE_EVERY
@@ -292,3 +292,35 @@ def test_auto_tells_the_policy_how_far_the_drafter_is_behind():
     assert seen[first_sd][1] == 2 * (13 - rows)
     assert all(b == 0 for s, b in seen[first_sd + 1 :] if s is not None)  # caught up from then on
     assert all(b == 0 for s, b in seen if s is None)  # plain steps report no catch-up
+
+
+def test_speculative_steps_log_the_rows_each_sequence_kept():
+    """A speculative step's [B, D+1, H] rows enter the log with how many each sequence kept; flushed, every
+    history is what appending each sequence's kept rows at once would give, across plain and speculative
+    steps, runs of the same batch and batches that change."""
+    from tlt_rt.rollout.sequence import Sequence, StepRows
+
+    g = torch.Generator().manual_seed(0)
+    for runs in ((0, 0, 0, 0), (0, 1, 0, 2)):  # which batch order each step runs in
+        log = StepRows()
+        seqs = [Sequence(i, 0, 0, [1], 0, 10, step_rows=log) for i in range(3)]
+        orders = [seqs, seqs[::-1], [seqs[1], seqs[2], seqs[0]]]
+        want = {id(s): [] for s in seqs}
+        for step, r in enumerate(runs):
+            q = orders[r]
+            if step % 2:  # plain: a row each
+                rows = torch.randn(3, 4, generator=g)
+                log.add(rows, q)
+                for i, s in enumerate(q):
+                    want[id(s)].append(rows[i : i + 1])
+            else:  # speculative: depth 3, some rows kept of each
+                rows = torch.randn(3, 4, 4, generator=g)
+                kept = [1 + (step + i) % 4 for i in range(3)]
+                log.add(rows, q, kept)
+                for i, s in enumerate(q):
+                    want[id(s)].append(rows[i, : kept[i]])
+        assert len(log.steps) == len(runs)
+        got = [s.hidden() for s in seqs]  # the first read flushes the whole log
+        assert not log.steps
+        for s, h in zip(seqs, got, strict=True):
+            assert torch.equal(h, torch.cat(want[id(s)]))

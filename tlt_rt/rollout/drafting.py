@@ -222,9 +222,9 @@ class DrafterRunner:
         return the target hidden windows [B, max(rows, window_rows), H] ending at each num_cached. Marks the
         drafter rows as cached: the caller runs the block. `tables[i]`: sequence i's block table (a list of
         lists or a `block_manager.Tables`)."""
-        flush_hidden(seqs)
         behind = [i for i, s in enumerate(seqs) if s.num_cached - s.draft_cached > rows]
         if behind:
+            flush_hidden(seqs)
             ends = [seqs[i].num_cached - rows for i in behind]
             self.catch_up([seqs[i] for i in behind], [tables[i] for i in behind], ends)
         width = max(rows, self.window_rows)
@@ -233,7 +233,8 @@ class DrafterRunner:
         recent = self._recent
         fresh = all(s.window_src is not None and s.window_end == s.num_cached for s in seqs)
         if fresh and recent is not None and recent[0] == tuple(s.seq_id for s in seqs) and recent[1].shape[1] >= width:
-            return recent[1]  # the same batch as the last step: its windows as they are
+            return recent[1]  # the same batch as the last step: its windows as they are (no history read)
+        flush_hidden(seqs)  # the logged rows of every sequence at once, before any window reads them
         return torch.stack([self._window(s, width) for s in seqs])
 
     def _window(self, s: Sequence, width: int) -> Tensor:

@@ -38,7 +38,7 @@ def prefill(runner, sched: Scheduler, jobs: list[tuple[PrefillJob, int]], params
         if job.seq is not None:  # a recomputed sample resumes where it was
             seq = job.seq
             seq.num_cached, seq.hidden_chunks = len(job.tokens), [torch.cat(job.hidden_chunks)]
-            seq.plain_rows = sched.plain_rows
+            seq.step_rows = sched.step_rows
             sched.running.append(seq)
             continue
         groups.append((row, job))
@@ -83,7 +83,7 @@ def fork_groups(runner, sched: Scheduler, groups, logits, params: SamplingParams
             seq.num_cached, seq.draft_cached = p, draft_cached
             seq.hidden_chunks = [hidden] if keep_hidden else []
             seq.counter = 1
-            seq.plain_rows = sched.plain_rows
+            seq.step_rows = sched.step_rows
             sched.running.append(seq)
             sched.emit(seq, [int(tok[k])], [lp[k]])
             k += 1

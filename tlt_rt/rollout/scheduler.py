@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, deque
 
 from tlt_rt.rollout.block_manager import BlockManager
-from tlt_rt.rollout.sequence import PlainRows, PrefillJob, Sequence
+from tlt_rt.rollout.sequence import PrefillJob, Sequence, StepRows
 
 
 class Scheduler:
@@ -36,7 +36,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.done: list[Sequence] = []
         self._allocated: set[int] = set()  # prefill jobs that hold blocks
-        self.plain_rows = PlainRows()  # hidden rows of plain steps, until a sequence's history is read
+        self.step_rows = StepRows()  # hidden rows of decode steps, until a sequence's history is read
 
     @property
     def busy(self) -> bool:
@@ -153,15 +153,11 @@ class Scheduler:
             kept.append(k)
         emitted = sum(kept)
         self.stats["generated_tokens"] += emitted
-        hidden = out.hidden
+        hidden = out.hidden  # logged, copied out to the sequences when one of their histories is next read
         if hidden is None:
             return emitted
-        width = hidden.shape[1]
-        if width == 1 or emitted == len(seqs):  # one row each: logged, copied out when next read
-            self.plain_rows.add(hidden[:, 0], seqs)
-            return emitted
-        sizes = [n for k in kept for n in (k, width - k)]  # each sequence's kept rows, then the rest
-        chunks = hidden.flatten(0, 1).split_with_sizes(sizes)[::2]  # one call makes every view
-        for seq, chunk in zip(seqs, chunks, strict=True):
-            seq.add_hidden(chunk)
+        if hidden.shape[1] == 1 or emitted == len(seqs):  # one row each
+            self.step_rows.add(hidden[:, 0], seqs)
+        else:  # each sequence's first kept rows
+            self.step_rows.add(hidden, seqs, kept)
         return emitted

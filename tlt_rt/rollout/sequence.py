@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from tlt_rt.rollout.params import Completion, SamplingParams
@@ -38,7 +39,7 @@ class Sequence:
     window_end: int = -1
     counter: int = 0  # RNG step counter
     _fresh: int = 0  # chunks appended since the last merge
-    plain_rows: PlainRows | None = None  # the log of plain steps' hidden rows this sequence is recorded in
+    step_rows: StepRows | None = None  # the log of decode steps' hidden rows this sequence is recorded in
     finish_reason: str | None = None
     preemptions: int = 0
     # per-request settings (AsyncEngine): None means the generate call's SamplingParams / stop set
@@ -93,14 +94,14 @@ class Sequence:
         return parts[0] if len(parts) == 1 else torch.cat(parts[::-1])
 
     def _flush(self) -> None:
-        """Copy out the rows plain steps logged (for every sequence of the log at once)."""
-        if self.plain_rows is not None and self.plain_rows.steps:
-            self.plain_rows.flush()
+        """Copy out the rows decode steps logged (for every sequence of the log at once)."""
+        if self.step_rows is not None and self.step_rows.steps:
+            self.step_rows.flush()
 
     def add_hidden(self, chunk: torch.Tensor) -> None:
         """Append target hidden rows. A chunk is usually a view of a whole batch's output, which it keeps
         alive; every MERGE_EVERY chunks the recent ones are copied into one tensor of their own."""
-        self._flush()  # rows of earlier plain steps come first
+        self._flush()  # rows of earlier decode steps come first
         self._append_chunk(chunk)
 
     def _append_chunk(self, chunk: torch.Tensor) -> None:
@@ -136,45 +137,68 @@ class Sequence:
 MERGE_EVERY = 32
 
 
-class PlainRows:
-    """The target hidden rows of plain decode steps, logged per step: a step records its [B, H] rows and
-    its B sequences in one call, whatever B (no per-sequence work on the decode path), and the rows reach
-    each sequence's history when any of them is next read (`flush`). A sequence names its log in
-    `Sequence.plain_rows`."""
+class StepRows:
+    """The target hidden rows of decode steps, logged per step: a step records its rows and its B sequences
+    in one call, whatever B (no per-sequence work on the decode path), and the rows reach each sequence's
+    history when any of them is next read (`flush`). A plain step logs [B, H] (a row each), a speculative
+    one [B, D+1, H] and how many of each sequence's rows it kept. A sequence names its log in
+    `Sequence.step_rows`."""
 
     def __init__(self):
-        self.steps: list[tuple[torch.Tensor, list[Sequence]]] = []
+        self.steps: list[tuple[torch.Tensor, list[int] | None, list[Sequence]]] = []
 
-    def add(self, rows: torch.Tensor, seqs: list[Sequence]) -> None:
-        """Row i of `rows` [B, H] is the next hidden row of seqs[i] (the list is kept: do not change it).
-        Every MERGE_EVERY steps the log is flushed, so it never holds more: a scheduler that outlives its
-        requests (`AsyncEngine`) would otherwise keep the rows of every finished one."""
-        self.steps.append((rows, seqs))
+    def add(self, rows: torch.Tensor, seqs: list[Sequence], kept: list[int] | None = None) -> None:
+        """Row i of `rows` [B, H] is the next hidden row of seqs[i]; or, with `kept`, rows [B, W, H] of which
+        seqs[i] takes the first kept[i] <= W. The lists are kept: do not change them. Every MERGE_EVERY steps
+        the log is flushed, so it never holds more: a scheduler that outlives its requests (`AsyncEngine`)
+        would otherwise keep the rows of every finished one."""
+        self.steps.append((rows, kept, seqs))
         if len(self.steps) >= MERGE_EVERY:
             self.flush()
 
     def flush(self) -> None:
-        """Append every logged row to its sequence, in step order: one stack per run of steps that ran the
-        same sequences (the usual stretch between a finish and the next), whose rows each of them takes as
-        one chunk."""
+        """Append every logged row to its sequence, in step order, per run of steps that ran the same
+        sequences (the usual stretch between a finish and the next), whose rows each of them takes as one
+        chunk: one stack for a run of plain steps, one gather where a speculative step kept some rows."""
         steps, self.steps = self.steps, []
-        runs: list[tuple[list[Sequence], list[torch.Tensor]]] = []
-        for rows, q in steps:
+        runs: list[tuple[list[Sequence], list[tuple[torch.Tensor, list[int] | None]]]] = []
+        for rows, kept, q in steps:
             last = runs[-1][0] if runs else None
             if last is not None and (q is last or (len(q) == len(last) and all(map(operator.is_, q, last)))):
-                runs[-1][1].append(rows)
+                runs[-1][1].append((rows, kept))
             else:
-                runs.append((q, [rows]))
-        for q, rows in runs:
-            stacked = torch.stack(rows, 1)  # [B, steps, H]
-            for seq, chunk in zip(q, stacked.unbind(0), strict=True):
+                runs.append((q, [(rows, kept)]))
+        for q, entries in runs:
+            if all(kept is None for _, kept in entries):
+                chunks = torch.stack([rows for rows, _ in entries], 1).unbind(0)  # [B, steps, H]
+            else:
+                chunks = _kept_rows(len(q), entries)
+            for seq, chunk in zip(q, chunks, strict=True):
                 seq._append_chunk(chunk)
 
 
+def _kept_rows(b: int, entries: list[tuple[torch.Tensor, list[int] | None]]) -> list[torch.Tensor]:
+    """Each of b sequences' rows over a run of steps ([B, H] rows, or [B, W, H] and the rows kept of each),
+    in step order, as b views of one gather: the run's rows flattened into one [N, H], the kept ones picked
+    by indices built on the host."""
+    flat = [rows.reshape(b, 1 if rows.dim() == 2 else rows.shape[1], rows.shape[-1]) for rows, _ in entries]
+    widths = np.array([r.shape[1] for r in flat])
+    bases = np.concatenate([[0], np.cumsum(widths * b)[:-1]])  # each step's first row in the flattened run
+    kept = np.array([[1] * b if k is None else k for _, k in entries], dtype=np.int64).T  # [B, steps]
+    starts = (bases[None, :] + np.arange(b)[:, None] * widths[None, :]).ravel()  # sequence-major, then step
+    lens = kept.ravel()
+    idx = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(lens.sum())
+    rows = torch.cat([r.reshape(-1, r.shape[-1]) for r in flat]) if len(flat) > 1 else flat[0].flatten(0, 1)
+    index = torch.from_numpy(idx)
+    if rows.is_cuda:  # pinned, so the copy does not wait for the stream's queued work
+        index = index.pin_memory().to(rows.device, non_blocking=True)
+    return list(rows.index_select(0, index).split(kept.sum(1).tolist()))
+
+
 def flush_hidden(seqs: list[Sequence]) -> None:
-    """Copy out the logged plain-step rows of many sequences (each log once, a stack per run of steps: the
-    rows one by one cost a tensor op each, tens of ms at batch 128 after a few dozen plain steps)."""
-    logs = {id(s.plain_rows): s.plain_rows for s in seqs if s.plain_rows is not None and s.plain_rows.steps}
+    """Copy out the logged decode-step rows of many sequences (each log once, a stack or gather per run of
+    steps: the rows one by one cost a tensor op each, tens of ms at batch 128 after a few dozen steps)."""
+    logs = {id(s.step_rows): s.step_rows for s in seqs if s.step_rows is not None and s.step_rows.steps}
     for log in logs.values():
         log.flush()
 
