@@ -7,9 +7,9 @@
 #   trainer  plain and 6_2_12 steps at batch 4 and 8 (where the rollout's tail spends its time) beside the RL
 #            worker's drafter trainer, by its SM share, pacing, switch interval and batch (shorter kernels), and
 #            beside a pure-Python thread (what the GIL alone costs) (~3 minutes)
-#   fused    the ratio part again with the draft levels' fused kernels: the top-k merge inside the level's
-#            launch and the head's matmul inside the top-k's (Drafter.fused_level_merge, fused_head_topk;
-#            run it right after `ratio`, on the same machine), then 6_2_12's kernels by phase (~3.5 minutes)
+#   fused    the ratio part with a second engine beside, timed in the same rounds, that runs the draft levels'
+#            fused kernels: the top-k merge inside the level's launch and the head's matmul inside the
+#            top-k's (Drafter.fused_level_merge, fused_head_topk); then its 6_2_12 kernels by phase (~4 minutes)
 #   phases   the step's kernels by phase, batch 1 and 32 (~1.5 minutes)
 #   vocab    the same at batch 1 and 32 for 8_4_32 with draft heads of 2,048, 4,096 and 16,384 ids and the full
 #            one: a draft level's cost against the vocabulary's size (~3 minutes)
@@ -34,11 +34,11 @@ for part in $parts; do
           > "$out/step-ratio-$commit.log" 2>&1
       tail -n 6 "$out/step-ratio-$commit.log" ;;
     fused)
-      timeout 240 python benchmarks/step_ratio.py --batch 1 32 --strategies 8_4_32 6_2_12 --rounds 3 \
-          --max-new-tokens 64 --kernels 0 --draft-vocab 8192 --fused-merge --fused-head \
+      timeout 330 python benchmarks/step_ratio.py --batch 1 32 --strategies 8_4_32 6_2_12 --rounds 3 \
+          --max-new-tokens 64 --kernels 0 --draft-vocab 8192 --compare-fused \
           --out "$out/step-ratio-fused-$commit.jsonl" \
           > "$out/step-ratio-fused-$commit.log" 2>&1
-      tail -n 6 "$out/step-ratio-fused-$commit.log"
+      tail -n 10 "$out/step-ratio-fused-$commit.log"
       timeout 150 python benchmarks/step_phases.py --batch 1 32 --strategies 6_2_12 --draft-vocab 8192 --show 0 \
           --fused-merge --fused-head --out "$out/step-phases-fused-$commit.jsonl" > "$out/step-phases-fused-$commit.log" 2>&1
       tail -n 4 "$out/step-phases-fused-$commit.log" ;;

@@ -16,6 +16,8 @@ trainer runs; default the tail trainer's own, 0 = Python's 5 ms), or several joi
 of pure Python instead (no device work: what sharing the GIL alone costs). Prints each option's step time
 with the trainer against without, and the trainer's steps. --hidden keeps hidden rows as RL rollouts do.
 --kernels: the GPU kernels (count and time) of one step of each option, from the torch profiler.
+--compare-fused: a second speculative engine with the draft levels' fused kernels (Drafter.fused_level_merge
+and fused_head_topk) runs in the same rounds; its ratios (and kernels) print below the first's.
 """
 
 from __future__ import annotations
@@ -201,6 +203,21 @@ def kernels_per_step(engine: Engine, prompts, options, show: int = 0) -> dict[st
     return out
 
 
+def sd_engine(args, b: int, prompts, fused_merge: bool, fused_head: bool) -> Engine:
+    """The speculative engine the rounds time: every step captured, its policy a rotation, warmed up."""
+    engine = Engine.from_pretrained(None, drafter_path=args.drafter, speculative="on", dtype="bfloat16",
+                                    device="cuda", strategies=args.strategies, max_batch=max(b, 1),
+                                    num_blocks=256 + 32 * b)  # fmt: skip
+    drafter = engine.drafter_runner.drafter
+    if args.draft_vocab:
+        drafter.set_draft_vocab(torch.arange(args.draft_vocab))
+    drafter.fused_level_merge, drafter.fused_head_topk = fused_merge, fused_head  # before any capture
+    engine.capture(profile=False, modes=("greedy",))
+    engine.policy = Rotation([None, *(Strategy.parse(s) for s in args.strategies)])
+    step_times(engine, prompts, 16, args.hidden)  # prefill shapes compile here
+    return engine
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
@@ -227,6 +244,8 @@ def main(argv=None) -> None:
                     help="each draft level's top-k merge in its launch (Drafter.fused_level_merge)")  # fmt: skip
     ap.add_argument("--fused-head", action="store_true",
                     help="the draft head's matmul in the top-k's first launch (Drafter.fused_head_topk)")  # fmt: skip
+    ap.add_argument("--compare-fused", action="store_true",
+                    help="also a second engine with both fused draft kernels, timed in the same rounds")  # fmt: skip
     ap.add_argument("--run", type=int, default=6, help="steps of one option before the next")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -241,16 +260,8 @@ def main(argv=None) -> None:
     rows = []
     for b in args.batch:
         prompts = prompts_for(b, tok)
-        engine = Engine.from_pretrained(None, drafter_path=args.drafter, speculative="on", dtype="bfloat16",
-                                        device="cuda", strategies=args.strategies, max_batch=max(b, 1),
-                                        num_blocks=256 + 32 * b)  # fmt: skip
-        if args.draft_vocab:
-            engine.drafter_runner.drafter.set_draft_vocab(torch.arange(args.draft_vocab))
-        drafter = engine.drafter_runner.drafter  # kernel choices before any step is captured
-        drafter.fused_level_merge, drafter.fused_head_topk = args.fused_merge, args.fused_head
-        engine.capture(profile=False, modes=("greedy",))
-        engine.policy = Rotation(options)
-        step_times(engine, prompts, 16, args.hidden)  # prefill shapes compile here
+        engine = sd_engine(args, b, prompts, args.fused_merge, args.fused_head)
+        fused = sd_engine(args, b, prompts, True, True) if args.compare_fused else None
         # plain decoding on an engine without speculation, timed in the same rounds: the reference the
         # SD-capable engine's plain steps (which keep hidden rows for the drafter) are compared with
         plain = Engine.from_pretrained(None, speculative="off", dtype="bfloat16", device="cuda", max_batch=max(b, 1),
@@ -262,6 +273,10 @@ def main(argv=None) -> None:
         steps = dict.fromkeys(variants, 0)
         for _ in range(args.rounds):
             times[("off-engine", None)] += step_times(plain, prompts, args.max_new_tokens, args.hidden)["off"]
+            if fused is not None:
+                fused.policy = Rotation(options, args.run)
+                for n, ts in step_times(fused, prompts, args.max_new_tokens, args.hidden).items():
+                    times.setdefault((n, "fused"), []).extend(ts)
             for v in [None, *variants]:
                 engine.policy = Rotation(options, args.run)
                 if v is None:
@@ -282,11 +297,17 @@ def main(argv=None) -> None:
         for v in variants:
             row[f"trainer[{v}]_steps"] = steps[v]
             row[f"trainer[{v}]_sms"] = trainers[v].used_sms
+        if fused is not None:
+            for n in names:
+                row[f"{n}_fused_ms"] = 1e3 * statistics.median(times[(n, "fused")])
         if args.kernels >= 0:
             for n, (launches, us) in kernels_per_step(engine, prompts, options, args.kernels).items():
                 row[f"{n}_kernels"], row[f"{n}_kernel_us"] = launches, us
+            if fused is not None:
+                for n, (launches, us) in kernels_per_step(fused, prompts, options, args.kernels).items():
+                    row[f"{n}_fused_kernels"], row[f"{n}_fused_kernel_us"] = launches, us
         rows.append(row)
-        del engine, trainers, plain
+        del engine, trainers, plain, fused
         torch.cuda.empty_cache()
     vocab = f"; draft vocabulary {args.draft_vocab}" if args.draft_vocab else ""
     vocab += "; top-k merge in the level's launch" if args.fused_merge else ""
@@ -303,6 +324,13 @@ def main(argv=None) -> None:
         if args.kernels >= 0:
             print("    kernels per step (launches, us): "
                   + ", ".join(f"{n} {r[n + '_kernels']} / {r[n + '_kernel_us']:.0f}" for n in names))  # fmt: skip
+        if "off_fused_ms" in r:
+            fp = r["off_fused_ms"]
+            cells = [f"{n} {r[n + '_fused_ms']:.3f} ({r[n + '_fused_ms'] / fp:.2f}x)" for n in names[1:]]
+            print(f"    fused draft kernels, same rounds: off {fp:.3f}, " + ", ".join(cells))
+            if "off_fused_kernels" in r:
+                cells = [f"{n} {r[n + '_fused_kernels']} / {r[n + '_fused_kernel_us']:.0f}" for n in names]
+                print("    their kernels per step (launches, us): " + ", ".join(cells))
     append_jsonl(args.out, rows)
 
 
