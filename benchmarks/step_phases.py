@@ -148,6 +148,7 @@ def main(argv=None) -> None:
                     help="draft over N target ids (a reduced head, ids 0..N-1: costs, not gains)")  # fmt: skip
     ap.add_argument("--fused-merge", action="store_true", help="Drafter.fused_level_merge (step_ratio.py)")
     ap.add_argument("--fused-head", action="store_true", help="Drafter.fused_head_topk (step_ratio.py)")
+    ap.add_argument("--fused-swiglu", action="store_true", help="Drafter.fused_swiglu (step_ratio.py)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
@@ -161,6 +162,7 @@ def main(argv=None) -> None:
             engine.drafter_runner.drafter.set_draft_vocab(torch.arange(args.draft_vocab))
         drafter = engine.drafter_runner.drafter
         drafter.fused_level_merge, drafter.fused_head_topk = args.fused_merge, args.fused_head
+        drafter.fused_swiglu = args.fused_swiglu
         # the captured step's kernels (compiled glue, Triton attention, compiled rerank), run eagerly
         engine.runner.pool = None
         instrument(engine)
@@ -171,7 +173,7 @@ def main(argv=None) -> None:
             name = str(option) if option else "off"
             row = {"batch": b, "option": name, "device": torch.cuda.get_device_name(),
                    "draft_vocab": args.draft_vocab or None, "fused_merge": args.fused_merge,
-                   "fused_head": args.fused_head}  # fmt: skip
+                   "fused_head": args.fused_head, "fused_swiglu": args.fused_swiglu}  # fmt: skip
             for ph in PHASES:
                 n, us, names, times = got.get(ph, (0, 0.0, Counter(), Counter()))
                 row[f"{ph}_launches"], row[f"{ph}_us"] = n, round(us, 1)

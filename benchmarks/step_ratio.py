@@ -16,8 +16,8 @@ trainer runs; default the tail trainer's own, 0 = Python's 5 ms), or several joi
 of pure Python instead (no device work: what sharing the GIL alone costs). Prints each option's step time
 with the trainer against without, and the trainer's steps. --hidden keeps hidden rows as RL rollouts do.
 --kernels: the GPU kernels (count and time) of one step of each option, from the torch profiler.
---compare-fused: a second speculative engine with the draft levels' fused kernels (Drafter.fused_level_merge
-and fused_head_topk) runs in the same rounds; its ratios (and kernels) print below the first's.
+--compare-fused: a second speculative engine with the draft levels' fused kernels (Drafter.fused_level_merge,
+fused_head_topk and fused_swiglu) runs in the same rounds; its ratios (and kernels) print below the first's.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def kernels_per_step(engine: Engine, prompts, options, show: int = 0) -> dict[st
     return out
 
 
-def sd_engine(args, b: int, prompts, fused_merge: bool, fused_head: bool) -> Engine:
+def sd_engine(args, b: int, prompts, fused: tuple[bool, bool, bool]) -> Engine:
     """The speculative engine the rounds time: every step captured, its policy a rotation, warmed up."""
     engine = Engine.from_pretrained(None, drafter_path=args.drafter, speculative="on", dtype="bfloat16",
                                     device="cuda", strategies=args.strategies, max_batch=max(b, 1),
@@ -211,7 +211,7 @@ def sd_engine(args, b: int, prompts, fused_merge: bool, fused_head: bool) -> Eng
     drafter = engine.drafter_runner.drafter
     if args.draft_vocab:
         drafter.set_draft_vocab(torch.arange(args.draft_vocab))
-    drafter.fused_level_merge, drafter.fused_head_topk = fused_merge, fused_head  # before any capture
+    drafter.fused_level_merge, drafter.fused_head_topk, drafter.fused_swiglu = fused  # before any capture
     engine.capture(profile=False, modes=("greedy",))
     engine.policy = Rotation([None, *(Strategy.parse(s) for s in args.strategies)])
     step_times(engine, prompts, 16, args.hidden)  # prefill shapes compile here
@@ -244,8 +244,10 @@ def main(argv=None) -> None:
                     help="each draft level's top-k merge in its launch (Drafter.fused_level_merge)")  # fmt: skip
     ap.add_argument("--fused-head", action="store_true",
                     help="the draft head's matmul in the top-k's first launch (Drafter.fused_head_topk)")  # fmt: skip
+    ap.add_argument("--fused-swiglu", action="store_true",
+                    help="the drafter's gate/up and activation in one launch (Drafter.fused_swiglu)")  # fmt: skip
     ap.add_argument("--compare-fused", action="store_true",
-                    help="also a second engine with both fused draft kernels, timed in the same rounds")  # fmt: skip
+                    help="also a second engine with the fused draft kernels, timed in the same rounds")  # fmt: skip
     ap.add_argument("--run", type=int, default=6, help="steps of one option before the next")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -260,8 +262,8 @@ def main(argv=None) -> None:
     rows = []
     for b in args.batch:
         prompts = prompts_for(b, tok)
-        engine = sd_engine(args, b, prompts, args.fused_merge, args.fused_head)
-        fused = sd_engine(args, b, prompts, True, True) if args.compare_fused else None
+        engine = sd_engine(args, b, prompts, (args.fused_merge, args.fused_head, args.fused_swiglu))
+        fused = sd_engine(args, b, prompts, (True, True, True)) if args.compare_fused else None
         # plain decoding on an engine without speculation, timed in the same rounds: the reference the
         # SD-capable engine's plain steps (which keep hidden rows for the drafter) are compared with
         plain = Engine.from_pretrained(None, speculative="off", dtype="bfloat16", device="cuda", max_batch=max(b, 1),
@@ -288,7 +290,8 @@ def main(argv=None) -> None:
                 for n, ts in got.items():
                     times[(n, v)] += ts
         row = {"batch": b, "device": torch.cuda.get_device_name(), "draft_vocab": args.draft_vocab or None,
-               "fused_merge": args.fused_merge, "fused_head": args.fused_head}  # fmt: skip
+               "fused_merge": args.fused_merge, "fused_head": args.fused_head,
+               "fused_swiglu": args.fused_swiglu}  # fmt: skip
         row["off-engine_ms"] = 1e3 * statistics.median(times[("off-engine", None)])
         for n in names:
             row[f"{n}_ms"] = 1e3 * statistics.median(times[(n, None)])
@@ -312,6 +315,7 @@ def main(argv=None) -> None:
     vocab = f"; draft vocabulary {args.draft_vocab}" if args.draft_vocab else ""
     vocab += "; top-k merge in the level's launch" if args.fused_merge else ""
     vocab += "; head in the top-k's launch" if args.fused_head else ""
+    vocab += "; gate/up and activation in one launch" if args.fused_swiglu else ""
     print(f"device: {torch.cuda.get_device_name()}; median step ms, interleaved in one engine per batch{vocab}")
     for r in rows:
         plain = r["off_ms"]

@@ -160,9 +160,11 @@ class Drafter(nn.Module):
         self.layers[0].input_layernorm = nn.Identity()
         self.attn_backend: AttentionBackend = TorchAttention()
         # kernel choices of the engine's draft levels on CUDA (rollout.draft_ops): the top-k's merge inside the
-        # level's launch; the LM head's matmul inside the top-k's first launch
+        # level's launch; the LM head's matmul inside the top-k's first launch; gate/up and the activation in
+        # one launch for up to skinny_gemm.MAX_ROWS rows
         self.fused_level_merge = False
         self.fused_head_topk = False
+        self.fused_swiglu = False
         self.packed_attn: PackedAttn = "auto"
         self.register_buffer("d2t", None)
         self.register_buffer("draft_head", None, persistent=False)
@@ -351,7 +353,7 @@ class Drafter(nn.Module):
         h = layer.self_attn.forward_paged(layer.input_layernorm(x), positions, self._rotary(x.device), cache.k[0],
                                           cache.v[0], meta, self.attn_backend)  # fmt: skip
         x, h = layer.post_attention_layernorm.add(x, h)
-        x = layer.mlp.forward_add(h, x)
+        x = layer.mlp.forward_add(h, x, skinny=self.fused_swiglu and x.is_cuda)
         if not head:
             return ModelOutput(logits=None, hidden=x)
         rows = x if logits_indices is None else x[logits_indices]
