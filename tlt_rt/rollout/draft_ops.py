@@ -18,12 +18,18 @@ from tlt_rt.codegen.kernels.topk_lse import (
 from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
 
 
+def _id_map(drafter, device):
+    """A reduced draft vocabulary's draft -> target ids on `device` (a buffer of the drafter: already there),
+    None for the full vocabulary."""
+    return None if drafter.d2t is None else drafter.d2t.to(device)
+
+
 def top_children(drafter, logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k most likely children of each row of drafter logits over the draft vocabulary [R, Vd]: log-probs
     [R, k] f32 and target token ids [R, k] (on CUDA one Triton top-k + log-sum-exp in two launches, which
     also map a reduced draft vocabulary's ids to the target's; no [R, V] log-softmax is written, and a
     reduced draft vocabulary is never scattered to the full one)."""
-    d2t = None if drafter.d2t is None else drafter.d2t.to(logits.device)  # a buffer: already there
+    d2t = _id_map(drafter, logits.device)
     if logits.is_cuda:
         return topk_logprobs(logits, k, id_map=d2t)
     return topk_logprobs_reference(logits, k, id_map=d2t)
@@ -47,8 +53,7 @@ def row_children(drafter, logits: Tensor | None, rows: Tensor, k: int) -> tuple[
     inside the top-k's first launch."""
     if logits is not None:
         return top_children(drafter, logits, k)
-    d2t = None if drafter.d2t is None else drafter.d2t.to(rows.device)
-    return merge_chunks(_chunks(drafter, None, rows, k), d2t)
+    return merge_chunks(_chunks(drafter, None, rows, k), _id_map(drafter, rows.device))
 
 
 def next_level(drafter, logits: Tensor | None, hidden: Tensor, front_score, mask, k: int, offset: int):
@@ -57,8 +62,7 @@ def next_level(drafter, logits: Tensor | None, hidden: Tensor, front_score, mask
     on CUDA the top-k's merge runs inside the level's own launch (`draft_level_from_chunks`): one launch less
     a level, the same results."""
     if hidden.is_cuda and getattr(drafter, "fused_level_merge", False):
-        d2t = None if drafter.d2t is None else drafter.d2t.to(hidden.device)
-        chunks = _chunks(drafter, logits, hidden, k)
+        chunks, d2t = _chunks(drafter, logits, hidden, k), _id_map(drafter, hidden.device)
         *level, children = draft_level_from_chunks(front_score, chunks, d2t, hidden, mask, offset)
         return children, level
     child_lp, children = row_children(drafter, logits, hidden, k)
