@@ -59,6 +59,28 @@ def test_cost_table_get_set_observe():
         t.set(4, None, 0.0)
 
 
+def test_a_cost_is_capped_by_a_cheaper_larger_bucket():
+    """An inflated reading (plain decoding at bucket 32 timed while a drafter trainer started beside it) is
+    capped by the cheapest larger bucket, so the policy does not speculate there on the strength of it."""
+    t = CostTable()
+    for b, ms in ((16, 1.4), (32, 3.45), (48, 1.5), (64, 1.8)):
+        t.set(b, None, ms * 1e-3)
+    assert t.get(32, None) == pytest.approx(3.45e-3)  # the reading itself is kept
+    assert t.interpolate(32, None) == pytest.approx(1.5e-3)  # what decisions see
+    assert t.interpolate(16, None) == pytest.approx(1.4e-3) and t.interpolate(64, None) == pytest.approx(1.8e-3)
+    assert t.interpolate(40, None) == pytest.approx(1.5e-3)  # between 32 (capped) and 48
+    t.observe(48, None, 1.0e-3)  # a cheaper reading at 48 moves the cap at once
+    assert t.interpolate(32, None) < 1.5e-3
+    p = SDPolicy(S[:1], [16, 32, 48, 64], costs=t, mode="auto", epsilon=0.0)
+    for b in (16, 32, 48, 64):
+        for _ in range(3):
+            p.costs.observe(b, None, t.get(b, None))
+        p.costs.set(b, S[0], 3.06e-3)
+        p.accept.observe(b, S[0], 1.5)
+    assert t.get(32, None) > 3.06e-3  # taken as it is, the speculative step would look cheaper than plain
+    assert p.decide(24) is None  # capped, plain decoding wins
+
+
 def test_cost_table_interpolation():
     t = CostTable()
     t.set(8, None, 1.0)

@@ -65,6 +65,7 @@ class CostTable:
         self._costs: dict[str, dict[int, float]] = {}
         self._provisional: set[tuple[str, int]] = set()  # cells whose only reading may be a warm-up step
         self._online: dict[tuple[str, int], int] = {}  # steps timed online per cell
+        self._bounds: dict[str, dict[int, float]] = {}  # per option: each measured bucket's cost, capped (interpolate)
         # changes when a cell appears or turns provisional; unique across tables, so a reader can cache
         # what it derived from the cells' presence (the SD policy: which buckets have every cost)
         self.revision = next(_REVISIONS)
@@ -77,6 +78,7 @@ class CostTable:
         """Record a trusted cost (a profiled median, say); the first step timed online replaces it."""
         name = option_name(strategy)
         self._costs.setdefault(name, {})[int(bucket)] = _positive("seconds", seconds)
+        self._bounds.pop(name, None)
         self._provisional.discard((name, int(bucket)))
         self._online.pop((name, int(bucket)), None)
         self.revision = next(_REVISIONS)
@@ -114,6 +116,7 @@ class CostTable:
         else:
             new = cur + max(1 / n, self.alpha) * (min(seconds, cur * self.clip) - cur)
         self._costs.setdefault(name, {})[bucket] = new
+        self._bounds.pop(name, None)
         self._online[cell] = n
         return new
 
@@ -123,6 +126,7 @@ class CostTable:
             for b, seconds in row.items():
                 if b not in self._costs.get(name, {}):
                     self._costs.setdefault(name, {})[b] = seconds
+                    self._bounds.pop(name, None)
                     cell = (name, b)
                     if cell in other._provisional:
                         self._provisional.add(cell)
@@ -140,6 +144,12 @@ class CostTable:
     def interpolate(self, bucket: int, strategy: Strategy | None) -> float | None:
         """Measured cost, else an estimate from the strategy's measured neighbours, else None.
 
+        A measured cost is capped by the cheapest measured at a larger bucket: a larger batch never costs
+        less, so such a reading was an outlier the estimate has not shed yet. That matters most for plain
+        decoding, the yardstick: a bucket whose plain cost was inflated (a drafter trainer starting beside it,
+        say) looks like speculation pays there, and once the policy speculates there it no longer times plain
+        decoding to correct it.
+
         Step cost is close to linear in batch between buckets, so a bucket between two measured ones is
         interpolated linearly; above the largest measured bucket the last segment's slope (at least 0)
         extends it, or the cost stays flat when only one bucket is measured. Below the smallest measured
@@ -151,14 +161,14 @@ class CostTable:
         that looks good on an estimate gets picked and thereby measured, while a pessimistic guess could
         shut it out for good.
         """
-        row = self._costs.get(option_name(strategy), {})
+        row = self._bounded(option_name(strategy))
         if bucket in row:
             return row[bucket]
         xs = sorted(row)
         if not xs:
             return None
         if bucket < xs[0]:
-            plain = self._costs.get(OFF, {})
+            plain = self._bounded(OFF)
             if strategy is None or bucket not in plain or xs[0] not in plain or xs[0] > 4 * bucket:
                 return None
             return row[xs[0]] * min(1.0, plain[bucket] / plain[xs[0]])
@@ -172,6 +182,16 @@ class CostTable:
         lo = max(x for x in xs if x < bucket)
         t = (bucket - lo) / (hi - lo)
         return row[lo] + t * (row[hi] - row[lo])
+
+    def _bounded(self, name: str) -> dict[int, float]:
+        """The option's measured costs, each capped by the cheapest at a larger bucket (kept until one changes)."""
+        bounds = self._bounds.get(name)
+        if bounds is None:
+            row, bounds, low = self._costs.get(name, {}), {}, math.inf
+            for x in sorted(row, reverse=True):
+                low = bounds[x] = min(row[x], low)
+            self._bounds[name] = bounds
+        return bounds
 
     # ------------------------------------------------------------------------------------ persistence
     def to_dict(self) -> dict:
