@@ -188,8 +188,8 @@ def _draft_level_chunks_kernel(
         tl.store(MASK_OUT + (b * K + j) * w_out + W + w, (w == j).to(tl.uint8), mask=w < K)
         for start in range(0, H, BLOCK_H):
             hh = start + h
-            v = tl.load(HIDDEN + (b * K + parent) * H + hh, mask=hh < H)
-            tl.store(FEATS + (b * K + j) * H + hh, v, mask=hh < H)
+            feat = tl.load(HIDDEN + (b * K + parent) * H + hh, mask=hh < H)
+            tl.store(FEATS + (b * K + j) * H + hh, feat, mask=hh < H)
 
 
 def draft_level_from_chunks(
