@@ -16,8 +16,9 @@ trainer runs; default the tail trainer's own, 0 = Python's 5 ms), or several joi
 of pure Python instead (no device work: what sharing the GIL alone costs). Prints each option's step time
 with the trainer against without, and the trainer's steps. --hidden keeps hidden rows as RL rollouts do.
 --kernels: the GPU kernels (count and time) of one step of each option, from the torch profiler.
---compare-fused: a second speculative engine with the draft levels' fused kernels (Drafter.fused_level_merge,
-fused_head_topk and fused_swiglu) runs in the same rounds; its ratios (and kernels) print below the first's.
+--compare-fused [KINDS]: a second speculative engine with the draft levels' fused kernels runs in the same rounds;
+its ratios (and kernels) print below the first's. KINDS picks them, joined by ',': merge
+(Drafter.fused_level_merge), head (fused_head_topk), swiglu (fused_swiglu); default all three.
 """
 
 from __future__ import annotations
@@ -203,6 +204,17 @@ def kernels_per_step(engine: Engine, prompts, options, show: int = 0) -> dict[st
     return out
 
 
+FUSED_KINDS = ("merge", "head", "swiglu")
+
+
+def fused_kinds(spec: str) -> tuple[bool, bool, bool]:
+    """'merge,swiglu' -> (fused_level_merge, fused_head_topk, fused_swiglu) as flags."""
+    kinds = {k.strip() for k in spec.split(",") if k.strip()}
+    if not kinds or kinds - set(FUSED_KINDS):
+        raise SystemExit(f"--compare-fused takes {', '.join(FUSED_KINDS)} joined by ',', got {spec!r}")
+    return tuple(k in kinds for k in FUSED_KINDS)
+
+
 def sd_engine(args, b: int, prompts, fused: tuple[bool, bool, bool]) -> Engine:
     """The speculative engine the rounds time: every step captured, its policy a rotation, warmed up."""
     engine = Engine.from_pretrained(None, drafter_path=args.drafter, speculative="on", dtype="bfloat16",
@@ -246,11 +258,13 @@ def main(argv=None) -> None:
                     help="the draft head's matmul in the top-k's first launch (Drafter.fused_head_topk)")  # fmt: skip
     ap.add_argument("--fused-swiglu", action="store_true",
                     help="the drafter's gate/up and activation in one launch (Drafter.fused_swiglu)")  # fmt: skip
-    ap.add_argument("--compare-fused", action="store_true",
-                    help="also a second engine with the fused draft kernels, timed in the same rounds")  # fmt: skip
+    ap.add_argument("--compare-fused", nargs="?", const="merge,head,swiglu", default=None, metavar="KINDS",
+                    help="also a second engine with these fused draft kernels (merge, head, swiglu joined by ','; "
+                         "default all), timed in the same rounds")  # fmt: skip
     ap.add_argument("--run", type=int, default=6, help="steps of one option before the next")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    compare = None if args.compare_fused is None else fused_kinds(args.compare_fused)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
     strategies = [Strategy.parse(s) for s in args.strategies]
@@ -263,7 +277,7 @@ def main(argv=None) -> None:
     for b in args.batch:
         prompts = prompts_for(b, tok)
         engine = sd_engine(args, b, prompts, (args.fused_merge, args.fused_head, args.fused_swiglu))
-        fused = sd_engine(args, b, prompts, (True, True, True)) if args.compare_fused else None
+        fused = sd_engine(args, b, prompts, compare) if compare is not None else None
         # plain decoding on an engine without speculation, timed in the same rounds: the reference the
         # SD-capable engine's plain steps (which keep hidden rows for the drafter) are compared with
         plain = Engine.from_pretrained(None, speculative="off", dtype="bfloat16", device="cuda", max_batch=max(b, 1),
@@ -331,7 +345,7 @@ def main(argv=None) -> None:
         if "off_fused_ms" in r:
             fp = r["off_fused_ms"]
             cells = [f"{n} {r[n + '_fused_ms']:.3f} ({r[n + '_fused_ms'] / fp:.2f}x)" for n in names[1:]]
-            print(f"    fused draft kernels, same rounds: off {fp:.3f}, " + ", ".join(cells))
+            print(f"    fused draft kernels ({args.compare_fused}), same rounds: off {fp:.3f}, " + ", ".join(cells))
             if "off_fused_kernels" in r:
                 cells = [f"{n} {r[n + '_fused_kernels']} / {r[n + '_fused_kernel_us']:.0f}" for n in names]
                 print("    their kernels per step (launches, us): " + ", ".join(cells))
