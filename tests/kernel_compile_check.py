@@ -1,0 +1,273 @@
+"""Compile every Triton kernel in tlt_rt for sm_90 (H100/H200) on a machine without a GPU.
+
+Triton's interpreter, which the CPU tests run under, checks no types: a kernel can pass them all and still
+fail to compile. Here the package's launchers run on small CPU tensors while `JITFunction.run` is replaced by
+a recorder that specializes each launch as Triton's own launcher does (its binder with the CUDA backend:
+dtypes, int widths, ints equal to 1 as constexprs, 16-byte alignment), compiles it for Hopper, checks its
+shared memory against the card's and launches nothing. Needs TRITON_INTERPRET unset, so that @triton.jit
+gives real JITFunctions; `test_kernels_compile.py` runs it in a subprocess.
+
+    python tests/kernel_compile_check.py [report.json]
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.compiler.code_generator import CodeGenerator
+from triton.runtime.jit import JITFunction, KernelInterface, create_function_from_signature
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = GPUTarget("cuda", 90, 32)
+BACKEND = make_backend(TARGET)
+SM90_SHARED_MEMORY = 232448  # bytes a block may opt in to on an H100 / H200
+BF16 = torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------ the recorder
+def kernel_name(fn: JITFunction) -> str:
+    return f"{fn.fn.__module__}.{fn.fn.__qualname__}"
+
+
+def discover() -> dict[str, JITFunction]:
+    """Every @triton.jit function defined in tlt_rt, so that a kernel no case launches shows up uncovered."""
+    found = {}
+    for path in sorted((ROOT / "tlt_rt").rglob("*.py")):
+        if not re.search(r"^\s*@(triton\.)?jit\b", path.read_text(), re.MULTILINE):
+            continue
+        module = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        for obj in vars(module).values():
+            while isinstance(obj, KernelInterface) and not isinstance(obj, JITFunction):
+                obj = obj.fn  # autotune / heuristics wrappers: listed, so that they fail until a case covers them
+            if isinstance(obj, JITFunction) and obj.fn.__module__ == module.__name__:
+                found[kernel_name(obj)] = obj
+    return found
+
+
+JOBS: dict[str, tuple] = {}  # one per distinct specialization, in launch order
+_binders: dict[JITFunction, Callable] = {}
+
+
+def record(fn: JITFunction, *args, grid, warmup, **kwargs) -> None:
+    """Stands in for `JITFunction.run`: queues the specialization a CUDA launch would compile; no launch."""
+    if fn not in _binders:
+        _binders[fn] = create_function_from_signature(fn.signature, fn.params, BACKEND)
+    bound, specialization, extra = _binders[fn](*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(BACKEND, kwargs, bound, specialization, extra)
+    key = f"{kernel_name(fn)} {specialization} {sorted(extra.items())}"
+    if key not in JOBS:
+        shown = [f"{fn.arg_names[path[0]]}={value}" for path, value in constexprs.items()]
+        shown += [f"num_warps={options.num_warps}", f"num_stages={options.num_stages}"]
+        JOBS[key] = (fn, signature, constexprs, attrs, options.__dict__, f"{kernel_name(fn)}[{', '.join(shown)}]")
+
+
+def _describe(e: BaseException) -> str:
+    """The error and its causes: an error inside a called @triton.jit helper is the cause of the caller's."""
+    parts = []
+    while e is not None:
+        parts.append(f"{type(e).__name__}: {e}".strip())
+        e = e.__cause__
+    return "\n".join(parts)
+
+
+def compile_job(key: str) -> tuple[str, str | None, list[str]]:
+    """Compile one queued specialization -> (label, error or None, the jit functions it generated code for)."""
+    fn, signature, constexprs, attrs, options, label = JOBS[key]
+    generated = {kernel_name(fn)}
+    call = CodeGenerator.call_JitFunction
+
+    def noting_callee(self, callee, *args, **kwargs):
+        generated.add(kernel_name(callee))
+        return call(self, callee, *args, **kwargs)
+
+    CodeGenerator.call_JitFunction = noting_callee
+    try:
+        kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options)
+        error = None
+        if kernel.metadata.shared > SM90_SHARED_MEMORY:  # else refused only when a GPU loads it
+            error = f"OutOfResources: {kernel.metadata.shared} bytes of shared memory, sm_90 has {SM90_SHARED_MEMORY}"
+    except Exception as e:
+        error = _describe(e)
+    finally:
+        CodeGenerator.call_JitFunction = call
+    return label, error, sorted(generated)
+
+
+def run_cases(cases) -> tuple[list[str], list[tuple[str, str | None, list[str]]]]:
+    """Run each case's launches under the recorder, then compile what they queued, in parallel.
+
+    Returns (the cases that raised, one (label, error, generated) per distinct specialization)."""
+    JOBS.clear()
+    run, JITFunction.run = JITFunction.run, record
+    raised = []
+    try:
+        for case in cases:
+            try:
+                case()
+            except Exception:  # its later launches are lost: name it rather than pass with less covered
+                raised.append(f"{case.__name__} raised:\n{traceback.format_exc(limit=-3)}")
+    finally:
+        JITFunction.run = run
+    workers = max(1, min(len(os.sched_getaffinity(0)), len(JOBS)))
+    # processes, as compiling is CPU-bound in MLIR passes and ptxas; forked, so they inherit JOBS
+    with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+        return raised, list(pool.map(compile_job, list(JOBS)))
+
+
+# --------------------------------------------------------------------------------------------- the cases
+# Shapes are the engine's where a constexpr or an int specialization depends on them (head_dim, GQA group,
+# vocab and hidden sizes, strategies), small elsewhere. Inputs are zeros: no launcher reads a kernel's output.
+def _t(*shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype)
+
+
+def _paged(b, n_kv, head_dim, page=16, max_blocks=64):
+    kv = _t(2, b * max_blocks, page, n_kv, head_dim, dtype=BF16)
+    tables = torch.arange(b * max_blocks, dtype=torch.int32).view(b, max_blocks)
+    return kv[0], kv[1], tables, torch.full((b,), 700, dtype=torch.int32)
+
+
+def attention_cases():
+    from tlt_rt.codegen.kernels import decode_attention as dec
+    from tlt_rt.codegen.kernels import tree_attention as tree
+
+    for mod in (dec, tree):
+        # the one CPU-specific check refuses compiled kernels on CPU tensors, as a launch would crash
+        mod.check_paged_inputs = lambda kernel, *a, check=mod.check_paged_inputs: check(None, *a)
+        mod.num_sms = lambda device: 132  # an H100's: split-K chooses the splits it would on the GPU
+    for n_heads, n_kv, head_dim in ((28, 4, 128), (9, 3, 64)):  # Qwen2.5-7B, SmolLM2
+        k, v, tables, lens = _paged(2, n_kv, head_dim)
+        dec.paged_decode_attention(_t(2, n_heads, head_dim, dtype=BF16), k, v, tables, lens, 0.1)
+        for t, w in ((48, 48), (4, 12)):  # a verify tree; a drafter level that also sees its ancestors
+            q = _t(2 * t, n_heads, head_dim, dtype=BF16)
+            tree.paged_tree_attention(q, k, v, tables, lens, torch.zeros(2, t, w, dtype=torch.bool), 0.1)
+    k, v, tables, lens = _paged(2, 4, 128)
+    q = _t(2, 28, 128, dtype=BF16)
+    dec.paged_decode_attention(q, k, v, tables, lens, 0.1, num_splits=1)
+    mask = torch.zeros(2, 48, 48, dtype=torch.bool)
+    tree.paged_tree_attention(_t(96, 28, 128, dtype=BF16), k, v, tables, lens, mask, 0.1, num_splits=1)
+    counters = dec.split_counters
+    dec.split_counters = lambda device, n: None  # as under graph capture: the splits merge in a second kernel
+    try:
+        dec.paged_decode_attention(q, k, v, tables, lens, 0.1)
+    finally:
+        dec.split_counters = counters
+
+
+def accept_cases():
+    from tlt_rt.codegen.kernels import accept
+
+    accept._is_interpreted = lambda: True  # lifts the CPU guard; block_v is then given as the GPU's default
+    for b, t, d in ((2, 48, 8), (2, 1, 0)):  # a verified tree; the runner's first token after a prefill
+        logits, u = _t(b, t, 32768, dtype=BF16), _t(b, d + 1, 2)
+        tokens, parents = torch.zeros(b, t, dtype=torch.int64), torch.full((b, t), -1)
+        for greedy, filtering in ((True, False), (False, False), (False, True)):
+            top_k = torch.full((b,), 20 if filtering else 0, dtype=torch.int32)
+            top_p = torch.full((b,), 0.9 if filtering else 1.0)
+            accept.accept_tree(logits, tokens, parents, torch.ones(b), top_k, top_p, u, d, all_greedy=greedy,
+                               filtering=filtering, backend="triton", block_v=accept.DEFAULT_BLOCK_V)  # fmt: skip
+
+
+def commit_cases():
+    from tlt_rt.codegen.kernels import kv_commit as commit
+
+    class Unguarded:
+        """The kernel behind an object that is not a JITFunction, which is what the CPU guard looks for."""
+
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            return self.fn[grid]
+
+    commit._kv_commit_kernel = Unguarded(commit._kv_commit_kernel)
+    for n_kv, head_dim in ((4, 128), (3, 64)):
+        store = _t(2, 2, 32, 16, n_kv, head_dim, dtype=BF16)  # [L, 2, ...]: one launch for every layer
+        layers = [(store[i, 0], store[i, 1]) for i in range(2)]
+        tables = torch.arange(8, dtype=torch.int32).view(2, 4)
+        commit.kv_commit(layers, tables, torch.full((2,), 20), torch.full((2, 9), -1), torch.zeros(2, dtype=torch.long))
+
+
+def draft_cases():
+    from tlt_rt.codegen.kernels import build_tree, draft_level, topk_lse
+    from tlt_rt.ir.tree import Candidates
+
+    b, d2t = 2, torch.arange(8192)  # SmolLM2's drafter: 576 hidden, an 8,192-id head
+    for depth, k, verify in ((8, 4, 48), (6, 1, 7)):  # a tree and a chain
+        n = k + (depth - 1) * k * k
+        cands = Candidates(_t(b, n, dtype=torch.int64), _t(b, n), torch.full((b, n), -1), k)
+        roots = _t(b, 5, dtype=torch.int64)[:, -1]  # a column of the catch-up block's tokens, as drafting passes
+        build_tree.build_tree_triton(cands, roots, torch.full((b,), 30), verify)
+        hidden = _t(b * k, 576, dtype=BF16)
+        for level in (1, 2):  # a chain's level 1 has mask width 1 and offset 1, both specialized as constexprs
+            front, mask = _t(b, k), torch.zeros(b, k, level * k, dtype=torch.bool)
+            offset = k + (level - 1) * k * k
+            lp, tok = topk_lse.topk_logprobs(_t(b * k, 8192, dtype=BF16), k, id_map=d2t)
+            draft_level.draft_level(front, lp, tok, hidden, mask, offset)
+            chunks = topk_lse.topk_chunks(_t(b * k, 8192, dtype=BF16), k)
+            draft_level.draft_level_from_chunks(front, chunks, d2t, hidden, mask, offset)
+            draft_level.draft_level_from_chunks(front, chunks, None, hidden, mask, offset)
+        topk_lse.merge_chunks(topk_lse.head_topk_chunks(hidden, _t(8192, 576, dtype=BF16), k), None)
+    topk_lse.topk_logprobs(_t(8, 151936, dtype=BF16), 4)  # Qwen's full vocabulary: 38 chunks a row
+
+
+def layer_cases():
+    from tlt_rt.codegen.kernels import rope_cache, skinny_gemm
+
+    for n_heads, n_kv, head_dim in ((28, 4, 128), (9, 3, 64)):
+        qkv = _t(2, n_heads + 2 * n_kv, head_dim, dtype=BF16)  # q, k and v: views of one fused projection
+        q, k, v = qkv.split([n_heads, n_kv, n_kv], dim=1)
+        cache = _t(2, 8, 16, n_kv, head_dim, dtype=BF16)
+        positions = slots = torch.tensor([5, 9])
+        rope_cache.rope_write_kv(q, k, v, positions, _t(head_dim // 2), cache[0], cache[1], slots)
+    skinny_gemm._interpreting = lambda: True  # lifts `supported`'s CPU guard
+    for rows, swiglu, bias in ((1, False, False), (1, True, False), (8, True, False), (3, False, True)):
+        x, w = _t(rows, 4096, dtype=BF16), _t(256, 4096, dtype=BF16)
+        skinny_gemm.skinny_linear_triton(x, w, _t(256, dtype=BF16) if bias else None, swiglu=swiglu)
+
+
+CASES = (attention_cases, accept_cases, commit_cases, draft_cases, layer_cases)
+
+
+# -------------------------------------------------------------------------------------------------- main
+def check() -> dict:
+    """{"compiled": {kernel: successful compiles, helpers counted in their callers}, "specializations": labels,
+    "problems": what raised or failed to compile}."""
+    kernels = discover()
+    problems, results = run_cases(CASES)
+    compiled = dict.fromkeys(kernels, 0)
+    for label, error, generated in results:
+        if error is not None:
+            problems.append(f"{label} does not compile for sm_90:\n{error}")
+        for name in generated:
+            if name in compiled:
+                compiled[name] += error is None
+    return {"compiled": compiled, "specializations": [label for label, _, _ in results], "problems": problems}
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("unset TRITON_INTERPRET: under the interpreter @triton.jit gives no compilable kernels")
+    # an empty cache: a cached kernel skips code generation, and with it the note of the helpers it calls
+    with tempfile.TemporaryDirectory(prefix="tlt-kernel-compile-") as cache:
+        os.environ["TRITON_CACHE_DIR"] = cache
+        report = check()
+    if len(sys.argv) > 1:
+        Path(sys.argv[1]).write_text(json.dumps(report, indent=1))
+    else:
+        print(*report["specializations"], *report["problems"], sep="\n")
+        print(f"{sum(n > 0 for n in report['compiled'].values())} of {len(report['compiled'])} kernels compiled")

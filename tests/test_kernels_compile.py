@@ -1,0 +1,72 @@
+"""Every Triton kernel in tlt_rt compiles for sm_90 with the arguments its launchers pass, checked on CPU.
+
+The other kernel tests run in Triton's interpreter, which checks no types; `kernel_compile_check.py`
+compiles for real, in a subprocess: this process has TRITON_INTERPRET=1 and its kernels are interpreted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+# the loop-carried type clash that once reached the GPU (_draft_level_chunks_kernel): `v` is a [128] fp32 when
+# the loop starts and a [1024] bf16 after one iteration
+CLASH = """
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def clash_kernel(X, Y, H, BLOCK: tl.constexpr):
+    v = tl.zeros([128], dtype=tl.float32)
+    tl.store(Y + tl.arange(0, 128), v)
+    for start in range(0, H, BLOCK):
+        v = tl.load(X + start + tl.arange(0, BLOCK))
+        tl.store(Y + start + tl.arange(0, BLOCK), v)
+
+
+def launch():
+    x = torch.zeros(4096, dtype=torch.bfloat16)
+    clash_kernel[(1,)](x, x, 4096, BLOCK=1024)
+"""
+
+
+def _python(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    return subprocess.run([sys.executable, *args], cwd=TESTS.parent, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles_for_sm90(tmp_path):
+    report_path = tmp_path / "report.json"
+    proc = _python([str(TESTS / "kernel_compile_check.py"), str(report_path)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(report_path.read_text())
+    assert not report["problems"], "\n\n".join(report["problems"])
+    uncovered = [name for name, n in report["compiled"].items() if n == 0]
+    assert not uncovered, f"no case in tests/kernel_compile_check.py launches {uncovered}: add one"
+
+
+def test_a_loop_carried_type_clash_is_reported(tmp_path):
+    (tmp_path / "clash.py").write_text(CLASH)
+    code = (
+        f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(tmp_path)!r}]\n"
+        "import json, clash, kernel_compile_check as check\n"
+        "raised, results = check.run_cases([clash.launch])\n"
+        "print(json.dumps([raised, results]))\n"
+    )
+    proc = _python(["-c", code], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    raised, [(label, error, _)] = json.loads(proc.stdout.splitlines()[-1])
+    assert not raised and label.startswith("clash.clash_kernel[")
+    assert error is not None and "Loop-carried variable v" in error, error
