@@ -7,10 +7,6 @@
 #   trainer  plain and 6_2_12 steps at batch 4 and 8 (where the rollout's tail spends its time) beside the RL
 #            worker's drafter trainer, by its SM share, pacing, switch interval and batch (shorter kernels), and
 #            beside a pure-Python thread (what the GIL alone costs) (~3 minutes)
-#   fused    the ratio part with a second engine beside, timed in the same rounds, that runs the draft levels'
-#            fused kernels: the top-k merge inside the level's launch and the head's matmul inside the
-#            top-k's, gate/up with its activation (Drafter.fused_level_merge, fused_head_topk, fused_swiglu);
-#            then its 6_2_12 kernels by phase (~4 minutes)
 #   phases   the step's kernels by phase, batch 1 and 32 (~1.5 minutes)
 #   vocab    the same at batch 1 and 32 for 8_4_32 with draft heads of 2,048, 4,096 and 16,384 ids and the full
 #            one: a draft level's cost against the vocabulary's size (~3 minutes)
@@ -34,15 +30,6 @@ for part in $parts; do
           --max-new-tokens 64 --kernels 0 --draft-vocab 8192 --out "$out/step-ratio-$commit.jsonl" \
           > "$out/step-ratio-$commit.log" 2>&1
       tail -n 6 "$out/step-ratio-$commit.log" ;;
-    fused)
-      timeout 330 python benchmarks/step_ratio.py --batch 1 32 --strategies 8_4_32 6_2_12 --rounds 3 \
-          --max-new-tokens 64 --kernels 0 --draft-vocab 8192 --compare-fused \
-          --out "$out/step-ratio-fused-$commit.jsonl" \
-          > "$out/step-ratio-fused-$commit.log" 2>&1
-      tail -n 10 "$out/step-ratio-fused-$commit.log"
-      timeout 150 python benchmarks/step_phases.py --batch 1 32 --strategies 6_2_12 --draft-vocab 8192 --show 0 \
-          --fused-merge --fused-head --fused-swiglu --out "$out/step-phases-fused-$commit.jsonl" > "$out/step-phases-fused-$commit.log" 2>&1
-      tail -n 4 "$out/step-phases-fused-$commit.log" ;;
     trainer)
       timeout 330 python benchmarks/step_ratio.py --batch 4 8 --strategies 6_2_12 --rounds 3 --max-new-tokens 96 \
           --hidden --draft-vocab 8192 --trainer sms=16,vocab=8192 sms=16,vocab=8192,gil=0 py sms=8,vocab=8192 \
@@ -58,6 +45,6 @@ for part in $parts; do
             --out "$out/step-phases-vocab-$commit.jsonl" > "$out/step-phases-vocab$n-$commit.log" 2>&1
         echo "draft vocabulary $n:"; tail -n 3 "$out/step-phases-vocab$n-$commit.log"
       done ;;
-    *) echo "unknown part: $part (tests, ratio, fused, trainer, phases, vocab)" >&2; exit 2 ;;
+    *) echo "unknown part: $part (tests, ratio, trainer, phases, vocab)" >&2; exit 2 ;;
   esac
 done

@@ -64,9 +64,9 @@ def instrument(engine: Engine) -> None:
                         ("grow_candidates", "levels"), ("fused_build_tree", "rerank"),
                         ("build_tree", "rerank")]:  # fmt: skip
         setattr(drafting, name, _ranged(getattr(drafting, name), label))
-    # the top-k, fused or not (a merge inside the level's own launch stays with the levels)
-    for name in ("top_children", "topk_chunks", "head_topk_chunks", "merge_chunks"):
-        setattr(draft_ops, name, _ranged(getattr(draft_ops, name), "level-topk"))
+    # the top-k: the root's children in drafting, each level's in draft_ops.next_level
+    for mod in (drafting, draft_ops):
+        mod.top_children = _ranged(mod.top_children, "level-topk")
     DirectModels.verify = _ranged(DirectModels.verify, "verify")
     steps = engine.runner.steps
     lowered = steps.lowered
@@ -146,9 +146,6 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None, help="append one JSON line per (batch, option)")
     ap.add_argument("--draft-vocab", type=int, default=0,
                     help="draft over N target ids (a reduced head, ids 0..N-1: costs, not gains)")  # fmt: skip
-    ap.add_argument("--fused-merge", action="store_true", help="Drafter.fused_level_merge (step_ratio.py)")
-    ap.add_argument("--fused-head", action="store_true", help="Drafter.fused_head_topk (step_ratio.py)")
-    ap.add_argument("--fused-swiglu", action="store_true", help="Drafter.fused_swiglu (step_ratio.py)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
@@ -160,9 +157,6 @@ def main(argv=None) -> None:
                                         num_blocks=256 + 32 * b)  # fmt: skip
         if args.draft_vocab:
             engine.drafter_runner.drafter.set_draft_vocab(torch.arange(args.draft_vocab))
-        drafter = engine.drafter_runner.drafter
-        drafter.fused_level_merge, drafter.fused_head_topk = args.fused_merge, args.fused_head
-        drafter.fused_swiglu = args.fused_swiglu
         # the captured step's kernels (compiled glue, Triton attention, compiled rerank), run eagerly
         engine.runner.pool = None
         instrument(engine)
@@ -172,8 +166,7 @@ def main(argv=None) -> None:
             got = profile_step(engine, prompts, option)
             name = str(option) if option else "off"
             row = {"batch": b, "option": name, "device": torch.cuda.get_device_name(),
-                   "draft_vocab": args.draft_vocab or None, "fused_merge": args.fused_merge,
-                   "fused_head": args.fused_head, "fused_swiglu": args.fused_swiglu}  # fmt: skip
+                   "draft_vocab": args.draft_vocab or None}  # fmt: skip
             for ph in PHASES:
                 n, us, names, times = got.get(ph, (0, 0.0, Counter(), Counter()))
                 row[f"{ph}_launches"], row[f"{ph}_us"] = n, round(us, 1)

@@ -16,9 +16,6 @@ trainer runs; default the tail trainer's own, 0 = Python's 5 ms), or several joi
 of pure Python instead (no device work: what sharing the GIL alone costs). Prints each option's step time
 with the trainer against without, and the trainer's steps. --hidden keeps hidden rows as RL rollouts do.
 --kernels: the GPU kernels (count and time) of one step of each option, from the torch profiler.
---compare-fused [KINDS]: a second speculative engine with the draft levels' fused kernels runs in the same rounds;
-its ratios (and kernels) print below the first's. KINDS picks them, joined by ',': merge
-(Drafter.fused_level_merge), head (fused_head_topk), swiglu (fused_swiglu); default all three.
 """
 
 from __future__ import annotations
@@ -204,26 +201,13 @@ def kernels_per_step(engine: Engine, prompts, options, show: int = 0) -> dict[st
     return out
 
 
-FUSED_KINDS = ("merge", "head", "swiglu")
-
-
-def fused_kinds(spec: str) -> tuple[bool, bool, bool]:
-    """'merge,swiglu' -> (fused_level_merge, fused_head_topk, fused_swiglu) as flags."""
-    kinds = {k.strip() for k in spec.split(",") if k.strip()}
-    if not kinds or kinds - set(FUSED_KINDS):
-        raise SystemExit(f"--compare-fused takes {', '.join(FUSED_KINDS)} joined by ',', got {spec!r}")
-    return tuple(k in kinds for k in FUSED_KINDS)
-
-
-def sd_engine(args, b: int, prompts, fused: tuple[bool, bool, bool]) -> Engine:
+def sd_engine(args, b: int, prompts) -> Engine:
     """The speculative engine the rounds time: every step captured, its policy a rotation, warmed up."""
     engine = Engine.from_pretrained(None, drafter_path=args.drafter, speculative="on", dtype="bfloat16",
                                     device="cuda", strategies=args.strategies, max_batch=max(b, 1),
                                     num_blocks=256 + 32 * b)  # fmt: skip
-    drafter = engine.drafter_runner.drafter
     if args.draft_vocab:
-        drafter.set_draft_vocab(torch.arange(args.draft_vocab))
-    drafter.fused_level_merge, drafter.fused_head_topk, drafter.fused_swiglu = fused  # before any capture
+        engine.drafter_runner.drafter.set_draft_vocab(torch.arange(args.draft_vocab))
     engine.capture(profile=False, modes=("greedy",))
     engine.policy = Rotation([None, *(Strategy.parse(s) for s in args.strategies)])
     step_times(engine, prompts, 16, args.hidden)  # prefill shapes compile here
@@ -252,19 +236,9 @@ def main(argv=None) -> None:
                     help="draft over N target ids (a reduced head, ids 0..N-1: costs, not gains)")  # fmt: skip
     ap.add_argument("--kernels", type=int, default=-1,
                     help="GPU kernels per step of each option; N > 0 also prints the N most launched")  # fmt: skip
-    ap.add_argument("--fused-merge", action="store_true",
-                    help="each draft level's top-k merge in its launch (Drafter.fused_level_merge)")  # fmt: skip
-    ap.add_argument("--fused-head", action="store_true",
-                    help="the draft head's matmul in the top-k's first launch (Drafter.fused_head_topk)")  # fmt: skip
-    ap.add_argument("--fused-swiglu", action="store_true",
-                    help="the drafter's gate/up and activation in one launch (Drafter.fused_swiglu)")  # fmt: skip
-    ap.add_argument("--compare-fused", nargs="?", const="merge,head,swiglu", default=None, metavar="KINDS",
-                    help="also a second engine with these fused draft kernels (merge, head, swiglu joined by ','; "
-                         "default all), timed in the same rounds")  # fmt: skip
     ap.add_argument("--run", type=int, default=6, help="steps of one option before the next")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    compare = None if args.compare_fused is None else fused_kinds(args.compare_fused)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
     strategies = [Strategy.parse(s) for s in args.strategies]
@@ -276,8 +250,7 @@ def main(argv=None) -> None:
     rows = []
     for b in args.batch:
         prompts = prompts_for(b, tok)
-        engine = sd_engine(args, b, prompts, (args.fused_merge, args.fused_head, args.fused_swiglu))
-        fused = sd_engine(args, b, prompts, compare) if compare is not None else None
+        engine = sd_engine(args, b, prompts)
         # plain decoding on an engine without speculation, timed in the same rounds: the reference the
         # SD-capable engine's plain steps (which keep hidden rows for the drafter) are compared with
         plain = Engine.from_pretrained(None, speculative="off", dtype="bfloat16", device="cuda", max_batch=max(b, 1),
@@ -289,10 +262,6 @@ def main(argv=None) -> None:
         steps = dict.fromkeys(variants, 0)
         for _ in range(args.rounds):
             times[("off-engine", None)] += step_times(plain, prompts, args.max_new_tokens, args.hidden)["off"]
-            if fused is not None:
-                fused.policy = Rotation(options, args.run)
-                for n, ts in step_times(fused, prompts, args.max_new_tokens, args.hidden).items():
-                    times.setdefault((n, "fused"), []).extend(ts)
             for v in [None, *variants]:
                 engine.policy = Rotation(options, args.run)
                 if v is None:
@@ -303,9 +272,7 @@ def main(argv=None) -> None:
                     steps[v] += t.steps
                 for n, ts in got.items():
                     times[(n, v)] += ts
-        row = {"batch": b, "device": torch.cuda.get_device_name(), "draft_vocab": args.draft_vocab or None,
-               "fused_merge": args.fused_merge, "fused_head": args.fused_head,
-               "fused_swiglu": args.fused_swiglu}  # fmt: skip
+        row = {"batch": b, "device": torch.cuda.get_device_name(), "draft_vocab": args.draft_vocab or None}
         row["off-engine_ms"] = 1e3 * statistics.median(times[("off-engine", None)])
         for n in names:
             row[f"{n}_ms"] = 1e3 * statistics.median(times[(n, None)])
@@ -314,22 +281,13 @@ def main(argv=None) -> None:
         for v in variants:
             row[f"trainer[{v}]_steps"] = steps[v]
             row[f"trainer[{v}]_sms"] = trainers[v].used_sms
-        if fused is not None:
-            for n in names:
-                row[f"{n}_fused_ms"] = 1e3 * statistics.median(times[(n, "fused")])
         if args.kernels >= 0:
             for n, (launches, us) in kernels_per_step(engine, prompts, options, args.kernels).items():
                 row[f"{n}_kernels"], row[f"{n}_kernel_us"] = launches, us
-            if fused is not None:
-                for n, (launches, us) in kernels_per_step(fused, prompts, options, args.kernels).items():
-                    row[f"{n}_fused_kernels"], row[f"{n}_fused_kernel_us"] = launches, us
         rows.append(row)
-        del engine, trainers, plain, fused
+        del engine, trainers, plain
         torch.cuda.empty_cache()
     vocab = f"; draft vocabulary {args.draft_vocab}" if args.draft_vocab else ""
-    vocab += "; top-k merge in the level's launch" if args.fused_merge else ""
-    vocab += "; head in the top-k's launch" if args.fused_head else ""
-    vocab += "; gate/up and activation in one launch" if args.fused_swiglu else ""
     print(f"device: {torch.cuda.get_device_name()}; median step ms, interleaved in one engine per batch{vocab}")
     for r in rows:
         plain = r["off_ms"]
@@ -342,13 +300,6 @@ def main(argv=None) -> None:
         if args.kernels >= 0:
             print("    kernels per step (launches, us): "
                   + ", ".join(f"{n} {r[n + '_kernels']} / {r[n + '_kernel_us']:.0f}" for n in names))  # fmt: skip
-        if "off_fused_ms" in r:
-            fp = r["off_fused_ms"]
-            cells = [f"{n} {r[n + '_fused_ms']:.3f} ({r[n + '_fused_ms'] / fp:.2f}x)" for n in names[1:]]
-            print(f"    fused draft kernels ({args.compare_fused}), same rounds: off {fp:.3f}, " + ", ".join(cells))
-            if "off_fused_kernels" in r:
-                cells = [f"{n} {r[n + '_fused_kernels']} / {r[n + '_fused_kernel_us']:.0f}" for n in names]
-                print("    their kernels per step (launches, us): " + ", ".join(cells))
     append_jsonl(args.out, rows)
 
 

@@ -218,10 +218,6 @@ def draft_cases():
             offset = k + (level - 1) * k * k
             lp, tok = topk_lse.topk_logprobs(_t(b * k, 8192, dtype=BF16), k, id_map=d2t)
             draft_level.draft_level(front, lp, tok, hidden, mask, offset)
-            chunks = topk_lse.topk_chunks(_t(b * k, 8192, dtype=BF16), k)
-            draft_level.draft_level_from_chunks(front, chunks, d2t, hidden, mask, offset)
-            draft_level.draft_level_from_chunks(front, chunks, None, hidden, mask, offset)
-        topk_lse.merge_chunks(topk_lse.head_topk_chunks(hidden, _t(8192, 576, dtype=BF16), k), None)
     topk_lse.topk_logprobs(_t(8, 151936, dtype=BF16), 4)  # Qwen's full vocabulary: 38 chunks a row
 
 

@@ -221,25 +221,3 @@ def test_captured_path_builds_the_same_tree():
     ref = drafting.build_tree(want, lens, lens, STRATEGY.verify_tokens)
     for name in TREE_FIELDS:
         assert torch.equal(getattr(tree, name), getattr(ref, name)), name
-
-
-def test_head_left_to_the_top_k_grows_the_same_candidates(monkeypatch):
-    """With the LM head's matmul inside the top-k's first launch (`Drafter.fused_head_topk`; CUDA only, forced
-    here with the kernels interpreted), the catch-up block and the levels grow the candidates of the usual path."""
-    if not triton_usable("cpu"):
-        pytest.skip("the Triton kernels run on CPU tensors only under TRITON_INTERPRET=1")
-    import tlt_rt.rollout.drafting as drafting
-
-    target, drafter = _drafter()
-    drafter.set_draft_vocab(torch.arange(1, target.arch.vocab_size, 2))
-    grown = []
-    for fused in (False, True):
-        monkeypatch.setattr(drafting, "head_fused", lambda d, device, fused=fused: fused)
-        (seqs, tables), _ = _copies(target, MIXED)
-        runner = _runner(drafter, seqs, tables)
-        ins = runner.inputs(seqs, tables, table_tensor(tables, "cpu"), STRATEGY)
-        with torch.no_grad():
-            grown.append(drafting.draft_candidates(drafter, runner.cache, STRATEGY, BLOCK_SIZE, ins))
-    for name in ("tokens", "parents"):
-        assert torch.equal(getattr(grown[1], name), getattr(grown[0], name)), name
-    torch.testing.assert_close(grown[1].scores, grown[0].scores)

@@ -183,23 +183,3 @@ def test_returned_hidden_outlive_graph_replays(speculative):
         with torch.no_grad():
             dense = graphed.target(torch.tensor([[1, 2, 3] + o.token_ids], device="cuda"))
         torch.testing.assert_close(o.hidden, dense.hidden[0, :-1], atol=1e-3, rtol=1e-3)
-
-
-def test_fused_draft_kernels_draft_the_same():
-    """The draft levels' fused kernels in the captured step, with a reduced draft vocabulary:
-    `Drafter.fused_level_merge` (the top-k merge inside each level's launch) drafts the same trees, so the same
-    tokens and, greedy, the same accept lengths step by step; `fused_head_topk` (the LM head inside the
-    top-k's first launch, its logits rounded as the matmul's) and `fused_swiglu` (gate/up and the activation
-    in one launch) the same tokens, speculating."""
-    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
-    outs, hists = [], []
-    for fused in ((False, False, False), (True, False, False), (True, True, True), (False, True, False),
-                  (False, False, True)):  # fmt: skip
-        target, drafter = _pair()
-        drafter.set_draft_vocab(torch.arange(0, GPU_TINY.vocab_size, 2))
-        drafter.fused_level_merge, drafter.fused_head_topk, drafter.fused_swiglu = fused
-        eng = Engine(target, drafter=drafter, block_size=16, speculative="on", strategies=("3_3_8", "4_2_6"))
-        outs.append([o.token_ids for o in eng.generate(PROMPTS, params)])
-        hists.append(eng.stats()["accept_length_hist"])
-    assert all(o == outs[0] for o in outs[1:])
-    assert hists[1] == hists[0] and all(sum(h.values()) > 0 for h in hists)

@@ -21,13 +21,7 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tlt_rt.codegen.kernels.topk_lse import (  # noqa: E402
-    head_topk_chunks,
-    merge_chunks,
-    topk_chunks,
-    topk_logprobs,
-    topk_logprobs_reference,
-)
+from tlt_rt.codegen.kernels.topk_lse import topk_logprobs, topk_logprobs_reference  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -89,33 +83,3 @@ def test_id_map_gives_the_mapped_ids_of_the_same_choice(rows, k, seed):
     assert torch.equal(mids, ref_ids)
     with pytest.raises(AssertionError, match="id_map must be int64"):
         topk_logprobs(logits, k, id_map=id_map[:-1])
-
-
-def _check_head_chunks(rows, hidden, vocab, k, seed, device, dtype):
-    """The head's matmul inside the chunk pass gives the chunks (and so the merged top-k) of the logits the
-    matmul writes. Small integer inputs make every product and sum exact, whatever the order."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(-2, 3, (rows, hidden), generator=g).to(device, dtype)
-    w = torch.randint(-2, 3, (vocab, hidden), generator=g).to(device, dtype)
-    got = head_topk_chunks(x, w, k)
-    logits = torch.nn.functional.linear(x, w)
-    want = topk_chunks(logits, k, block_v=128)
-    for name in ("cand_v", "cand_i", "chunk_m", "chunk_s"):
-        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-6, atol=0, msg=name)
-    id_map = torch.randperm(vocab * 3, generator=g)[:vocab].to(device)
-    lp, ids = merge_chunks(got, id_map)
-    ref_lp, ref_ids = topk_logprobs(logits, k, id_map=id_map)
-    torch.testing.assert_close(lp, ref_lp, rtol=1e-6, atol=1e-6)
-    assert torch.equal(ids, ref_ids)
-
-
-@pytest.mark.parametrize("rows, vocab, k", [(2, 300, 2), (5, 256, 4)])
-def test_head_topk_chunks(rows, vocab, k):
-    _check_head_chunks(rows, 96, vocab, k, rows * 7 + k, DEVICE, torch.float32)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows, k", [(2, 2), (9, 2), (128, 4), (100, 8)])
-def test_head_topk_chunks_compiled(rows, k):
-    """The same compiled, bf16, at the engine's shapes (SmolLM2's 576 hidden, an 8,192-id head)."""
-    _check_head_chunks(rows, 576, 8192, k, rows * 7 + k, "cuda", torch.bfloat16)

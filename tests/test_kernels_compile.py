@@ -16,8 +16,8 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 
-# the loop-carried type clash that once reached the GPU (_draft_level_chunks_kernel): `v` is a [128] fp32 when
-# the loop starts and a [1024] bf16 after one iteration
+# a loop-carried type clash, which the interpreter lets through and the compiler refuses: `v` is a [128] fp32
+# when the loop starts and a [1024] bf16 after one iteration
 CLASH = """
 import torch
 import triton

@@ -301,16 +301,11 @@ def test_fused_projections_follow_weight_updates(checkpoint):
     assert attn.q_proj.weight.grad is not None and mlp.gate_proj.weight.grad is not None
 
 
-@pytest.mark.parametrize("skinny", [False, True])
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("mlp_bias", [False, True])
-def test_mlp_forward_add_is_the_residual_plus_the_mlp(fused, mlp_bias, skinny):
-    """`MLP.forward_add` (the residual added by the down projection's matmul, or on its own with a bias;
-    `skinny`: gate/up and the activation in one Triton launch, interpreted here) gives residual + mlp(x)."""
-    from tlt_rt.codegen.backend import triton_usable
-
-    if skinny and not triton_usable("cpu"):
-        pytest.skip("the Triton kernels run on CPU tensors only under TRITON_INTERPRET=1")
+def test_mlp_forward_add_is_the_residual_plus_the_mlp(fused, mlp_bias):
+    """`MLP.forward_add` (the residual added by the down projection's matmul, or on its own with a bias)
+    gives residual + mlp(x)."""
     from tlt_rt.models.arch import ArchConfig
     from tlt_rt.models.llama import MLP
 
@@ -322,7 +317,7 @@ def test_mlp_forward_add_is_the_residual_plus_the_mlp(fused, mlp_bias, skinny):
     x, res = torch.randn(5, 64), torch.randn(5, 64)
     with torch.no_grad():
         want = res + mlp(x)
-        torch.testing.assert_close(mlp.forward_add(x, res.clone(), skinny=skinny), want)
+        torch.testing.assert_close(mlp.forward_add(x, res.clone()), want)
     got = mlp.forward_add(x, res)  # with gradients: out of place, the residual kept
     torch.testing.assert_close(got, want)
     got.sum().backward()

@@ -159,12 +159,6 @@ class Drafter(nn.Module):
         # EAGLE checkpoints and serving engines drop layer 0's input layernorm: fc's output enters attention as is
         self.layers[0].input_layernorm = nn.Identity()
         self.attn_backend: AttentionBackend = TorchAttention()
-        # kernel choices of the engine's draft levels on CUDA (rollout.draft_ops): the top-k's merge inside the
-        # level's launch; the LM head's matmul inside the top-k's first launch; gate/up and the activation in
-        # one launch for up to skinny_gemm.MAX_ROWS rows
-        self.fused_level_merge = False
-        self.fused_head_topk = False
-        self.fused_swiglu = False
         self.packed_attn: PackedAttn = "auto"
         self.register_buffer("d2t", None)
         self.register_buffer("draft_head", None, persistent=False)
@@ -337,15 +331,12 @@ class Drafter(nn.Module):
         meta: AttnMetadata,
         logits_indices: torch.Tensor | None = None,
         full_vocab: bool = True,
-        head: bool = True,
     ) -> ModelOutput:
         """Engine forward over packed rows, as `CausalLM.forward_paged`: input_ids/positions [N], hidden [N, H].
 
         Returns logits [M, V] over the TARGET vocabulary (rows `logits_indices`, default all), or with
         `full_vocab=False` [M, Vd] over the draft vocabulary (map ids with `to_target_ids`), and hidden
         [N, H]. K/V go to the drafter's one-layer `cache` at meta.slot_mapping (the target's block tables).
-        `head=False` leaves the LM head to the caller (logits None): a top-k that multiplies by the head
-        itself (`codegen.kernels.topk_lse.head_topk_chunks`).
         """
         meta.validate(input_ids.shape[0])
         x = self._fuse(input_ids, hidden)
@@ -353,9 +344,7 @@ class Drafter(nn.Module):
         h = layer.self_attn.forward_paged(layer.input_layernorm(x), positions, self._rotary(x.device), cache.k[0],
                                           cache.v[0], meta, self.attn_backend)  # fmt: skip
         x, h = layer.post_attention_layernorm.add(x, h)
-        x = layer.mlp.forward_add(h, x, skinny=self.fused_swiglu and x.is_cuda)
-        if not head:
-            return ModelOutput(logits=None, hidden=x)
+        x = layer.mlp.forward_add(h, x)
         rows = x if logits_indices is None else x[logits_indices]
         logits = self.logits(rows)
         return ModelOutput(logits=self.to_target_vocab(logits) if full_vocab else logits, hidden=x)

@@ -334,25 +334,18 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return apply_linear(self.glue, self.down_proj, self._activated(x))
 
-    def _activated(self, x: torch.Tensor, skinny: bool = False) -> torch.Tensor:
-        """swiglu(gate, up) of x, the input of the down projection; `skinny`: the fused gate/up projection
-        and its activation in one launch (`codegen.kernels.skinny_gemm`) where the rows are few enough."""
+    def _activated(self, x: torch.Tensor) -> torch.Tensor:
+        """swiglu(gate, up) of x, the input of the down projection."""
         fused = self.fused if self.fused is not None and self.fused.intact() else None
         if fused is None:
             return self.glue.swiglu(self.gate_proj(x), self.up_proj(x))
-        if skinny:
-            # local: Triton, a GPU-only dependency (as in _inference_linear)
-            from tlt_rt.codegen.kernels.skinny_gemm import skinny_linear_triton, supported
-
-            if supported(x, fused.weight, fused.bias):
-                return skinny_linear_triton(x, fused.weight, fused.bias, swiglu=True)
         return self.glue.linear_swiglu(x, fused.weight, fused.bias)
 
-    def forward_add(self, x: torch.Tensor, residual: torch.Tensor, skinny: bool = False) -> torch.Tensor:
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + self(x) for rows [N, H]. In inference, where the down projection is a bias-free nn.Linear
         of the residual's dtype, the add is the matmul's own (C input, accumulated in place: `residual` is
         overwritten and returned), one launch less than the add on its own. An out-of-place addmm would not
-        save it: it copies C to its output first. `skinny`: as in `_activated`."""
+        save it: it copies C to its output first."""
         down = self.down_proj
         if (
             torch.is_grad_enabled()
@@ -363,7 +356,7 @@ class MLP(nn.Module):
             or not residual.is_contiguous()
         ):
             return residual + self(x)
-        return residual.addmm_(self._activated(x, skinny).to(down.weight.dtype), down.weight.t())
+        return residual.addmm_(self._activated(x).to(down.weight.dtype), down.weight.t())
 
 
 class DecoderLayer(nn.Module):

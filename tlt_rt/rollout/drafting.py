@@ -33,7 +33,7 @@ from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import KVCache
 from tlt_rt.rollout.compiled import maybe_compiled
-from tlt_rt.rollout.draft_ops import fused_build_tree, head_fused, next_level, row_children
+from tlt_rt.rollout.draft_ops import fused_build_tree, next_level, top_children
 from tlt_rt.rollout.runner import Layout, build_meta
 from tlt_rt.rollout.sequence import Sequence, flush_hidden
 
@@ -70,8 +70,8 @@ def catch_up_block(
     drafter, cache: KVCache, ins: DraftInputs, block_size: int, compiled: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Drafter rows [L-R, L) of every sequence in one fixed-shape forward; the root row's logits over the
-    draft vocabulary [B, Vd] (None where the head is left to the top-k: `draft_ops.head_fused`) and output
-    hidden [B, H]. `compiled`: the block's inputs through torch.compile, as the captured step runs them."""
+    draft vocabulary [B, Vd] and output hidden [B, H]. `compiled`: the block's inputs through torch.compile,
+    as the captured step runs them."""
     r = ins.tokens.shape[1]
     trash = cache.num_blocks * cache.block_size - 1
     meta_fn = maybe_compiled(_block_meta, compiled, ins.tokens.device)
@@ -79,9 +79,8 @@ def catch_up_block(
         ins.tokens, ins.hidden, ins.valid, ins.prefix_lens, ins.tables, drafter.features, block_size, trash
     )
     meta = AttnMetadata("verify", cu, lens, ins.tables, slots, r, mask, slots_resolved=True)
-    out = drafter.forward_paged(ins.tokens.reshape(-1), feats, positions, cache, meta, roots, full_vocab=False,
-                                head=not head_fused(drafter, ins.tokens.device))  # fmt: skip
-    return out.logits, out.hidden[roots]  # logits None where the head is left to the top-k
+    out = drafter.forward_paged(ins.tokens.reshape(-1), feats, positions, cache, meta, roots, full_vocab=False)
+    return out.logits, out.hidden[roots]
 
 
 def draft_candidates(
@@ -129,8 +128,7 @@ def grow_candidates(
     `compiled`: every level's attention inputs through torch.compile, as the captured step builds them."""
     k, levels = strategy.topk, strategy.depth - 1
     b, dev = ins.tokens.shape[0], ins.tokens.device
-    lp, toks = row_children(drafter, root_logits, root_hidden, k)  # level 0: the root's K best children, sorted
-    head = not head_fused(drafter, dev)
+    lp, toks = top_children(drafter, root_logits, k)  # level 0: the root's K best children, sorted
     if levels == 0:
         return Candidates(toks, lp, torch.full_like(toks, -1), k)
     tokens, scores, fronts = [toks], [lp], []
@@ -144,7 +142,7 @@ def grow_candidates(
         meta = AttnMetadata("verify", cu, seq_lens[d - 1], ins.tables, slots[d - 1].view(-1), k, mask,
                             slots_resolved=True)  # fmt: skip
         out = drafter.forward_paged(front_tok.reshape(-1), feats.reshape(b * k, -1), positions[d - 1].view(-1),
-                                    cache, meta, full_vocab=False, head=head)  # fmt: skip
+                                    cache, meta, full_vocab=False)  # fmt: skip
         fronts.append(front_flat)
         # the level's children [B*K, K] and scores, and the next frontier (its K best, ties to the lower index)
         # with its inputs: the parents' drafter outputs as features, their tree-mask rows widened by its slot

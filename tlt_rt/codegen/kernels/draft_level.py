@@ -21,8 +21,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from tlt_rt.codegen.kernels.topk_lse import Chunks, _row_candidates
-
 
 @triton.jit
 def _draft_level_kernel(
@@ -112,123 +110,6 @@ def draft_level(
         BLOCK_H=min(1024, triton.next_power_of_2(h)), num_warps=4,
     )  # fmt: skip
     return score, flat, tok, best, feats, mask_out
-
-
-@triton.jit
-def _draft_level_chunks_kernel(
-    # pointers
-    FRONT_SCORE,  # [B, K] f32
-    CHILD_TOK,  # [B, K*K] int64 out: the children's ids
-    HIDDEN,  # [B*K, H]
-    MASK_IN,  # [B, K, W] uint8
-    SCORE,  # [B, K*K] f32 out
-    NEXT_FLAT,  # [B, K] int64 out
-    NEXT_TOK,  # [B, K] int64 out
-    NEXT_SCORE,  # [B, K] f32 out
-    FEATS,  # [B, K, H] out
-    MASK_OUT,  # [B, K, W + K] uint8 out
-    CAND_V,  # the frontier rows' top-k chunks (topk_lse.Chunks), [B*K, NC, K] f32
-    CAND_I,  # [B*K, NC, K] int64
-    CHUNK_M,  # [B*K, NC] f32
-    CHUNK_S,  # [B*K, NC] f32
-    ID_MAP,  # [Vd] int64 draft -> target ids (read when HAS_MAP)
-    # sizes
-    H,
-    W,
-    offset,
-    NC,
-    BIG,
-    # meta
-    K: tl.constexpr,
-    BLOCK_KK: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    HAS_MAP: tl.constexpr,
-    BLOCK_NC: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    kk = K * K
-    c = tl.arange(0, BLOCK_KK)
-    in_level = c < kk
-    # each frontier row's K children: the top-k merge (topk_lse), in registers
-    score = tl.zeros([BLOCK_KK], dtype=tl.float32)
-    toks = tl.zeros([BLOCK_KK], dtype=tl.int64)
-    for r in tl.static_range(K):
-        lse, v, ids = _row_candidates(CAND_V, CAND_I, CHUNK_M, CHUNK_S, b * K + r, NC, BIG, K, BLOCK_NC, BLOCK_C)
-        front = tl.load(FRONT_SCORE + b * K + r)
-        for j in tl.static_range(K):
-            best = tl.max(v, axis=0)
-            at = tl.min(tl.where(v == best, ids, BIG), axis=0)
-            if HAS_MAP:
-                tok = tl.load(ID_MAP + at)
-            else:
-                tok = at
-            score = tl.where(c == r * K + j, front + (best - lse), score)  # as draft_level adds the merge's
-            toks = tl.where(c == r * K + j, tok, toks)
-            v = tl.where((v == best) & (ids == at), -float("inf"), v)
-    tl.store(CHILD_TOK + b * kk + c, toks, mask=in_level)
-    tl.store(SCORE + b * kk + c, score, mask=in_level)
-    # the frontier as `_draft_level_kernel` chooses it, the chosen ids read from registers
-    taken = c >= kk
-    w = tl.arange(0, BLOCK_W)
-    h = tl.arange(0, BLOCK_H)
-    w_out = W + K
-    for j in tl.static_range(K):
-        open_score = tl.where(taken, -float("inf"), score)
-        best = tl.max(open_score, axis=0)
-        at = tl.min(tl.where((open_score == best) & ~taken, c, BLOCK_KK), axis=0)
-        taken = taken | (c == at)
-        parent = at // K
-        tl.store(NEXT_FLAT + b * K + j, offset + at)
-        tl.store(NEXT_SCORE + b * K + j, best)
-        tl.store(NEXT_TOK + b * K + j, tl.sum(tl.where(c == at, toks, 0), axis=0))
-        row = tl.load(MASK_IN + (b * K + parent) * W + w, mask=w < W, other=0)
-        tl.store(MASK_OUT + (b * K + j) * w_out + w, row, mask=w < W)
-        tl.store(MASK_OUT + (b * K + j) * w_out + W + w, (w == j).to(tl.uint8), mask=w < K)
-        for start in range(0, H, BLOCK_H):
-            hh = start + h
-            feat = tl.load(HIDDEN + (b * K + parent) * H + hh, mask=hh < H)
-            tl.store(FEATS + (b * K + j) * H + hh, feat, mask=hh < H)
-
-
-def draft_level_from_chunks(
-    front_score: Tensor, chunks: Chunks, id_map: Tensor | None, hidden: Tensor, mask: Tensor, offset: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """`draft_level` with the frontier rows' top-k merge inside its launch: `chunks` is `topk_chunks` of the
-    level's logits [B*K, Vd] (its first launch), `id_map` a reduced head's draft -> target ids (None: ids
-    as they are). Returns draft_level's six results, then the children's ids [B*K, K] (what
-    `topk_logprobs(logits, K, id_map=id_map)` gives, row by row). One launch where `topk_logprobs` and
-    `draft_level` make two."""
-    b, k = front_score.shape
-    h, w = hidden.shape[-1], mask.shape[-1]
-    assert chunks.cand_v.shape[0] == b * k and chunks.cand_v.shape[2] == k, (
-        f"chunks must hold B*K = {b * k} rows of K = {k} candidates, got {tuple(chunks.cand_v.shape)}"
-    )
-    assert hidden.shape == (b * k, h) and mask.shape == (b, k, w), (
-        f"hidden must be [B*K, H], mask [B, K, W]; got {tuple(hidden.shape)}, {tuple(mask.shape)}"
-    )
-    assert front_score.dtype == torch.float32 and mask.dtype == torch.bool
-    assert id_map is None or (id_map.dtype == torch.int64 and id_map.device == hidden.device)
-    front_score, hidden, mask = (t.contiguous() for t in (front_score, hidden, mask))
-    dev = front_score.device
-    score = torch.empty(b, k * k, dtype=torch.float32, device=dev)
-    child_tok = torch.empty(b * k, k, dtype=torch.int64, device=dev)
-    flat = torch.empty(b, k, dtype=torch.int64, device=dev)
-    tok = torch.empty(b, k, dtype=torch.int64, device=dev)
-    best = torch.empty(b, k, dtype=torch.float32, device=dev)
-    feats = torch.empty(b, k, h, dtype=hidden.dtype, device=dev)
-    mask_out = torch.empty(b, k, w + k, dtype=torch.bool, device=dev)
-    _draft_level_chunks_kernel[(b,)](
-        front_score, child_tok, hidden, mask.view(torch.uint8),
-        score, flat, tok, best, feats, mask_out.view(torch.uint8),
-        chunks.cand_v, chunks.cand_i, chunks.chunk_m, chunks.chunk_s, child_tok if id_map is None else id_map,
-        h, w, offset, chunks.num_chunks, chunks.big,
-        K=k, BLOCK_KK=max(16, triton.next_power_of_2(k * k)), BLOCK_W=max(16, triton.next_power_of_2(max(w, k))),
-        BLOCK_H=min(1024, triton.next_power_of_2(h)), HAS_MAP=id_map is not None, **chunks.merge_meta(),
-        num_warps=4,
-    )  # fmt: skip
-    return score, flat, tok, best, feats, mask_out, child_tok
 
 
 def draft_level_reference(

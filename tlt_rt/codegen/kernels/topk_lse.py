@@ -103,23 +103,6 @@ def _topk_merge_kernel(
         v = tl.where((v == best) & (ids == at), -float("inf"), v)
 
 
-@triton.jit
-def _row_candidates(CAND_V, CAND_I, CHUNK_M, CHUNK_S, row, NC, BIG, K: tl.constexpr, BLOCK_NC: tl.constexpr,
-                    BLOCK_C: tl.constexpr):  # fmt: skip
-    """A row's log-sum-exp from its chunks' (max, sum), and its chunks' candidates (values, ids; BIG past
-    the last): what a merge takes its k rounds over (`_topk_merge_kernel` reads them the same way, inline)."""
-    c = tl.arange(0, BLOCK_NC)
-    m = tl.load(CHUNK_M + row * NC + c, mask=c < NC, other=-float("inf"))
-    s = tl.load(CHUNK_S + row * NC + c, mask=c < NC, other=0.0)
-    big_m = tl.max(m, axis=0)
-    big_m = tl.where(big_m == -float("inf"), 0.0, big_m)
-    lse = big_m + tl.log(tl.sum(s * tl.exp(m - big_m), axis=0))
-    n = tl.arange(0, BLOCK_C)
-    v = tl.load(CAND_V + row * NC * K + n, mask=n < NC * K, other=-float("inf"))
-    ids = tl.load(CAND_I + row * NC * K + n, mask=n < NC * K, other=BIG)
-    return lse, v, ids
-
-
 def topk_logprobs(
     logits: Tensor, k: int, block_v: int | None = None, id_map: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -143,8 +126,7 @@ def topk_logprobs(
 
 def merge_chunks(ch: Chunks, id_map: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The second of `topk_logprobs`' launches: each row's k best over its chunks (log-probs [R, k] f32
-    descending, ids [R, k] int64, mapped through `id_map` where given) from `topk_chunks` or
-    `head_topk_chunks`."""
+    descending, ids [R, k] int64, mapped through `id_map` where given) from `topk_chunks`."""
     R, _, k = ch.cand_v.shape
     out_lp = torch.empty(R, k, dtype=torch.float32, device=ch.cand_v.device)
     out_i = torch.empty(R, k, dtype=torch.int64, device=ch.cand_v.device)
@@ -157,8 +139,7 @@ def merge_chunks(ch: Chunks, id_map: Tensor | None = None) -> tuple[Tensor, Tens
 
 @dataclass
 class Chunks:
-    """The first launch's results for R rows of V logits in NC chunks: what a merge (here, or inside a draft
-    level's kernel: `codegen.kernels.draft_level`) reads."""
+    """The first launch's results for R rows of V logits in NC chunks: what the merge reads."""
 
     cand_v: Tensor  # [R, NC, K] f32 each chunk's k best logits
     cand_i: Tensor  # [R, NC, K] int64 their ids
@@ -194,92 +175,6 @@ def topk_chunks(logits: Tensor, k: int, block_v: int | None = None) -> Chunks:
         V, nc,
         logits.stride(0),
         K=k, BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 4,
-    )  # fmt: skip
-    return ch
-
-
-@triton.jit
-def _head_topk_chunk_kernel(
-    # pointers
-    X,  # [R, H] rows (unit stride over H)
-    W,  # [V, H] head weight (unit stride over H)
-    CAND_V,  # [R, NC, K] f32
-    CAND_I,  # [R, NC, K] int64
-    CHUNK_M,  # [R, NC] f32
-    CHUNK_S,  # [R, NC] f32
-    # sizes
-    R,
-    V,
-    H,
-    NC,
-    # strides
-    stride_x,
-    stride_w,
-    # meta
-    K: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    chunk = tl.program_id(1).to(tl.int64)
-    cols = chunk * BLOCK_V + tl.arange(0, BLOCK_V)
-    acc = tl.zeros([BLOCK_R, BLOCK_V], dtype=tl.float32)
-    for start in range(0, H, BLOCK_H):
-        hh = start + tl.arange(0, BLOCK_H)
-        x = tl.load(X + rows[:, None] * stride_x + hh[None, :], mask=(rows[:, None] < R) & (hh[None, :] < H),
-                    other=0.0)  # fmt: skip
-        w = tl.load(W + cols[None, :] * stride_w + hh[:, None], mask=(cols[None, :] < V) & (hh[:, None] < H),
-                    other=0.0)  # fmt: skip
-        acc = tl.dot(x, w, acc)
-    # logits in the rows' dtype, as the head's matmul writes them, then the chunk pass of `_topk_chunk_kernel`
-    x = tl.where(cols[None, :] < V, acc.to(X.dtype.element_ty).to(tl.float32), -float("inf"))
-    live = rows < R
-    m = tl.max(x, axis=1)
-    m_safe = tl.where(m == -float("inf"), 0.0, m)
-    s = tl.sum(tl.exp(x - m_safe[:, None]), axis=1)
-    slot = rows * NC + chunk
-    tl.store(CHUNK_M + slot, m, mask=live)
-    tl.store(CHUNK_S + slot, s, mask=live)
-    for j in tl.static_range(K):
-        best = tl.max(x, axis=1)
-        at = tl.min(tl.where(x == best[:, None], cols[None, :], V + BLOCK_V), axis=1)
-        tl.store(CAND_V + slot * K + j, best, mask=live)
-        tl.store(CAND_I + slot * K + j, at, mask=live)
-        x = tl.where(cols[None, :] == at[:, None], -float("inf"), x)
-
-
-HEAD_META = {"block_v": 128, "block_h": 64, "max_block_r": 64}
-
-
-def head_topk_chunks(rows: Tensor, weight: Tensor, k: int) -> Chunks:
-    """`topk_chunks` of the logits rows [R, H] @ weight[V, H]^T, with the matmul in the same launch: the
-    logits are never written (each program multiplies a block of rows by a chunk of the head, rounds the
-    products to the rows' dtype as the matmul's output would be, and takes the chunk's k best, max and sum
-    of exp). One launch where the head's matmul and `topk_chunks` make two."""
-    assert rows.dim() == 2 and weight.dim() == 2 and rows.shape[1] == weight.shape[1], (
-        f"rows [R, H] and weight [V, H] must share H, got {tuple(rows.shape)} and {tuple(weight.shape)}"
-    )
-    assert rows.dtype == weight.dtype and rows.device == weight.device, "rows and weight: one dtype and device"
-    rows, weight = rows.contiguous(), weight.contiguous()
-    (R, H), V = rows.shape, weight.shape[0]
-    assert R >= 1 and 1 <= k <= min(V, MAX_K), f"need R >= 1 rows and k in [1, {min(V, MAX_K)}]"
-    block_v = min(triton.next_power_of_2(V), HEAD_META["block_v"])
-    block_r = min(HEAD_META["max_block_r"], max(16, triton.next_power_of_2(R)))
-    nc = triton.cdiv(V, block_v)
-    dev = rows.device
-    ch = Chunks(
-        torch.empty(R, nc, k, dtype=torch.float32, device=dev),
-        torch.empty(R, nc, k, dtype=torch.int64, device=dev),
-        torch.empty(R, nc, dtype=torch.float32, device=dev),
-        torch.empty(R, nc, dtype=torch.float32, device=dev),
-        V + block_v,
-    )
-    _head_topk_chunk_kernel[(triton.cdiv(R, block_r), nc)](
-        rows, weight, ch.cand_v, ch.cand_i, ch.chunk_m, ch.chunk_s,
-        R, V, H, nc,
-        rows.stride(0), weight.stride(0),
-        K=k, BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_H=HEAD_META["block_h"], num_warps=4,
     )  # fmt: skip
     return ch
 
