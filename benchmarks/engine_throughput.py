@@ -144,9 +144,12 @@ def engine_row(eng: Engine, name: str, batch: int, timed: dict) -> dict:
     st = eng.stats()
     pol = eng.policy.stats()
     mean_ms = {}  # mean step ms per option over the engine's steps, what the policy weighed
+    spent = dict.fromkeys(("prefill", "decode", "sd"), 0.0)  # seconds by kind of step, every call
     for e in eng.timeline:
+        spent[e["kind"]] += e["seconds"]
         if e["kind"] != "prefill":
             mean_ms.setdefault(e["strategy"] or "off", []).append(1e3 * e["seconds"])
+    stepped = sum(spent.values())
     return dict(
         provider="tlt",
         config=name,
@@ -159,6 +162,8 @@ def engine_row(eng: Engine, name: str, batch: int, timed: dict) -> dict:
             k: pol[k] for k in ("strategy_use", "measure_steps", "plain_timing_steps", "explore_steps", "switches")
         },
         step_ms={k: statistics.fmean(v) for k, v in mean_ms.items()},
+        # where a call's stepped time goes: a short call at a large batch spends much of it prefilling
+        time_share={k: v / stepped for k, v in spent.items()} if stepped else {},
     )
 
 
@@ -237,10 +242,12 @@ def main(argv=None) -> None:
             f"{r['provider']:8} {r['config']:14} {r['batch']:5d} {r['tokens_per_s']:9.1f} {ratio:>6} {acc:>6} "
             f"{r['sd_steps']:4d}/{r['steps']:<4d}"
         )
-    print("step ms (mean over the engine's decode / SD steps) and the auto policy's decisions:")
+    print("step ms (mean over the engine's decode / SD steps), the share of stepped time in prefill / plain / SD")
+    print("steps, and the auto policy's decisions:")
     for r in rows:
         if r["provider"] == "tlt":
             ms = ", ".join(f"{k} {v:.2f}" for k, v in r["step_ms"].items())
+            ms += " | " + " / ".join(f"{100 * r['time_share'].get(k, 0):.0f}%" for k in ("prefill", "decode", "sd"))
             extra = f" | {r['policy']}" if r["config"] == "auto" else ""
             print(f"  {r['config']:8} b={r['batch']:<4d} {ms}{extra}")
     if args.out:

@@ -90,12 +90,16 @@ class StubDevice:
 
 
 class Fixed:
-    """A stand-in SD policy that always picks one option."""
+    """A stand-in SD policy that always picks one option, or with `mix` N alternates N plain steps and N of
+    the option, as `auto` mixes them where plain decoding and speculation cost about the same."""
 
-    def __init__(self, option: Strategy | None):
-        self.option = option
+    def __init__(self, option: Strategy | None, mix: int = 0):
+        self.option, self.mix, self.calls = option, mix, 0
 
     def decide(self, batch_size: int, behind: int = 0):
+        self.calls += 1
+        if self.mix and (self.calls // self.mix) % 2 == 0:
+            return None
         return self.option
 
     def observe(self, *args, **kwargs) -> None:
@@ -115,7 +119,7 @@ def build(batch: int, strategies: list[str], keep_hidden: bool, steps: int) -> E
 
 
 def time_steps(
-    batch: int, option: str, strategies: list[str], keep_hidden: bool, steps: int, params, profile: bool
+    batch: int, option: str, strategies: list[str], keep_hidden: bool, steps: int, params, profile: bool, mix: int = 0
 ) -> tuple[list[float], list[float]]:
     """Microseconds of host work per decode step, `steps` of them after a few warm-up steps: in all, and
     without the work done while the device runs (between the launch and the wait for the results)."""
@@ -129,7 +133,7 @@ def time_steps(
     while sched.waiting:
         eng.step_once(sched, params, keep_hidden)
     eng.runner.run_args = StubDevice(eng.runner)
-    eng.policy = Fixed(None if option == "off" else Strategy.parse(option))
+    eng.policy = Fixed(None if option == "off" else Strategy.parse(option), mix if option != "off" else 0)
     for _ in range(5):  # the first speculative step catches the drafter up eagerly
         eng.step_once(sched, params, keep_hidden)
     overlap = [0]
@@ -170,12 +174,17 @@ def main(argv=None) -> None:
     ap.add_argument("--keep-hidden", choices=["on", "off", "both"], default="both")
     ap.add_argument("--greedy", action="store_true", help="greedy sampling (no uniforms); default T=0.9")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--mix", type=int, default=0,
+                    help="alternate N plain and N speculative steps (as auto mixes them); 0: never")  # fmt: skip
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     params = SamplingParams(temperature=0.0 if args.greedy else 0.9, max_new_tokens=1 << 20, stop_token_ids=[255])
     hidden = {"on": [True], "off": [False], "both": [False, True]}[args.keep_hidden]
-    print(f"host us/step over {args.steps} steps, {'greedy' if args.greedy else 'T=0.9'}: median [p20, p80] of all")
+    mixed = f"; speculative options alternate {args.mix} plain steps and {args.mix} of theirs" if args.mix else ""
+    print(
+        f"host us/step over {args.steps} steps, {'greedy' if args.greedy else 'T=0.9'}{mixed}: median [p20, p80] of all"
+    )
     print("host work, the median of the serial part (without what runs while the device computes), and the mean")
     print("of all host work (with the rare steps that copy logged hidden rows out)")
     print(f"{'batch':>5}  {'option':>8}  {'keep_hidden':>11}  {'median':>8}  {'p20':>8}  {'p80':>8}  {'serial':>8}"
@@ -183,7 +192,7 @@ def main(argv=None) -> None:
     for b in args.batch:
         for kh in hidden:
             for option in ["off", *(args.strategies if kh else [])]:
-                t, ser = time_steps(b, option, args.strategies, kh, args.steps, params, args.profile)
+                t, ser = time_steps(b, option, args.strategies, kh, args.steps, params, args.profile, args.mix)
                 q = statistics.quantiles(t, n=5)
                 med, kh_name = statistics.median(t), "on" if kh else "off"
                 row = f"{b:>5}  {option:>8}  {kh_name:>11}  {med:8.1f}  {q[0]:8.1f}  {q[3]:8.1f}"
