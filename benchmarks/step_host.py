@@ -133,7 +133,7 @@ def time_steps(
     while sched.waiting:
         eng.step_once(sched, params, keep_hidden)
     eng.runner.run_args = StubDevice(eng.runner)
-    eng.policy = Fixed(None if option == "off" else Strategy.parse(option), mix if option != "off" else 0)
+    eng.policy = Fixed(None if option == "off" else Strategy.parse(option), mix)
     for _ in range(5):  # the first speculative step catches the drafter up eagerly
         eng.step_once(sched, params, keep_hidden)
     overlap = [0]
