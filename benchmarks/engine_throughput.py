@@ -43,13 +43,21 @@ def prepare_engine(engine: Engine, prompts) -> None:
     torch.cuda.synchronize()
 
 
-def timed_call(engine: Engine, prompts, params: SamplingParams) -> tuple[float, int]:
-    """(tokens/s, tokens) of one generate call."""
+def timed_call(engine: Engine, prompts, params: SamplingParams, split: list | None = None) -> tuple[float, int]:
+    """(tokens/s, tokens) of one generate call; `split` gets the call's milliseconds by kind of step
+    (prefill / decode / sd) and the rest of the call ("other": host work between steps, set-up, the end)."""
+    first = len(engine.timeline)
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0  # the clock stops before the tokens are counted on the host
     n = sum(len(o.token_ids) for o in outs)
+    if split is not None:
+        ms = dict.fromkeys(("prefill", "decode", "sd"), 0.0)
+        for e in engine.timeline[first:]:
+            ms[e["kind"]] += 1e3 * e["seconds"]
+        ms["other"] = 1e3 * dt - sum(ms.values())
+        split.append(ms)
     return n / dt, n
 
 
@@ -68,18 +76,25 @@ def run_interleaved(
         for eng in engines.values():
             timed_call(eng, prompts, params)
     rates: dict[str, list[float]] = {name: [] for name in engines}
+    splits: dict[str, list[dict]] = {name: [] for name in engines}
     n = 0
     for _ in range(repeats):
         for name, eng in engines.items():
-            tps, n = timed_call(eng, prompts, params)
+            tps, n = timed_call(eng, prompts, params, splits[name])
             rates[name].append(tps)
     base = rates.get("off")
     out = {}
     for name, r in rates.items():
         ratios = [a / b for a, b in zip(r, base, strict=True)] if base else []
         out[name] = dict(tokens_per_s=statistics.median(r), tokens=n, rates=r,
-                         paired_ratio=statistics.median(ratios) if ratios else None)  # fmt: skip
+                         paired_ratio=statistics.median(ratios) if ratios else None,
+                         call_ms=median_split(splits[name]))  # fmt: skip
     return out
+
+
+def median_split(splits: list[dict]) -> dict:
+    """Per kind, the median over timed calls of its milliseconds a call."""
+    return {k: statistics.median(s[k] for s in splits) for k in splits[0]} if splits else {}
 
 
 def run_engine(
@@ -92,13 +107,13 @@ def run_engine(
     under the torch profiler and the `kernels` GPU kernels with the most time per engine step are printed."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
     prepare_engine(engine, prompts)
-    rates, n = [], 0
+    rates, n, splits = [], 0, []
     for i in range(repeats):
         prof = cProfile.Profile() if profile and i == repeats - 1 else None
         steps0 = engine.stats()["steps"]
         if prof:
             prof.enable()
-        tps, n = timed_call(engine, prompts, params)
+        tps, n = timed_call(engine, prompts, params, splits if not prof else None)
         rates.append(tps)
         if prof:
             prof.disable()
@@ -120,7 +135,7 @@ def run_engine(
         ms = 1e3 * (time.perf_counter() - t0) / steps
         title = f"--- kernels: {len(prompts)} prompts, {steps} steps, {ms:.2f} ms/step (profiled), per step"
         print_kernel_table(kernel_table(kp, steps), title, kernels)
-    return statistics.median(rates), n
+    return statistics.median(rates), n, median_split(splits)
 
 
 def run_hf(prompts, max_new: int, lookup: bool) -> tuple[float, int]:
@@ -183,6 +198,8 @@ def main(argv=None) -> None:
                     help="build every row's engine first, then time one call of each in turn per repeat")  # fmt: skip
     ap.add_argument("--learn-rounds", type=int, default=0,
                     help="with --interleave: untimed full calls of every engine before the timed rounds")  # fmt: skip
+    ap.add_argument("--max-prefill-tokens", type=int, default=0,
+                    help="prompt tokens a prefill step takes (0: the engine's default)")  # fmt: skip
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
@@ -203,11 +220,14 @@ def main(argv=None) -> None:
                 strategies=strategies,
                 max_batch=max(b, 1),
                 num_blocks=256 + 32 * b,  # 512 tokens a sequence: a bounded cache, not half of the free memory
+                **({"max_prefill_tokens": args.max_prefill_tokens} if args.max_prefill_tokens else {}),
             )
             if args.interleave:
                 continue
-            tps, n = run_engine(engines[name], prompts, args.max_new_tokens, args.profile, args.repeats, args.kernels)
-            rows.append(engine_row(engines.pop(name), name, b, dict(tokens_per_s=tps, tokens=n)))
+            tps, n, split = run_engine(
+                engines[name], prompts, args.max_new_tokens, args.profile, args.repeats, args.kernels
+            )
+            rows.append(engine_row(engines.pop(name), name, b, dict(tokens_per_s=tps, tokens=n, call_ms=split)))
             gc.collect()
             torch.cuda.empty_cache()
         if args.interleave:
@@ -250,6 +270,12 @@ def main(argv=None) -> None:
             ms += " | " + " / ".join(f"{100 * r['time_share'].get(k, 0):.0f}%" for k in ("prefill", "decode", "sd"))
             extra = f" | {r['policy']}" if r["config"] == "auto" else ""
             print(f"  {r['config']:8} b={r['batch']:<4d} {ms}{extra}")
+    print("a timed call's ms (median over calls): prefill steps + plain steps + SD steps + other (between steps)")
+    for r in rows:
+        if r.get("call_ms"):
+            c = r["call_ms"]
+            parts = " + ".join(f"{k} {c[k]:.1f}" for k in ("prefill", "decode", "sd", "other"))
+            print(f"  {r['config']:8} b={r['batch']:<4d} {sum(c.values()):7.1f} = {parts}")
     if args.out:
         with open(args.out, "a") as f:
             for r in rows:

@@ -63,7 +63,11 @@ class EngineConfig:
     max_batch: int = option(
         64, help="Most sequences one engine decodes at once (continuous batching); largest graph bucket."
     )
-    max_prefill_tokens: int = option(2048, help="Most prompt tokens one prefill step processes (chunked prefill).")
+    max_prefill_tokens: int = option(
+        8192,
+        help="Most prompt tokens one prefill step processes (chunked prefill). Each prefill step costs a fixed "
+        "host overhead (eager launches of every layer), so larger chunks prefill a large batch faster.",
+    )
     attn_backend: Literal["auto", "triton", "torch"] = option(
         "auto",
         help="Attention kernels: 'auto' = Triton on CUDA, torch elsewhere; 'triton' (CUDA, or CPU under "

@@ -1,0 +1,104 @@
+"""What prefilling a batch of prompts costs, by prefill chunk size, with and without a drafter.
+
+    python benchmarks/prefill_cost.py --batch 128 --chunks 2048 8192 [--rounds 5] [--drafter DIR]
+
+Each (engine kind, chunk) pair is one engine on SmolLM2 (bf16 on a GPU): `off` (no drafter) and `auto` (a
+drafter, whose rows of every prompt run once at the fork of its samples, `rollout/prefill.py`). One call
+is `generate(prompts, max_new_tokens=1)`: the prompts' prefill steps and the fork that draws each first
+token, nothing else. The rounds are interleaved (one call of every engine per round), so a slow stretch of
+the device falls on all of them alike. Per engine: the median call in ms, its prefill steps, and the ratio
+to `off` at the same chunk in the same round; `auto - off` is what the drafter's pass over the prompts
+costs. A call at a large batch of 128-token answers spends about as long in prefill as in decoding
+(engine_throughput.py's split), so prefill's cost moves every engine's tokens/s there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+
+import torch
+
+from tlt_rt.models.default import load_tokenizer
+from tlt_rt.rollout import Engine, SamplingParams
+from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
+
+
+def prompts_for(n: int, tok) -> list[list[int]]:
+    return [format_prompt(p, tok) for p in ArithmeticTask(digits=2, num_ops=2, seed=1).sample(n)]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_prefill(engine: Engine, prompts, device: str) -> tuple[float, int]:
+    """(milliseconds, prefill steps) of one generate call that only prefills and forks."""
+    steps = engine.stats()["prefill_steps"]
+    sync(device)
+    t0 = time.perf_counter()
+    engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=1))
+    sync(device)
+    return 1e3 * (time.perf_counter() - t0), engine.stats()["prefill_steps"] - steps
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[128])
+    ap.add_argument("--chunks", type=int, nargs="+", default=[2048, 8192], help="max_prefill_tokens values")
+    ap.add_argument("--kinds", nargs="+", default=["off", "auto"], choices=["off", "auto"])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--drafter", default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", default=None, help="append the rows as JSON lines")
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    tok = load_tokenizer(None)
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    rows = []
+    for b in args.batch:
+        prompts = prompts_for(b, tok)
+        engines = {}
+        for kind in args.kinds:
+            for chunk in args.chunks:
+                eng = Engine.from_pretrained(
+                    None, drafter_path=args.drafter if kind != "off" else None, speculative=kind, dtype=dtype,
+                    device=args.device, strategies=["8_4_32", "6_2_12"], max_batch=b, num_blocks=256 + 32 * b,
+                    max_prefill_tokens=chunk,
+                )  # fmt: skip
+                if args.device == "cuda":
+                    eng.warm_up()  # prefill runs eagerly: no captured steps, only first-use compiles
+                timed_prefill(eng, prompts, args.device)  # and prefill's own shapes
+                engines[(kind, chunk)] = eng
+        ms = {key: [] for key in engines}
+        steps = {}
+        for _ in range(args.rounds):
+            for key, eng in engines.items():
+                t, steps[key] = timed_prefill(eng, prompts, args.device)
+                ms[key].append(t)
+        tokens = sum(len(p) for p in prompts)
+        for (kind, chunk), t in ms.items():
+            base = ms.get(("off", chunk))
+            ratio = statistics.median(a / c for a, c in zip(t, base, strict=True)) if base else None
+            rows.append(dict(batch=b, kind=kind, chunk=chunk, prompt_tokens=tokens, ms=statistics.median(t),
+                             ms_all=t, prefill_steps=steps[(kind, chunk)], x_off=ratio))  # fmt: skip
+        del engines
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print(f"device: {name}; one call = prefill + fork (first tokens), median of {args.rounds} interleaved rounds")
+    print(f"{'batch':>5} {'tokens':>7} {'kind':>5} {'chunk':>6} {'steps':>5} {'ms':>8} {'x off':>6}")
+    for r in rows:
+        ratio = f"{r['x_off']:.3f}" if r["x_off"] is not None else "-"
+        print(f"{r['batch']:5d} {r['prompt_tokens']:7d} {r['kind']:>5} {r['chunk']:6d} {r['prefill_steps']:5d} "
+              f"{r['ms']:8.1f} {ratio:>6}")  # fmt: skip
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
