@@ -64,9 +64,9 @@ class EngineConfig:
         64, help="Most sequences one engine decodes at once (continuous batching); largest graph bucket."
     )
     max_prefill_tokens: int = option(
-        8192,
-        help="Most prompt tokens one prefill step processes (chunked prefill). Each prefill step costs a fixed "
-        "host overhead (eager launches of every layer), so larger chunks prefill a large batch faster.",
+        16384,
+        help="Most prompt tokens one prefill step processes (chunked prefill). A prefill step runs eagerly and "
+        "costs the host about the same whatever its size, so larger chunks prefill a large batch faster.",
     )
     attn_backend: Literal["auto", "triton", "torch"] = option(
         "auto",

@@ -11,18 +11,13 @@ from tlt_rt.codegen.kernels.topk_lse import topk_logprobs, topk_logprobs_referen
 from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
 
 
-def _id_map(drafter, device):
-    """A reduced draft vocabulary's draft -> target ids on `device` (a buffer of the drafter: already there),
-    None for the full vocabulary."""
-    return None if drafter.d2t is None else drafter.d2t.to(device)
-
-
 def top_children(drafter, logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k most likely children of each row of drafter logits over the draft vocabulary [R, Vd]: log-probs
     [R, k] f32 and target token ids [R, k] (on CUDA one Triton top-k + log-sum-exp in two launches, which
     also map a reduced draft vocabulary's ids to the target's; no [R, V] log-softmax is written, and a
     reduced draft vocabulary is never scattered to the full one)."""
-    d2t = _id_map(drafter, logits.device)
+    # a reduced draft vocabulary's draft -> target ids (a buffer of the drafter: already on its device)
+    d2t = None if drafter.d2t is None else drafter.d2t.to(logits.device)
     if logits.is_cuda:
         return topk_logprobs(logits, k, id_map=d2t)
     return topk_logprobs_reference(logits, k, id_map=d2t)

@@ -62,10 +62,12 @@ def warm_up(engine) -> None:
     for params in (SamplingParams(temperature=0.0), SamplingParams(), SamplingParams(top_p=0.9)):
         draw(logits, params, [0, 1], [0, 0])
     if engine.runner.drafter is not None:
-        rows = min(3, engine.block_size)
-        h = torch.zeros(rows, a.hidden_size, dtype=w.dtype, device=dev)
-        fake = Sequence(-1, -1, -1, [0] * (rows + 1), 0, 1, num_cached=rows, hidden_chunks=[h])
-        engine.runner.drafter.catch_up([fake], [[trash]])
+        # one row (a sequence just past the catch-up window after a plain stretch: only `auto` makes it, and
+        # a dimension of 1 compiles apart) and several
+        for rows in sorted({1, min(3, engine.block_size)}):
+            h = torch.zeros(rows, a.hidden_size, dtype=w.dtype, device=dev)
+            fake = Sequence(-1, -1, -1, [0] * (rows + 1), 0, 1, num_cached=rows, hidden_chunks=[h])
+            engine.runner.drafter.catch_up([fake], [[trash]])
     if dev.type == "cuda":
         torch.cuda.current_stream(dev).synchronize()
 

@@ -17,8 +17,6 @@ scattered to the full one) is safe: its chunks give -inf candidates and a zero s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -119,64 +117,32 @@ def topk_logprobs(
             f"got {id_map.dtype} {tuple(id_map.shape)} on {id_map.device}"
         )
         id_map = id_map.contiguous()
+    dev = logits.device
     if R == 0:
-        return torch.empty(0, k, device=logits.device), torch.empty(0, k, dtype=torch.int64, device=logits.device)
-    return merge_chunks(topk_chunks(logits, k, block_v), id_map)
-
-
-def merge_chunks(ch: Chunks, id_map: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The second of `topk_logprobs`' launches: each row's k best over its chunks (log-probs [R, k] f32
-    descending, ids [R, k] int64, mapped through `id_map` where given) from `topk_chunks`."""
-    R, _, k = ch.cand_v.shape
-    out_lp = torch.empty(R, k, dtype=torch.float32, device=ch.cand_v.device)
-    out_i = torch.empty(R, k, dtype=torch.int64, device=ch.cand_v.device)
-    _topk_merge_kernel[(R,)](
-        ch.cand_v, ch.cand_i, ch.chunk_m, ch.chunk_s, out_lp, out_i, out_i if id_map is None else id_map,
-        ch.num_chunks, ch.big, K=k, **ch.merge_meta(), HAS_MAP=id_map is not None, num_warps=1,
-    )  # fmt: skip
-    return out_lp, out_i
-
-
-@dataclass
-class Chunks:
-    """The first launch's results for R rows of V logits in NC chunks: what the merge reads."""
-
-    cand_v: Tensor  # [R, NC, K] f32 each chunk's k best logits
-    cand_i: Tensor  # [R, NC, K] int64 their ids
-    chunk_m: Tensor  # [R, NC] f32 each chunk's max
-    chunk_s: Tensor  # [R, NC] f32 its sum of exp(x - max)
-    big: int  # an id past every real one
-
-    @property
-    def num_chunks(self) -> int:
-        return self.chunk_m.shape[1]
-
-    def merge_meta(self) -> dict[str, int]:
-        nc, k = self.cand_v.shape[1:]
-        return {"BLOCK_NC": max(16, triton.next_power_of_2(nc)), "BLOCK_C": max(16, triton.next_power_of_2(nc * k))}
-
-
-def topk_chunks(logits: Tensor, k: int, block_v: int | None = None) -> Chunks:
-    """The first of `topk_logprobs`' two launches: every (row, chunk)'s k best logits and its (max, sum of
-    exp). logits [R, V], R >= 1, checked by the caller."""
-    R, V = logits.shape
+        return torch.empty(0, k, device=dev), torch.empty(0, k, dtype=torch.int64, device=dev)
+    # launch 1: every (row, chunk of block_v ids)'s k best logits and its (max, sum of exp(x - max))
     block_v = min(triton.next_power_of_2(V), block_v or DEFAULT_BLOCK_V)
     nc = triton.cdiv(V, block_v)
-    dev = logits.device
-    ch = Chunks(
-        torch.empty(R, nc, k, dtype=torch.float32, device=dev),
-        torch.empty(R, nc, k, dtype=torch.int64, device=dev),
-        torch.empty(R, nc, dtype=torch.float32, device=dev),
-        torch.empty(R, nc, dtype=torch.float32, device=dev),
-        V + block_v,
-    )
+    cand_v = torch.empty(R, nc, k, dtype=torch.float32, device=dev)
+    cand_i = torch.empty(R, nc, k, dtype=torch.int64, device=dev)
+    chunk_m = torch.empty(R, nc, dtype=torch.float32, device=dev)
+    chunk_s = torch.empty(R, nc, dtype=torch.float32, device=dev)
     _topk_chunk_kernel[(R, nc)](
-        logits, ch.cand_v, ch.cand_i, ch.chunk_m, ch.chunk_s,
+        logits, cand_v, cand_i, chunk_m, chunk_s,
         V, nc,
         logits.stride(0),
         K=k, BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 4,
     )  # fmt: skip
-    return ch
+    # launch 2: each row's k best over its chunks, less the log-sum-exp the chunks' (max, sum) give
+    out_lp = torch.empty(R, k, dtype=torch.float32, device=dev)
+    out_i = torch.empty(R, k, dtype=torch.int64, device=dev)
+    _topk_merge_kernel[(R,)](
+        cand_v, cand_i, chunk_m, chunk_s, out_lp, out_i, out_i if id_map is None else id_map,
+        nc, V + block_v,
+        K=k, BLOCK_NC=max(16, triton.next_power_of_2(nc)), BLOCK_C=max(16, triton.next_power_of_2(nc * k)),
+        HAS_MAP=id_map is not None, num_warps=1,
+    )  # fmt: skip
+    return out_lp, out_i
 
 
 def topk_logprobs_reference(logits: Tensor, k: int, id_map: Tensor | None = None) -> tuple[Tensor, Tensor]:
