@@ -196,15 +196,13 @@ class DrafterRunner:
         """Eagerly run drafter rows [draft_cached, end) of every sequence (end: num_cached unless given);
         returns the last row's logits over the draft vocabulary and its hidden."""
         ends = [s.num_cached for s in seqs] if ends is None else ends
-        ids, hidden, layout = [], [], Layout(tables, [], [], [], [])
+        ids, hidden, layout = [], [], Layout(tables, [], [])
         for s, end in zip(seqs, ends, strict=True):
             c = s.draft_cached
             ids += s.tokens[c + 1 : end + 1]
             hidden.append(s.hidden_rows(c, end))
+            layout.starts.append(c)
             layout.q_lens.append(end - c)
-            layout.seq_lens.append(end)
-            layout.positions.append(list(range(c, end)))
-            layout.cache_pos.append(list(range(c, end)))
             s.draft_cached = end
         meta, positions = build_meta(layout, "prefill", self.block_size, self.device)
         last = (torch.tensor(layout.q_lens).cumsum(0) - 1).to(self.device)

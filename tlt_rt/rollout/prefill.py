@@ -13,16 +13,14 @@ from tlt_rt.rollout.sequence import PrefillJob, Sequence
 
 def prefill(runner, sched: Scheduler, jobs: list[tuple[PrefillJob, int]], params: SamplingParams, keep_hidden: bool):
     """Run one prefill step of `jobs` ((job, chunk) pairs from `Scheduler.admit`); returns the tokens run."""
-    layout = Layout([], [], [], [], [])
+    layout = Layout([], [], [])
     tokens, last_rows, finishing = [], [], []
     for job, chunk in jobs:
         s, e = job.done, job.done + chunk
         tokens += job.tokens[s:e]
         layout.tables.append(sched.blocks.block_table(job.seq_id))
+        layout.starts.append(s)
         layout.q_lens.append(chunk)
-        layout.seq_lens.append(e)
-        layout.positions.append(list(range(s, e)))
-        layout.cache_pos.append(list(range(s, e)))
         if e == len(job.tokens):
             last_rows.append(len(tokens) - 1)
             finishing.append(job)

@@ -7,9 +7,9 @@ acceptance of depth 0, with uniforms from each sequence's own counter-based stre
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tlt_rt.codegen.kernels.accept import accept_tree
@@ -23,13 +23,17 @@ from tlt_rt.rollout.rng import host_uniforms
 
 @dataclass
 class Layout:
-    """Host-side description of a packed batch: per sequence its block table, q range and cache length."""
+    """Host-side description of a packed batch: sequence i's new tokens are the q_lens[i] positions from
+    starts[i] on (rotary and cache positions alike) under block table tables[i]."""
 
     tables: list[list[int]]
+    starts: list[int]
     q_lens: list[int]
-    seq_lens: list[int]
-    positions: list[list[int]]  # rotary position of each new token
-    cache_pos: list[list[int]]  # cache position of each new token (-1: do not write)
+
+    @property
+    def seq_lens(self) -> list[int]:
+        """Cached tokens per sequence once the new ones are written."""
+        return [s + q for s, q in zip(self.starts, self.q_lens, strict=True)]
 
 
 def table_tensor(tables: list[list[int]], device) -> torch.Tensor:
@@ -38,24 +42,28 @@ def table_tensor(tables: list[list[int]], device) -> torch.Tensor:
 
 
 def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: torch.Tensor | None = None):
-    """AttnMetadata and flat positions for a layout (one host->device copy per tensor)."""
-    cu_host = [0, *itertools.accumulate(layout.q_lens)]
-    cu = torch.tensor(cu_host, dtype=torch.int32)
-    slots = []
-    for t, cps in zip(layout.tables, layout.cache_pos, strict=True):
-        slots += [t[p // block_size] * block_size + p % block_size if p >= 0 else -1 for p in cps]
-    positions = torch.tensor([p for ps in layout.positions for p in ps], dtype=torch.long)
+    """AttnMetadata and flat positions for a layout (one host->device copy per tensor). The positions and
+    slots of every new token are computed in numpy (a Python loop over 13k prompt tokens took ~4 ms)."""
+    q = np.asarray(layout.q_lens, dtype=np.int64)
+    cu = np.zeros(len(q) + 1, dtype=np.int64)
+    np.cumsum(q, out=cu[1:])
+    seq = np.repeat(np.arange(len(q)), q)  # [N] the sequence of each new token
+    positions = np.arange(cu[-1]) + np.repeat(np.asarray(layout.starts, dtype=np.int64) - cu[:-1], q)
+    tables = Tables.of(layout.tables)
+    slots = tables.array[seq, positions // block_size] * block_size + positions % block_size
+    seq_lens = layout.seq_lens
+    cu_host = cu.tolist()
     meta = AttnMetadata(
         mode=mode,
-        cu_seqlens_q=cu.to(device),
-        seq_lens=torch.tensor(layout.seq_lens, dtype=torch.int32).to(device),
-        block_tables=table_tensor(layout.tables, device),
-        slot_mapping=torch.tensor(slots, dtype=torch.long).to(device),
-        max_q_len=max(layout.q_lens),
+        cu_seqlens_q=torch.from_numpy(cu.astype(np.int32)).to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
+        block_tables=tables.tensor(device=device),
+        slot_mapping=torch.from_numpy(slots).to(device),
+        max_q_len=int(q.max()),
         tree_mask=tree_mask,
-        host=(cu_host, list(layout.seq_lens)),
+        host=(cu_host, seq_lens),
     )
-    return meta, positions.to(device)
+    return meta, torch.from_numpy(positions).to(device)
 
 
 def tree_slots(tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int, block_size: int, write=None):
