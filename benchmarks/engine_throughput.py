@@ -165,6 +165,9 @@ def engine_row(eng: Engine, name: str, batch: int, timed: dict) -> dict:
         if e["kind"] != "prefill":
             mean_ms.setdefault(e["strategy"] or "off", []).append(1e3 * e["seconds"])
     stepped = sum(spent.values())
+    # auto's dearest speculative steps: what a bucket's regret budget saw first (a catch-up, a compile)
+    sd = [e for e in eng.timeline if e["kind"] == "sd"]
+    dearest = sorted(sd, key=lambda e: e["seconds"] / e["batch"], reverse=True)[:4] if name == "auto" else []
     return dict(
         provider="tlt",
         config=name,
@@ -179,6 +182,7 @@ def engine_row(eng: Engine, name: str, batch: int, timed: dict) -> dict:
         step_ms={k: statistics.fmean(v) for k, v in mean_ms.items()},
         # where a call's stepped time goes: a short call at a large batch spends much of it prefilling
         time_share={k: v / stepped for k, v in spent.items()} if stepped else {},
+        dearest_sd=[{k: e.get(k) for k in ("strategy", "batch", "seconds", "behind", "start")} for e in dearest],
     )
 
 
@@ -276,6 +280,12 @@ def main(argv=None) -> None:
             c = r["call_ms"]
             parts = " + ".join(f"{k} {c[k]:.1f}" for k in ("prefill", "decode", "sd", "other"))
             print(f"  {r['config']:8} b={r['batch']:<4d} {sum(c.values()):7.1f} = {parts}")
+    print("auto's dearest SD steps per sequence (strategy, batch, ms, drafter rows caught up eagerly first):")
+    for r in rows:
+        if r.get("dearest_sd"):
+            d = "; ".join(f"{e['strategy']} b={e['batch']} {1e3 * e['seconds']:.2f} ms, {e['behind']} rows"
+                          for e in r["dearest_sd"])  # fmt: skip
+            print(f"  b={r['batch']:<4d} {d}")
     if args.out:
         with open(args.out, "a") as f:
             for r in rows:

@@ -292,6 +292,9 @@ def test_auto_tells_the_policy_how_far_the_drafter_is_behind():
     assert seen[first_sd][1] == 2 * (13 - rows)
     assert all(b == 0 for s, b in seen[first_sd + 1 :] if s is not None)  # caught up from then on
     assert all(b == 0 for s, b in seen if s is None)  # plain steps report no catch-up
+    # the step timeline records the same rows (what benchmarks show beside a dear step)
+    decode = [e for e in eng.timeline if e["kind"] != "prefill"]
+    assert [(e["strategy"], e["behind"]) for e in decode] == [(s and str(s), b) for s, b in seen]
 
 
 def test_speculative_steps_log_the_rows_each_sequence_kept():

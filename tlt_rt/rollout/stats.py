@@ -25,8 +25,9 @@ class EngineStats:
             self.strategy_use[str(strategy)] += 1
             self.accept_hist.update([a + 1 for a in accept_len])
 
-    def record(self, kind, strategy, batch, tokens, t0, running, seconds=None) -> None:
-        """A timeline entry for a step that began at perf_counter `t0`."""
+    def record(self, kind, strategy, batch, tokens, t0, running, seconds=None, behind: int = 0) -> None:
+        """A timeline entry for a step that began at perf_counter `t0`; `behind`: the drafter rows a
+        speculative step caught up eagerly before its block, as the policy counted them (0 where not counted)."""
         self.timeline.append(
             {
                 "kind": kind,
@@ -36,6 +37,7 @@ class EngineStats:
                 "start": t0 - self.t_start,
                 "seconds": time.perf_counter() - t0 if seconds is None else seconds,
                 "running": running,
+                "behind": behind,
             }
         )
 
