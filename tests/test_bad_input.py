@@ -108,3 +108,6 @@ def test_check_prompts_normalises():
     ids, params = check_prompts([np.array([1, 2])], None, vocab_size=5)
     assert ids == [[1, 2]] and all(type(t) is int for t in ids[0])
     assert params == SamplingParams()
+    plain = [0, 4, 2]  # the fast path's case: a list of Python ints in range comes back as a copy
+    ids, _ = check_prompts([plain], None, vocab_size=5)
+    assert ids == [plain] and ids[0] is not plain
