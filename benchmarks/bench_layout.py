@@ -1,4 +1,6 @@
-"""The host side of a prefill step: `build_meta` (`tlt`, numpy) against a per-token Python loop (`python`).
+"""The host side of a prefill step: `build_meta` (`tlt`, numpy) against a per-token Python loop (`python`),
+and `check_prompts` on plain int prompts (`tlt`, no per-id loop) against the same ids as numpy ints (`per-id`,
+the checks every id went through before).
 
     pytest benchmarks/bench_layout.py --benchmark-only
 
@@ -13,9 +15,11 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
 import torch
 
+from tlt_rt.rollout.params import check_prompts
 from tlt_rt.rollout.runner import Layout, build_meta, table_tensor
 
 BLOCK = 16
@@ -56,3 +60,14 @@ def test_prefill_layout(benchmark, provider, b):
         _, slots, positions, _ = benchmark(per_token_loop, layout, BLOCK)
     assert slots.shape == positions.shape == (sum(layout.q_lens),)
     benchmark.extra_info["tokens"] = sum(layout.q_lens)
+
+
+@pytest.mark.parametrize("b", [8, 128])
+@pytest.mark.parametrize("provider", ["tlt", "per-id"])
+def test_check_prompts(benchmark, provider, b):
+    rng = random.Random(b)
+    prompts = [[rng.randrange(49152) for _ in range(rng.randrange(90, 116))] for _ in range(b)]
+    if provider == "per-id":
+        prompts = [[np.int64(t) for t in p] for p in prompts]
+    ids, _ = benchmark(check_prompts, prompts, None, 49152)
+    assert ids == [[int(t) for t in p] for p in prompts]
