@@ -17,18 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
-from tlt_rt.models.default import load_tokenizer
-from tlt_rt.rollout import Engine, SamplingParams
-from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_throughput import prompts_for  # noqa: E402  (the same prompts as the engine's benchmark)
 
-
-def prompts_for(n: int, tok) -> list[list[int]]:
-    return [format_prompt(p, tok) for p in ArithmeticTask(digits=2, num_ops=2, seed=1).sample(n)]
+from tlt_rt.models.default import load_tokenizer  # noqa: E402
+from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 
 
 def sync(device: str) -> None:
