@@ -1,6 +1,6 @@
 """What prefilling a batch of prompts costs, by prefill chunk size, with and without a drafter.
 
-    python benchmarks/prefill_cost.py --batch 128 --chunks 2048 8192 [--rounds 5] [--drafter DIR]
+    python benchmarks/prefill_cost.py --batch 128 --chunks 2048 16384 [--rounds 5] [--drafter DIR]
 
 Each (engine kind, chunk) pair is one engine on SmolLM2 (bf16 on a GPU): `off` (no drafter) and `auto` (a
 drafter, whose rows of every prompt run once at the fork of its samples, `rollout/prefill.py`). One call
@@ -49,7 +49,7 @@ def timed_prefill(engine: Engine, prompts, device: str) -> tuple[float, int]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[128])
-    ap.add_argument("--chunks", type=int, nargs="+", default=[2048, 8192], help="max_prefill_tokens values")
+    ap.add_argument("--chunks", type=int, nargs="+", default=[2048, 16384], help="max_prefill_tokens values")
     ap.add_argument("--kinds", nargs="+", default=["off", "auto"], choices=["off", "auto"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--drafter", default=None)
