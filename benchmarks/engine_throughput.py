@@ -43,9 +43,29 @@ def prepare_engine(engine: Engine, prompts) -> None:
     torch.cuda.synchronize()
 
 
-def timed_call(engine: Engine, prompts, params: SamplingParams, split: list | None = None) -> tuple[float, int]:
+def story(entries: list[dict]) -> str:
+    """A call's steps as runs of one option: `8_4_32 x20 b128-120 5.71ms` (steps, batch from-to, mean ms)."""
+    runs: list[list] = []
+    for e in entries:
+        name = "prefill" if e["kind"] == "prefill" else e["strategy"] or "off"
+        if runs and runs[-1][0] == name:
+            runs[-1][1].append(e)
+        else:
+            runs.append([name, [e]])
+    parts = []
+    for name, es in runs:
+        ms = 1e3 * statistics.fmean(e["seconds"] for e in es)
+        b0, b1 = es[0]["batch"], es[-1]["batch"]
+        parts.append(f"{name} x{len(es)} b{b0}" + (f"-{b1}" if b1 != b0 else "") + f" {ms:.2f}ms")
+    return " | ".join(parts)
+
+
+def timed_call(
+    engine: Engine, prompts, params: SamplingParams, split: list | None = None, stories: list | None = None
+) -> tuple[float, int]:
     """(tokens/s, tokens) of one generate call; `split` gets the call's milliseconds by kind of step
-    (prefill / decode / sd) and the rest of the call ("other": host work between steps, set-up, the end)."""
+    (prefill / decode / sd) and the rest of the call ("other": host work between steps, set-up, the end),
+    `stories` the call's steps as runs of one option (`story`) and its milliseconds."""
     first = len(engine.timeline)
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params)
@@ -58,17 +78,20 @@ def timed_call(engine: Engine, prompts, params: SamplingParams, split: list | No
             ms[e["kind"]] += 1e3 * e["seconds"]
         ms["other"] = 1e3 * dt - sum(ms.values())
         split.append(ms)
+    if stories is not None:
+        stories.append(f"{1e3 * dt:.1f} ms: {story(engine.timeline[first:])}")
     return n / dt, n
 
 
 def run_interleaved(
-    engines: dict[str, Engine], prompts, max_new: int, repeats: int, learn_rounds: int = 0
+    engines: dict[str, Engine], prompts, max_new: int, repeats: int, learn_rounds: int = 0, stories: bool = False
 ) -> dict[str, dict]:
     """Every engine prepared, then `repeats` rounds of one timed call per engine in turn, so that a slow
     stretch of the device (clocks, other load) falls on every configuration alike. Per configuration: the
     median tokens/s and the median over rounds of its ratio to `off` in the same round. `learn_rounds`
     untimed full calls per engine come first: an engine that lives across calls (an RL run's) has had them,
-    and `auto`'s policy takes its step costs and accept lengths there."""
+    and `auto`'s policy takes its step costs and accept lengths there. `stories`: keep every timed call's
+    steps as runs of one option (`story`)."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
     for eng in engines.values():
         prepare_engine(eng, prompts)
@@ -77,10 +100,11 @@ def run_interleaved(
             timed_call(eng, prompts, params)
     rates: dict[str, list[float]] = {name: [] for name in engines}
     splits: dict[str, list[dict]] = {name: [] for name in engines}
+    told: dict[str, list[str]] = {name: [] for name in engines}
     n = 0
     for _ in range(repeats):
         for name, eng in engines.items():
-            tps, n = timed_call(eng, prompts, params, splits[name])
+            tps, n = timed_call(eng, prompts, params, splits[name], told[name] if stories else None)
             rates[name].append(tps)
     base = rates.get("off")
     out = {}
@@ -88,7 +112,7 @@ def run_interleaved(
         ratios = [a / b for a, b in zip(r, base, strict=True)] if base else []
         out[name] = dict(tokens_per_s=statistics.median(r), tokens=n, rates=r,
                          paired_ratio=statistics.median(ratios) if ratios else None,
-                         call_ms=median_split(splits[name]))  # fmt: skip
+                         call_ms=median_split(splits[name]), stories=told[name])  # fmt: skip
     return out
 
 
@@ -165,9 +189,10 @@ def engine_row(eng: Engine, name: str, batch: int, timed: dict) -> dict:
         if e["kind"] != "prefill":
             mean_ms.setdefault(e["strategy"] or "off", []).append(1e3 * e["seconds"])
     stepped = sum(spent.values())
-    # auto's dearest speculative steps: what a bucket's regret budget saw first (a catch-up, a compile)
-    sd = [e for e in eng.timeline if e["kind"] == "sd"]
-    dearest = sorted(sd, key=lambda e: e["seconds"] / e["batch"], reverse=True)[:4] if name == "auto" else []
+    # auto's dearest speculative steps of more than half the batch (the tail's small steps are cheap and
+    # another bucket): what the bucket's regret budget saw (a catch-up, a compile, a rebuilt window)
+    sd = [e for e in eng.timeline if e["kind"] == "sd" and 2 * e["batch"] > batch]
+    dearest = sorted(sd, key=lambda e: e["seconds"], reverse=True)[:4] if name == "auto" else []
     return dict(
         provider="tlt",
         config=name,
@@ -202,6 +227,8 @@ def main(argv=None) -> None:
                     help="build every row's engine first, then time one call of each in turn per repeat")  # fmt: skip
     ap.add_argument("--learn-rounds", type=int, default=0,
                     help="with --interleave: untimed full calls of every engine before the timed rounds")  # fmt: skip
+    ap.add_argument("--timeline", action="store_true",
+                    help="with --interleave: print every timed call's steps as runs of one option")  # fmt: skip
     ap.add_argument("--max-prefill-tokens", type=int, default=0,
                     help="prompt tokens a prefill step takes (0: the engine's default)")  # fmt: skip
     args = ap.parse_args(argv)
@@ -235,7 +262,8 @@ def main(argv=None) -> None:
             gc.collect()
             torch.cuda.empty_cache()
         if args.interleave:
-            timed = run_interleaved(engines, prompts, args.max_new_tokens, args.repeats, args.learn_rounds)
+            timed = run_interleaved(engines, prompts, args.max_new_tokens, args.repeats, args.learn_rounds,
+                                    args.timeline)  # fmt: skip
             rows += [engine_row(eng, name, b, timed[name]) for name, eng in engines.items()]
         del engines
         gc.collect()
@@ -280,12 +308,15 @@ def main(argv=None) -> None:
             c = r["call_ms"]
             parts = " + ".join(f"{k} {c[k]:.1f}" for k in ("prefill", "decode", "sd", "other"))
             print(f"  {r['config']:8} b={r['batch']:<4d} {sum(c.values()):7.1f} = {parts}")
-    print("auto's dearest SD steps per sequence (strategy, batch, ms, drafter rows caught up eagerly first):")
+    print("auto's dearest SD steps of over half the batch (strategy, batch, ms, drafter rows caught up eagerly):")
     for r in rows:
         if r.get("dearest_sd"):
             d = "; ".join(f"{e['strategy']} b={e['batch']} {1e3 * e['seconds']:.2f} ms, {e['behind']} rows"
                           for e in r["dearest_sd"])  # fmt: skip
             print(f"  b={r['batch']:<4d} {d}")
+    for r in rows:
+        for i, line in enumerate(r.get("stories") or []):
+            print(f"  {r['config']:8} b={r['batch']:<4d} call {i}: {line}")
     if args.out:
         with open(args.out, "a") as f:
             for r in rows:

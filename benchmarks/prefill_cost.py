@@ -1,6 +1,6 @@
 """What prefilling a batch of prompts costs, by prefill chunk size, with and without a drafter.
 
-    python benchmarks/prefill_cost.py --batch 128 --chunks 2048 16384 [--rounds 5] [--drafter DIR]
+    python benchmarks/prefill_cost.py --batch 128 --chunks 2048 16384 [--rounds 5] [--drafter DIR] [--profile 20]
 
 Each (engine kind, chunk) pair is one engine on SmolLM2 (bf16 on a GPU): `off` (no drafter) and `auto` (a
 drafter, whose rows of every prompt run once at the fork of its samples, `rollout/prefill.py`). One call
@@ -10,12 +10,19 @@ the device falls on all of them alike. Per engine: the median call in ms, its pr
 to `off` at the same chunk in the same round; `auto - off` is what the drafter's pass over the prompts
 costs. A call at a large batch of 128-token answers spends about as long in prefill as in decoding
 (engine_throughput.py's split), so prefill's cost moves every engine's tokens/s there.
+
+`--profile N` runs one more call of each engine at the largest chunk under cProfile and one under the torch
+profiler, and prints the N functions with the most own host time, the N engine functions with the most
+cumulative time and the N kernels with the most device time: a call whose kernels take far less than its
+wall time is host-bound.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -26,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_throughput import prompts_for  # noqa: E402  (the same prompts as the engine's benchmark)
+from step_costs import kernel_table, print_kernel_table  # noqa: E402
 
 from tlt_rt.models.default import load_tokenizer  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
@@ -46,6 +54,25 @@ def timed_prefill(engine: Engine, prompts, device: str) -> tuple[float, int]:
     return 1e3 * (time.perf_counter() - t0), engine.stats()["prefill_steps"] - steps
 
 
+def profile_call(engine: Engine, prompts, device: str, top: int, title: str) -> None:
+    """One prefill call under cProfile (functions by own host time, the engine's by cumulative), then one
+    under the torch profiler (kernels by device time, on CUDA)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    ms, _ = timed_prefill(engine, prompts, device)
+    prof.disable()
+    print(f"--- {title}: {ms:.1f} ms under cProfile; functions by own host time, then the engine's by cumulative")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+    pstats.Stats(prof).sort_stats("cumulative").print_stats("tlt_rt", top)
+    if device != "cuda":
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as kp:
+        ms, _ = timed_prefill(engine, prompts, device)
+    print_kernel_table(kernel_table(kp, 1), f"--- {title}: {ms:.1f} ms under the torch profiler", top)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[128])
@@ -55,6 +82,7 @@ def main(argv=None) -> None:
     ap.add_argument("--drafter", default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None, help="append the rows as JSON lines")
+    ap.add_argument("--profile", type=int, default=0, help="print the N dearest engine functions and kernels")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(None)
@@ -86,6 +114,10 @@ def main(argv=None) -> None:
             ratio = statistics.median(a / c for a, c in zip(t, base, strict=True)) if base else None
             rows.append(dict(batch=b, kind=kind, chunk=chunk, prompt_tokens=tokens, ms=statistics.median(t),
                              ms_all=t, prefill_steps=steps[(kind, chunk)], x_off=ratio))  # fmt: skip
+        if args.profile:
+            for kind in args.kinds:
+                chunk = max(args.chunks)
+                profile_call(engines[(kind, chunk)], prompts, args.device, args.profile, f"{kind} b={b} chunk {chunk}")
         del engines
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"device: {name}; one call = prefill + fork (first tokens), median of {args.rounds} interleaved rounds")

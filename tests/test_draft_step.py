@@ -139,16 +139,19 @@ def test_shallow_step_after_a_deep_one_runs_the_deepest_block_without_eager_catc
 
 
 def test_engine_windows_are_the_last_target_hidden_rows():
-    """The windows the SD step moves on, on the device, equal the target hidden rows the sequence keeps."""
+    """The windows the SD step moves on, on the device, equal the target hidden rows the sequence keeps: the
+    last step's as they are, gathered for a batch that lost sequences, or rebuilt from the history."""
     eng = make_engine("on", ("3_3_8", "4_2_6"))
     runner = eng.drafter_runner
     assert runner.window_rows == 5
-    prepare, reused = runner.prepare, []
+    prepare, reused, shrunk = runner.prepare, [], []
 
     def checked(seqs, tables, rows):
         recent = runner._recent
         window = prepare(seqs, tables, rows)
         reused.append(recent is not None and window is recent[1])
+        # the last step's batch less those that finished: the survivors' windows gathered from the last step's
+        shrunk.append(recent is not None and {s.seq_id for s in seqs} < set(recent[0]))
         for s, w in zip(seqs, window, strict=True):
             L = s.num_cached
             rows_ = s.hidden()[max(0, L - w.shape[0]) : L]
@@ -159,7 +162,7 @@ def test_engine_windows_are_the_last_target_hidden_rows():
     runner.prepare = checked
     eng.generate(PROMPTS, SamplingParams(n=2, temperature=0.0, max_new_tokens=24, stop_token_ids=[]))
     assert eng.stats()["sd_steps"] == len(reused) > 0
-    assert any(reused)
+    assert any(reused) and any(shrunk)
 
 
 def test_sequence_hidden_chunks_merge_and_tail_tokens():

@@ -327,3 +327,26 @@ def test_speculative_steps_log_the_rows_each_sequence_kept():
         assert not log.steps
         for s, h in zip(seqs, got, strict=True):
             assert torch.equal(h, torch.cat(want[id(s)]))
+
+
+@pytest.mark.parametrize("speculative,temperature", [("off", 0.8), ("on", 0.0)])
+def test_preemption_while_forking_keeps_every_token(speculative, temperature, monkeypatch):
+    # three one-block prompts of three samples each in eight blocks: the prefill admits all three, and the
+    # fork of the second runs out of blocks and preempts samples of the first. The fork defers its block
+    # copies and first tokens, so it must apply them before a preemption: every victim has its first token
+    from tlt_rt.rollout.scheduler import Scheduler
+
+    victims = []
+    preempt = Scheduler.preempt_youngest
+
+    def spy(self):
+        victims.append(len(self.running[-1].output))
+        return preempt(self)
+
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 1, 2]]
+    params = SamplingParams(n=3, temperature=temperature, max_new_tokens=12, seed=7, stop_token_ids=[])
+    roomy = make_engine(speculative).generate(prompts, params)
+    monkeypatch.setattr(Scheduler, "preempt_youngest", spy)
+    tight = make_engine(speculative, num_blocks=8, max_batch=16).generate(prompts, params)
+    assert 1 in victims and 0 not in victims  # preempted right after its fork, never before its first token
+    assert _tokens(tight) == _tokens(roomy)

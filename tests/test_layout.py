@@ -51,3 +51,21 @@ def test_build_meta_equals_the_token_by_token_reference(case):
     assert meta.max_q_len == max(layout.q_lens)
     assert meta.host == (cu, seq_lens)
     meta.validate(len(slots))
+
+
+def test_copy_blocks_reads_every_source_before_writing():
+    # one batched copy of a fork step: block 1 is the source of one copy and the destination of the next (a
+    # parent's last block freed and taken by a later fork), so it must be read before it is written
+    from tlt_rt.models.llama import KVCache
+    from tlt_rt.rollout.runner import TargetRunner
+
+    runner = TargetRunner.__new__(TargetRunner)  # copy_blocks needs only the device
+    runner.device = torch.device("cpu")
+    cache = KVCache(2, 5, 2, 1, 3, torch.float32, "cpu")
+    cache.k.copy_(torch.randn_like(cache.k))
+    cache.v.copy_(torch.randn_like(cache.v))
+    k0, v0 = cache.k.clone(), cache.v.clone()
+    runner.copy_blocks([(1, 3), (0, 1), (2, 4)], [cache])
+    for t, t0 in ((cache.k, k0), (cache.v, v0)):
+        assert torch.equal(t[:, 3], t0[:, 1]) and torch.equal(t[:, 1], t0[:, 0]) and torch.equal(t[:, 4], t0[:, 2])
+        assert torch.equal(t[:, [0, 2]], t0[:, [0, 2]])

@@ -34,7 +34,7 @@ from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import KVCache
 from tlt_rt.rollout.compiled import maybe_compiled
 from tlt_rt.rollout.draft_ops import fused_build_tree, next_level, top_children
-from tlt_rt.rollout.runner import Layout, build_meta
+from tlt_rt.rollout.runner import Layout, build_meta, to_device
 from tlt_rt.rollout.sequence import Sequence, flush_hidden
 
 
@@ -205,11 +205,11 @@ class DrafterRunner:
             layout.q_lens.append(end - c)
             s.draft_cached = end
         meta, positions = build_meta(layout, "prefill", self.block_size, self.device)
-        last = (torch.tensor(layout.q_lens).cumsum(0) - 1).to(self.device)
-        feats = self.drafter.features(torch.cat(hidden).to(self.device))
+        last = meta.cu_seqlens_q[1:].long() - 1  # each sequence's last row
+        feats = self.drafter.features((hidden[0] if len(hidden) == 1 else torch.cat(hidden)).to(self.device))
+        tokens = to_device(torch.tensor(ids, dtype=torch.long), self.device)
         out = self.drafter.forward_paged(
-            torch.tensor(ids, device=self.device), feats, positions, self.cache, meta, logits_indices=last,
-            full_vocab=False,
+            tokens, feats, positions, self.cache, meta, logits_indices=last, full_vocab=False
         )  # fmt: skip
         return out.logits, out.hidden[last]
 
@@ -227,9 +227,14 @@ class DrafterRunner:
         for s in seqs:
             s.draft_cached = s.num_cached
         recent = self._recent
-        fresh = all(s.window_src is not None and s.window_end == s.num_cached for s in seqs)
-        if fresh and recent is not None and recent[0] == tuple(s.seq_id for s in seqs) and recent[1].shape[1] >= width:
-            return recent[1]  # the same batch as the last step: its windows as they are (no history read)
+        if recent is not None and recent[1].shape[1] >= width:
+            src = recent[1]
+            if all(s.window_src is src and s.window_end == s.num_cached for s in seqs):  # no history read
+                if recent[0] == tuple(s.seq_id for s in seqs):
+                    return src  # the same batch as the last step: its windows as they are
+                # the last step's batch less the sequences that finished: the survivors' windows in one gather
+                rows = to_device(torch.tensor([s.window_row for s in seqs], dtype=torch.long), self.device)
+                return src.index_select(0, rows)
         flush_hidden(seqs)  # the logged rows of every sequence at once, before any window reads them
         return torch.stack([self._window(s, width) for s in seqs])
 

@@ -36,6 +36,16 @@ class Layout:
         return [s + q for s, q in zip(self.starts, self.q_lens, strict=True)]
 
 
+def to_device(host: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the work already queued there: on CUDA through a pinned
+    staging copy and an asynchronous upload (a pageable `.to` drains the stream first, so a loop of small
+    uploads after a big forward waits for the forward at each one). The pinned buffer is not reused before
+    the upload is done (the caching host allocator records it on the stream)."""
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def table_tensor(tables: list[list[int]], device) -> torch.Tensor:
     """[B, max blocks] int32 block tables, padded with block 0 (attention masks padded positions out)."""
     return Tables.of(tables).tensor(device=device)
@@ -55,15 +65,15 @@ def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: to
     cu_host = cu.tolist()
     meta = AttnMetadata(
         mode=mode,
-        cu_seqlens_q=torch.from_numpy(cu.astype(np.int32)).to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
-        block_tables=tables.tensor(device=device),
-        slot_mapping=torch.from_numpy(slots).to(device),
+        cu_seqlens_q=to_device(torch.from_numpy(cu.astype(np.int32)), device),
+        seq_lens=to_device(torch.tensor(seq_lens, dtype=torch.int32), device),
+        block_tables=to_device(tables.tensor(), device),
+        slot_mapping=to_device(torch.from_numpy(slots), device),
         max_q_len=int(q.max()),
         tree_mask=tree_mask,
         host=(cu_host, seq_lens),
     )
-    return meta, torch.from_numpy(positions).to(device)
+    return meta, to_device(torch.from_numpy(positions), device)
 
 
 def tree_slots(tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int, block_size: int, write=None):
@@ -104,12 +114,12 @@ def draw(logits: torch.Tensor, params: SamplingParams | list[SamplingParams], se
     for every row or one per row."""
     b, dev = logits.shape[0], logits.device
     rows = params if isinstance(params, list) else [params] * b
-    u = torch.from_numpy(host_uniforms(seeds, counters, 2)).to(dev).view(b, 1, 2)
+    u = to_device(torch.from_numpy(host_uniforms(seeds, counters, 2)), dev).view(b, 1, 2)
     tokens = torch.zeros(b, 1, dtype=torch.long, device=dev)
     parents = torch.full((b, 1), -1, dtype=torch.long, device=dev)
-    temp = torch.tensor([float(p.temperature) for p in rows], dtype=torch.float32).to(dev)
-    top_k = torch.tensor([int(p.top_k) for p in rows], dtype=torch.int32).to(dev)
-    top_p = torch.tensor([float(p.top_p) for p in rows], dtype=torch.float32).to(dev)
+    temp = to_device(torch.tensor([float(p.temperature) for p in rows], dtype=torch.float32), dev)
+    top_k = to_device(torch.tensor([int(p.top_k) for p in rows], dtype=torch.int32), dev)
+    top_p = to_device(torch.tensor([float(p.top_p) for p in rows], dtype=torch.float32), dev)
     greedy, filtering = all(p.greedy for p in rows), any(p.filtering for p in rows)
     out = accept_tree(logits[:, None], tokens, parents, temp, top_k, top_p, u, 0, all_greedy=greedy,
                       filtering=filtering, backend="triton" if dev.type == "cuda" else "torch")  # fmt: skip
@@ -128,8 +138,8 @@ class TargetRunner:
     @torch.no_grad()
     def forward(self, tokens: list[int], layout: Layout, mode: str, logits_rows=None, tree_mask=None):
         meta, positions = build_meta(layout, mode, self.block_size, self.device, tree_mask)
-        ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
-        rows = None if logits_rows is None else torch.tensor(logits_rows, dtype=torch.long).to(self.device)
+        ids = to_device(torch.tensor(tokens, dtype=torch.long), self.device)
+        rows = None if logits_rows is None else to_device(torch.tensor(logits_rows, dtype=torch.long), self.device)
         return self.model.forward_paged(ids, positions, self.cache, meta, logits_indices=rows)
 
     def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -138,11 +148,12 @@ class TargetRunner:
         return tables.long().gather(1, (positions // bs)[:, None]).squeeze(1) * bs + positions % bs
 
     def copy_blocks(self, copies: list[tuple[int, int]], caches: list[KVCache]) -> None:
-        """Apply copy-on-fork block copies to every cache that shares the block tables."""
+        """Apply copy-on-fork block copies (src, dst) to every cache that shares the block tables: one upload
+        and one gather + scatter per cache and tensor, every source read before any destination is written
+        (a block may be one copy's source and a later fork's destination). Destinations must be distinct."""
         if not copies:
             return
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src, dst = to_device(torch.tensor(copies, dtype=torch.long).t().contiguous(), self.device)
         for c in caches:
             c.k[:, dst] = c.k[:, src]
             c.v[:, dst] = c.v[:, src]
