@@ -210,7 +210,7 @@ class Engine:
         out = self.runner.step(seqs, tables, strategy, params, keep_hidden)
         emitted = sched.postprocess(seqs, out)
         dt = time.perf_counter() - t0
-        b, behind = len(seqs), behind if strategy is not None else 0
+        b = len(seqs)
         self.policy.observe(b, strategy, dt, emitted / b, behind)
         self._stats.decode_step(strategy, out.accept_len)
         self._stats.record("sd" if strategy else "decode", strategy, b, emitted, t0, len(sched.running), dt, behind)
