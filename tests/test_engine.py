@@ -350,3 +350,50 @@ def test_preemption_while_forking_keeps_every_token(speculative, temperature, mo
     tight = make_engine(speculative, num_blocks=8, max_batch=16).generate(prompts, params)
     assert 1 in victims and 0 not in victims  # preempted right after its fork, never before its first token
     assert _tokens(tight) == _tokens(roomy)
+
+
+def echo_pair():
+    """A target whose layers add nothing (its next token depends on the current token alone) and a drafter
+    that computes the same map, sure of it (a sharp head): every draft is accepted whole."""
+    target, drafter = tiny_pair(0, 50.0)
+    with torch.no_grad():
+        for layer in [*target.model.layers, *drafter.layers]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        h = drafter.fc.weight.shape[0]
+        drafter.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], 1))  # the token's embedding alone
+        if drafter.fc.bias is not None:
+            drafter.fc.bias.zero_()
+    return target, drafter
+
+
+@pytest.mark.parametrize("slack", [1, 0])
+def test_one_plain_step_between_speculative_ones_needs_no_catch_up(slack):
+    # auto mode keeps one row more than the deepest strategy's block: a sequence that accepted a whole
+    # draft and then took one plain step is depth + 2 rows past the drafter, still inside the block. Without
+    # that row (slack 0) the speculative step after the plain one catches a row up eagerly
+    target, drafter = echo_pair()
+    eng = Engine(target, drafter=drafter, speculative="auto", strategies=["3_3_8"], block_size=4)
+    runner = eng.drafter_runner
+    assert runner.window_rows == 3 + 2
+    runner.window_rows -= 1 - slack
+    strategy, seen = eng.strategies[0], []
+    calls = iter(range(10_000))
+    observe = eng.policy.observe
+
+    def spy(batch, strat, seconds, tokens, behind=0):
+        seen.append((strat, behind, tokens))
+        observe(batch, strat, seconds, tokens, behind)
+
+    eng.policy.decide = lambda batch, behind=0: None if next(calls) % 3 == 2 else strategy  # SD, SD, plain, ...
+    eng.policy.observe = spy
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=80, stop_token_ids=[])
+    outs = eng.generate(PROMPTS, params)
+    target, _ = echo_pair()
+    assert _tokens(outs) == _tokens(Engine(target, speculative="off", block_size=4).generate(PROMPTS, params))
+    assert all(t == 4 for s, _, t in seen[:6] if s is not None)  # whole drafts accepted
+    after_plain = [
+        b for (prev, _, _), (s, b, _) in zip(seen[:-1], seen[1:], strict=True) if prev is None and s is not None
+    ]
+    assert len(after_plain) > 5
+    assert all(b == 0 for b in after_plain) if slack else all(b > 0 for b in after_plain)

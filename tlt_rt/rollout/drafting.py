@@ -9,7 +9,8 @@ Positions (L = a sequence's cached target tokens; its pending root x_L sits at p
   that accepted a tokens the rows the drafter has not seen are [L-a-1, L), never more than that step's
   depth + 1, so a switch from a deep strategy to a shallow one never leaves the drafter behind. Rows it has
   seen are recomputed from the same target hidden states, which rewrites their K/V with the same values.
-  Rows before position 0 (L < R) are padding: they write to the trash slot and see nothing. A sequence
+  Rows before position 0 (L < R) are padding: they write to the trash slot and see nothing. In auto mode R
+  is one row more, so one plain step in between leaves no sequence beyond the block. A sequence
   further behind (speculation switched on after plain decoding, or a recomputed one) first runs rows
   [draft_cached, L-R) through an eager prefill-style forward (`DrafterRunner.catch_up`).
 - a node at tree depth d is drafter row L+d-1; level d writes its topk rows to drafter cache positions
@@ -171,7 +172,7 @@ class DrafterRunner:
     """The drafter's one-layer paged cache (sharing the target's block tables) and its step.
 
     window_rows: target hidden rows each sequence keeps on the device for the catch-up block (the deepest
-    strategy's depth + 1); 0 keeps exactly what each step needs.
+    strategy's depth + 1, one more in auto mode); 0 keeps exactly what each step needs.
     """
 
     def __init__(self, drafter, num_blocks: int, block_size: int, window_rows: int = 0):
@@ -188,7 +189,7 @@ class DrafterRunner:
         return sum(max(0, s.num_cached - s.draft_cached - rows) for s in seqs)
 
     def block_rows(self, strategy: Strategy) -> int:
-        """Rows of the catch-up block a step of `strategy` runs: the deepest strategy's depth + 1 (window_rows)."""
+        """Rows of the catch-up block a step of `strategy` runs: window_rows, at least its depth + 1."""
         return max(strategy.depth + 1, self.window_rows)
 
     @torch.no_grad()
