@@ -146,9 +146,21 @@ class Scheduler:
         """Apply one decode step's `StepOut` (rollout/step_io.py) to its sequences; returns the tokens kept.
         Each sample's root and accepted tokens enter its cache, their hidden rows its history."""
         kept = []
+        stop, context = self.stop, self.max_context
         for seq, toks, lps in zip(seqs, out.tokens, out.logprobs, strict=True):
             seq.counter += 1
-            k = self._append(seq, toks, lps)
+            o, k = seq.output, len(toks)
+            n = len(o)
+            # the usual step: every token kept, no limit reached, no stop token (what `_append` does then)
+            if (
+                n + k < seq.max_new_tokens
+                and len(seq.prompt) + n + k < context
+                and (stop if seq.stop is None else seq.stop).isdisjoint(toks)
+            ):
+                o.extend(toks)
+                seq.logprobs.extend(lps)
+            else:
+                k = self._append(seq, toks, lps)
             seq.num_cached += k
             kept.append(k)
         emitted = sum(kept)
