@@ -138,13 +138,16 @@ def test_shallow_step_after_a_deep_one_runs_the_deepest_block_without_eager_catc
         assert torch.equal(getattr(new, name), getattr(ref, name)), name
 
 
-def test_engine_windows_are_the_last_target_hidden_rows():
+@pytest.mark.parametrize("speculative", ["on", "auto"])
+def test_engine_windows_are_the_last_target_hidden_rows(speculative):
     """The windows the SD step moves on, on the device, equal the target hidden rows the sequence keeps: the
-    last step's as they are, gathered for a batch that lost sequences, or rebuilt from the history."""
-    eng = make_engine("on", ("3_3_8", "4_2_6"))
+    last step's as they are, gathered for a batch that lost sequences, or rebuilt from the history; in auto
+    mode, moved on by the plain steps in between (SD, SD, plain, plain, SD, plain, ...)."""
+    eng = make_engine(speculative, ("3_3_8", "4_2_6"))
     runner = eng.drafter_runner
-    assert runner.window_rows == 5
-    prepare, reused, shrunk = runner.prepare, [], []
+    assert runner.window_rows == 5 + (speculative == "auto")
+    prepare, reused, shrunk, after_plain = runner.prepare, [], [], []
+    options = []
 
     def checked(seqs, tables, rows):
         recent = runner._recent
@@ -152,6 +155,7 @@ def test_engine_windows_are_the_last_target_hidden_rows():
         reused.append(recent is not None and window is recent[1])
         # the last step's batch less those that finished: the survivors' windows gathered from the last step's
         shrunk.append(recent is not None and {s.seq_id for s in seqs} < set(recent[0]))
+        after_plain.append(len(options) > 1 and options[-2] is None)
         for s, w in zip(seqs, window, strict=True):
             L = s.num_cached
             rows_ = s.hidden()[max(0, L - w.shape[0]) : L]
@@ -160,9 +164,22 @@ def test_engine_windows_are_the_last_target_hidden_rows():
         return window
 
     runner.prepare = checked
-    eng.generate(PROMPTS, SamplingParams(n=2, temperature=0.0, max_new_tokens=24, stop_token_ids=[]))
+    if speculative == "auto":
+        strategy, calls = eng.strategies[1], iter(range(10_000))
+
+        def scripted(batch, behind=0):
+            options.append(None if next(calls) % 5 in (2, 3) else strategy)
+            return options[-1]
+
+        eng.policy.decide = scripted
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=24, stop_token_ids=[])
+    outs = eng.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in make_engine("off").generate(PROMPTS, params)]
     assert eng.stats()["sd_steps"] == len(reused) > 0
     assert any(reused) and any(shrunk)
+    if speculative == "auto":  # moved by the plain steps: after them no history is read
+        assert any(after_plain)
+        assert all(r or sh for r, sh, a in zip(reused, shrunk, after_plain, strict=True) if a)
 
 
 def test_sequence_hidden_chunks_merge_and_tail_tokens():

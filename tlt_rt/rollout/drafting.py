@@ -227,17 +227,37 @@ class DrafterRunner:
         width = max(rows, self.window_rows)
         for s in seqs:
             s.draft_cached = s.num_cached
-        recent = self._recent
-        if recent is not None and recent[1].shape[1] >= width:
-            src = recent[1]
-            if all(s.window_src is src and s.window_end == s.num_cached for s in seqs):  # no history read
-                if recent[0] == tuple(s.seq_id for s in seqs):
-                    return src  # the same batch as the last step: its windows as they are
-                # the last step's batch less the sequences that finished: the survivors' windows in one gather
-                rows = to_device(torch.tensor([s.window_row for s in seqs], dtype=torch.long), self.device)
-                return src.index_select(0, rows)
+        current = self._current_windows(seqs, width)
+        if current is not None:
+            return current
         flush_hidden(seqs)  # the logged rows of every sequence at once, before any window reads them
         return torch.stack([self._window(s, width) for s in seqs])
+
+    def _current_windows(self, seqs: list[Sequence], width: int) -> Tensor | None:
+        """The windows the last step kept, if every sequence's is there and ends at its num_cached (no
+        history read): as they are for the same batch, the survivors' in one gather for a batch that lost
+        sequences since; else None."""
+        recent = self._recent
+        if recent is None or recent[1].shape[1] < width:
+            return None
+        src = recent[1]
+        if not all(s.window_src is src and s.window_end == s.num_cached for s in seqs):
+            return None
+        if recent[0] == tuple(s.seq_id for s in seqs):
+            return src
+        rows = to_device(torch.tensor([s.window_row for s in seqs], dtype=torch.long), self.device)
+        return src.index_select(0, rows)
+
+    def move_windows(self, seqs: list[Sequence], hidden: Tensor) -> None:
+        """After a plain step (hidden [B, 1, H]: each sequence's row of position num_cached): the windows
+        moved on by that row on the device, as a speculative step moves them, so that the next speculative
+        step after plain ones reads no history. Nothing happens unless every window is current."""
+        current = self._current_windows(seqs, self.window_rows)
+        if current is None:
+            return
+        b = len(seqs)
+        moved = torch.cat([current[:b, 1:], hidden[:b, :1].to(current.dtype)], 1)
+        self.keep_windows(seqs, moved, [s.num_cached + 1 for s in seqs])
 
     def _window(self, s: Sequence, width: int) -> Tensor:
         if s.window is not None and s.window_end == s.num_cached and s.window.shape[0] >= width:

@@ -160,6 +160,8 @@ class ModelRunner:
         if strategy is not None:
             ends = [s.num_cached + a + 1 for s, a in zip(seqs, accept_len, strict=True)]
             self.drafter.keep_windows(seqs, out.window, ends)
+        elif self.drafter is not None and hidden is not None:
+            self.drafter.move_windows(seqs, hidden)
         return StepOut(accept_len, tokens, logprobs, hidden)
 
     # ---- weights and memory (serving) -----------------------------------------------------------------
