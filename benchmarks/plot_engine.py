@@ -3,7 +3,9 @@
     python benchmarks/plot_engine.py OUT.png RUN.jsonl [RUN.jsonl ...] [--labels A B ...]
 
 Each file is one run (one device, one commit); the right panel puts the runs side by side, which is where
-the adaptive policy's cost against plain decoding shows.
+the adaptive policy's cost against plain decoding shows. A run timed with `--interleave` carries each
+configuration's ratio to off paired by round (the median of the rounds' ratios, what the result tables
+report); the panel takes it where present, else the ratio of the median tokens/s.
 """
 
 from __future__ import annotations
@@ -30,8 +32,27 @@ def load(path: str) -> dict[str, dict[int, float]]:
     return rows
 
 
+def paired_ratios(path: str) -> dict[str, dict[int, float]]:
+    """config -> batch -> the ratio to off paired by round, for the rows of an interleaved run that have it."""
+    out: dict[str, dict[int, float]] = {}
+    for line in Path(path).read_text().splitlines():
+        r = json.loads(line)
+        if r.get("provider", "tlt") == "tlt" and r.get("paired_ratio") is not None:
+            out.setdefault(r["config"], {})[int(r["batch"])] = float(r["paired_ratio"])
+    return out
+
+
+def auto_ratio(rows: dict[str, dict[int, float]], paired: dict[str, dict[int, float]], batch: int) -> float:
+    """auto / off at `batch`: the paired ratio where the run has one, else the medians' ratio (nan: not run)."""
+    nan = float("nan")
+    if batch in paired.get("auto", {}):
+        return paired["auto"][batch]
+    return rows.get("auto", {}).get(batch, nan) / rows["off"].get(batch, nan)
+
+
 def plot(out: str, runs: list[str], labels: list[str]) -> None:
     data = [load(p) for p in runs]
+    paired = [paired_ratios(p) for p in runs]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for (label, rows), style in zip(zip(labels, data, strict=True), ["-", "--", ":", "-."] * 4, strict=False):
         for config, by_batch in sorted(rows.items()):
@@ -41,9 +62,8 @@ def plot(out: str, runs: list[str], labels: list[str]) -> None:
     ax.legend(fontsize=7)
     width = 0.8 / len(data)
     batches = sorted({b for rows in data for b in rows["off"]})
-    for i, (label, rows) in enumerate(zip(labels, data, strict=True)):
-        nan = float("nan")
-        ratio = [rows.get("auto", {}).get(b, nan) / rows["off"].get(b, nan) for b in batches]  # nan: not run
+    for i, (label, rows, pr) in enumerate(zip(labels, data, paired, strict=True)):
+        ratio = [auto_ratio(rows, pr, b) for b in batches]
         ax2.bar([j + i * width for j in range(len(batches))], ratio, width, label=label)
     ax2.axhline(1.0, color="k", lw=0.8)
     ax2.axhline(0.97, color="r", lw=0.8, ls="--", label="3% below off")
