@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
-import json
 import pstats
 import statistics
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_costs import kernel_table, print_kernel_table  # noqa: E402
+from step_costs import append_jsonl, kernel_table, print_kernel_table  # noqa: E402
 
 from tlt_rt.models.default import default_model_dir, load_tokenizer  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
@@ -317,10 +316,7 @@ def main(argv=None) -> None:
     for r in rows:
         for i, line in enumerate(r.get("stories") or []):
             print(f"  {r['config']:8} b={r['batch']:<4d} call {i}: {line}")
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
 import statistics
 import sys
@@ -33,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_throughput import prompts_for  # noqa: E402  (the same prompts as the engine's benchmark)
-from step_costs import kernel_table, print_kernel_table  # noqa: E402
+from step_costs import append_jsonl, kernel_table, print_kernel_table  # noqa: E402
 
 from tlt_rt.models.default import load_tokenizer  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
@@ -126,10 +125,7 @@ def main(argv=None) -> None:
         ratio = f"{r['x_off']:.3f}" if r["x_off"] is not None else "-"
         print(f"{r['batch']:5d} {r['prompt_tokens']:7d} {r['kind']:>5} {r['chunk']:6d} {r['prefill_steps']:5d} "
               f"{r['ms']:8.1f} {ratio:>6}")  # fmt: skip
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":
