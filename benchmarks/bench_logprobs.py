@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,9 @@ def test_logprobs_fwd_bwd(benchmark, provider, mode):
 
 # ------------------------------------------------------------------------------------------ script
 def _commit() -> str:
+    """TLT_COMMIT when set (a copied tree's git metadata may be stale), else the checkout's HEAD."""
+    if os.environ.get("TLT_COMMIT"):
+        return os.environ["TLT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:

@@ -25,11 +25,12 @@ def _keep(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) ->
     """[N, V] bool kept set as Learner._logprobs builds it (None when the sampler does not filter)."""
     if not (temperature > 0 and (top_k > 0 or top_p < 1)):
         return None
+    dev = logits.device
     thr = filter_thresholds(
         logits.detach()[None],
-        torch.full((1,), temperature),
-        torch.full((1,), top_k, dtype=torch.int32),
-        torch.full((1,), top_p),
+        torch.full((1,), temperature, device=dev),
+        torch.full((1,), top_k, dtype=torch.int32, device=dev),
+        torch.full((1,), top_p, device=dev),
     )[0]
     return logits.detach().float() >= thr[:, None]
 
@@ -56,21 +57,21 @@ def cases(draw):
     )
 
 
-def _inputs(c: dict, dtype: torch.dtype):
+def _inputs(c: dict, dtype: torch.dtype, device: str = "cpu"):
     """hidden [N, H], weight [V, H] (leaves of `dtype`), targets drawn from the kept set, upstream grad
     [N] with zero rows, and the kept set of the `dtype` logits."""
     gen = torch.Generator().manual_seed(c["seed"])
-    hidden = torch.randn(c["n"], c["h"], generator=gen).to(dtype).requires_grad_()
-    weight = (torch.randn(c["v"], c["h"], generator=gen) * 2 / c["h"] ** 0.5).to(dtype).requires_grad_()
+    hidden = torch.randn(c["n"], c["h"], generator=gen).to(device, dtype).requires_grad_()
+    weight = (torch.randn(c["v"], c["h"], generator=gen) * 2 / c["h"] ** 0.5).to(device, dtype).requires_grad_()
     top_k, top_p = c["filt"]
     keep = _keep(hidden @ weight.T, c["temperature"], top_k, top_p)
     if keep is None:
         targets = torch.randint(0, c["v"], (c["n"],), generator=gen)
     else:  # the sampler only emits kept tokens
-        targets = torch.multinomial(keep.float(), 1, generator=gen).squeeze(1)
+        targets = torch.multinomial(keep.float().cpu(), 1, generator=gen).squeeze(1)
     g = torch.randn(c["n"], generator=gen)
     g[torch.rand(c["n"], generator=gen) < 0.3] = 0.0  # padding / prompt rows
-    return hidden, weight, targets, g, keep
+    return hidden, weight, targets.to(device), g.to(device), keep
 
 
 def _chunked(hidden, weight, targets, c):
@@ -109,6 +110,23 @@ def test_bfloat16_within_twice_dense_error(c):
     for name, t, d, x in zip(("logprobs", "grad_hidden", "grad_weight"), truth, dense, got, strict=True):
         scale = t.abs().max().item()
         assert _max_err(x, t) <= 2 * _max_err(d, t) + 1e-2 * scale + 1e-6, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("filt", FILTERS)
+def test_cuda_bfloat16_within_twice_dense_error(filt):
+    """The CUDA path: bf16 cuBLAS, the head's gradient summed in place into float32."""
+    c = dict(n=700, h=256, v=5003, chunk=128, temperature=0.7, filt=filt, seed=1)
+    hidden, weight, targets, g, keep = _inputs(c, torch.bfloat16, "cuda")
+    h32, w32 = hidden.detach().float().requires_grad_(), weight.detach().float().requires_grad_()
+    ref32 = _dense(h32, w32, targets, c["temperature"], keep)
+    ref16 = _dense(hidden, weight, targets, c["temperature"], keep)
+    out = _chunked(hidden, weight, targets, c)
+    truth = [ref32, *_grads(ref32, h32, w32, g)]
+    dense = [ref16, *_grads(ref16, hidden, weight, g)]
+    got = [out, *_grads(out, hidden, weight, g)]
+    for name, t, d, x in zip(("logprobs", "grad_hidden", "grad_weight"), truth, dense, got, strict=True):
+        assert _max_err(x, t) <= 2 * _max_err(d, t) + 1e-6, name
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -58,6 +58,17 @@ def _scaled_logits(x: Tensor, temperature: float, thr: Tensor | None) -> Tensor:
     return z
 
 
+def _accumulate(grad_w: Tensor, gz: Tensor, h: Tensor) -> None:
+    """grad_w [V, H] float32 += gz.T @ h, gz [c, V] and h [c, H] of one dtype."""
+    if gz.dtype == torch.float32:
+        grad_w.addmm_(gz.T, h)
+    elif gz.is_cuda:
+        # cuBLAS adds the bf16 product into the float32 buffer itself: no [V, H] temporary, no extra pass
+        torch.addmm(grad_w, gz.T, h, out_dtype=torch.float32, out=grad_w)
+    else:
+        grad_w += gz.T @ h
+
+
 class _ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -121,19 +132,15 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 thr = None if thr_idx is None else x.gather(1, thr_idx[r, None]).squeeze(1).float()
                 z = _scaled_logits(x, ctx.temperature, thr)
                 del x
-                target_kept = (z.gather(1, y[:, None]) > float("-inf")).float()  # [c, 1]
-                gz = z.sub_(lse[r, None]).exp_().mul_(-g[:, None])  # -g * p, 0 outside the kept set
-                gz.scatter_add_(1, y[:, None], g[:, None] * target_kept)
-                if scale != 1.0:
-                    gz.mul_(scale)
+                gs = g[:, None] * scale  # [c, 1]
+                target_kept = z.gather(1, y[:, None]) > float("-inf")
+                gz = z.sub_(lse[r, None]).exp_().mul_(-gs)  # -g p / tau, 0 outside the kept set
+                gz.scatter_add_(1, y[:, None], gs * target_kept)
                 gz = gz.to(hidden.dtype)
                 if need_h:
                     grad_h[r] = gz @ w
                 if need_w:
-                    if gz.dtype == torch.float32:
-                        grad_w.addmm_(gz.T, h)
-                    else:
-                        grad_w += gz.T @ h
+                    _accumulate(grad_w, gz, h)
                 del z, gz
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
 
