@@ -102,10 +102,25 @@ def test_knobs_raise_difficulty():
     assert all(p.meta["ops"] == ["+", "+", "+"] for p in only_add)
 
 
+def test_mixed_difficulty_draws_each_problem_its_own():
+    fixed = ArithmeticTask(digits=2, num_ops=2, seed=5)
+    assert ArithmeticTask(digits=2, num_ops=2, max_digits=2, max_ops=2, seed=5).sample(30) == fixed.sample(30)
+    mixed = ArithmeticTask(digits=1, num_ops=1, max_digits=3, max_ops=4, seed=5).sample(200)
+    assert {p.meta["digits"] for p in mixed} == {1, 2, 3}
+    assert {p.meta["num_ops"] for p in mixed} == {1, 2, 3, 4}
+    for p in mixed:
+        d = p.meta["digits"]
+        assert len(p.meta["ops"]) == p.meta["num_ops"]
+        assert all((1 if d == 1 else 10 ** (d - 1)) <= n < 10**d for n in p.meta["operands"])
+        assert p.answer == str(int(_evaluate(p.meta["expression"])))
+    assert mixed == ArithmeticTask(digits=1, num_ops=1, max_digits=3, max_ops=4, seed=5).sample(200)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"digits": 0}, "digits"), ({"num_ops": 0}, "num_ops"), ({"ops": ("^",)}, "ops"), ({"ops": ()}, "ops")],
-)
+    [({"digits": 0}, "digits"), ({"num_ops": 0}, "num_ops"), ({"ops": ("^",)}, "ops"), ({"ops": ()}, "ops"),
+     ({"digits": 2, "max_digits": 1}, "max_digits"), ({"num_ops": 3, "max_ops": 2}, "max_ops")],
+)  # fmt: skip
 def test_bad_knobs(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ArithmeticTask(**kwargs)

@@ -269,3 +269,51 @@ def test_micro_batch_tokens_must_not_be_negative():
 
     with pytest.raises(ConfigError, match="micro_batch_tokens"):
         RLConfig(micro_batch_tokens=-1)
+
+
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 5}, {"temperature": 1.3, "top_p": 0.8}]
+)
+def test_chunked_and_checkpointed_learner_gives_the_dense_update(sampling):
+    """The log-probs through the head a chunk of response rows at a time, and layers recomputed in the backward,
+    change neither the loss nor the update of the dense learner (full logits, every activation kept)."""
+    from tlt_rt.train.rl.learner import LearnSample, MiniBatch
+
+    def greedy(model, prompt, n):  # tokens a filtered sampler can draw (the argmax is always kept)
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(n):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        return ids[len(prompt) :]
+
+    results = []
+    for rl in ({"logprob_chunk_tokens": 0}, {"logprob_chunk_tokens": 2, "activation_checkpointing": True}):
+        model, cfg, Learner, SamplingFilter = _tiny_learner(micro_batch=4, **rl)
+        learner = Learner(model, cfg, SamplingFilter(**sampling))
+        samples = [LearnSample(s.prompt, greedy(model, s.prompt, len(s.response)), [0.0] * len(s.response),
+                               s.advantage) for s in _samples()]  # fmt: skip
+        learner.recompute_logprobs(samples)
+        out = learner.update([MiniBatch(samples, num_tokens=6, num_seqs=3)])
+        results.append(([s.old_logprobs for s in samples], out, model.state_dict()))
+    (lp0, out0, state0), (lp1, out1, state1) = results
+    for a, b in zip(lp0, lp1, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert out1.loss == pytest.approx(out0.loss, abs=1e-6) and out1.tokens == out0.tokens == 6
+    for k, v in state0.items():
+        torch.testing.assert_close(state1[k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_learner_counts_forward_tokens_and_model_flops():
+    from tlt_rt.models.arch import ArchConfig
+    from tlt_rt.train.rl.flops import layer_matmul_params, update_flops
+    from tlt_rt.train.rl.learner import MiniBatch
+
+    model, cfg, Learner, SamplingFilter = _tiny_learner(micro_batch=4)
+    out = Learner(model, cfg, SamplingFilter()).update([MiniBatch(_samples(), num_tokens=6, num_seqs=3)])
+    lengths = [4, 4, 1]  # prompt + response - 1 of each sample
+    assert out.forward_tokens == 9
+    a = ArchConfig(**TINY)
+    assert out.flops == pytest.approx(update_flops(a, lengths, 6))
+    dense = 6 * a.num_hidden_layers * layer_matmul_params(a) * 9
+    assert update_flops(a, lengths, 6) > dense  # attention and the head come on top
+    assert update_flops(a, [8], 0) - update_flops(a, [4, 4], 0) > 0  # attention grows with the square

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from tlt_rt.models.arch import ArchConfig, rope_inv_freq, rotate_pair
 from tlt_rt.models.attention import (
@@ -414,15 +415,29 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(arch)
         self.attn_backend: AttentionBackend = TorchAttention()
+        # while training, keep only each layer's input and recompute its insides in the backward
+        self.checkpoint_layers = False
+
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        for layer in self.model.layers:
+            if self.checkpoint_layers and self.training and torch.is_grad_enabled():
+                x = checkpoint(layer, x, positions, self.rotary, use_reentrant=False)
+            else:
+                x = layer(x, positions, self.rotary)
+        return x
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> ModelOutput:
         """Dense causal forward: input_ids [B, T] -> logits [B, T, V], hidden [B, T, H]."""
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
-        x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
-            x = layer(x, positions, self.rotary)
+        x = self._layers(self.model.embed_tokens(input_ids), positions)
         return ModelOutput(logits=self.lm_head(self.model.norm(x)), hidden=x)
+
+    def normed_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Dense causal forward without the LM head: input_ids [B, T] -> final-normed hidden [B, T, H], the
+        rows a learner projects through `lm_head` only where it needs log-probs (train/rl/logprobs.py)."""
+        positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
+        return self.model.norm(self._layers(self.model.embed_tokens(input_ids), positions))
 
     def forward_paged(
         self,

@@ -292,13 +292,17 @@ class BlockManager:
             self._free.append(block)
 
 
-def auto_num_blocks(target: CausalLM, block_size: int) -> int:
-    """KV blocks to allocate when none are configured: half the free GPU memory, or up to 512 MiB on CPU."""
+def auto_num_blocks(target: CausalLM, block_size: int, most: int | None = None) -> int:
+    """KV blocks to allocate when none are configured: half the free GPU memory, or up to 512 MiB on CPU, and
+    never more than `most` (what the engine can fill: max_batch sequences of its full context), so a small
+    model's engine leaves the rest of the GPU to the learner instead of holding it unused."""
     a = target.arch
     per_block = 2 * a.num_hidden_layers * block_size * a.num_key_value_heads * a.head_dim
     per_block *= target.lm_head.weight.element_size()
     device = target.lm_head.weight.device
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return max(64, int(free * 0.5) // per_block)
-    return max(64, min(1024, (512 << 20) // per_block))
+        n = max(64, int(free * 0.5) // per_block)
+    else:
+        n = max(64, min(1024, (512 << 20) // per_block))
+    return n if most is None else max(64, min(n, most))

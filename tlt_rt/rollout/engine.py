@@ -70,13 +70,13 @@ class Engine:
         target.attn_backend = select_backend(self.device, attn_backend)
         self.glue = target.compile_glue() if self.device.type == "cuda" and not enforce_eager else None
         target.fuse_projections()
-        if num_blocks <= 0:
-            num_blocks = auto_num_blocks(target, block_size)
-        self.blocks = BlockManager(num_blocks, block_size)
         self.buckets = batch_buckets(max_batch)
         self.enforce_eager = enforce_eager
         self.speculative = speculative
         self.max_blocks_per_seq = -(-(self.max_context + self._max_scratch_for(speculative)) // block_size) + 1
+        if num_blocks <= 0:
+            num_blocks = auto_num_blocks(target, block_size, most=max_batch * self.max_blocks_per_seq)
+        self.blocks = BlockManager(num_blocks, block_size)
         rows = 0
         if speculative != "off":
             drafter = engine_drafter(drafter, target, self.glue)

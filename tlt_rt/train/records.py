@@ -48,6 +48,7 @@ def step_record(
         **spot_metrics(trainings, idle),
         "spot_overrun_seconds": max(0.0, overrun),
         "learner_seconds": t_end - t_rollout,
+        **learner_rates(learn),
         "loss": sum(x.loss for x in learn) if learn else None,
         "grad_norm": learn[0].grad_norm if learn else None,
         "clip_low_share": sum(x.clipped_low for x in learn) / tokens if tokens else None,
@@ -62,6 +63,23 @@ def step_record(
         "sd_policy": merge_sd_policy([res.sd_policy for res in results]),
     }
     return rec
+
+
+def learner_rates(learn: list[LearnResult]) -> dict:
+    """The update's speed (forward tokens/s per worker, model TFLOP/s, MFU against the device's bf16 peak) and
+    the GPU memory peaks of the step's two phases (GiB, the largest over workers)."""
+    busy = [x for x in learn if x.seconds > 0 and x.forward_tokens > 0]
+    out: dict = {"learner_tokens_per_second": None, "learner_tflops": None, "learner_mfu": None}
+    if busy:
+        out["learner_tokens_per_second"] = sum(x.forward_tokens / x.seconds for x in busy) / len(busy)
+        out["learner_tflops"] = sum(x.flops / x.seconds for x in busy) / len(busy) / 1e12
+        if all(x.peak_flops for x in busy):
+            out["learner_mfu"] = sum(x.flops / x.seconds / x.peak_flops for x in busy) / len(busy)
+    for phase in ("rollout", "learn"):
+        peaks = [getattr(x, f"peak_{phase}_bytes") for x in learn]
+        peaks = [p for p in peaks if p is not None]
+        out[f"gpu_peak_{phase}_gib"] = max(peaks) / 2**30 if peaks else None
+    return out
 
 
 def timelines(outcome: StepRollout) -> dict[str, list]:

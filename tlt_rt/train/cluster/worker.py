@@ -40,6 +40,7 @@ from tlt_rt.train.drafter.tail import DrafterTraining, TailTrainer, tail_trainin
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 from tlt_rt.train.drafter.vocab import DraftVocab
 from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
+from tlt_rt.train.rl.flops import peak_flops
 from tlt_rt.train.rl.learner import Learner, LearnResult, MiniBatch, SamplingFilter
 from tlt_rt.train.rl.metrics import stats_delta
 from tlt_rt.train.rl.sd_explain import explain_policy
@@ -97,6 +98,7 @@ class Worker:
         self.learner = Learner(self.model, c.rl, sampling, sync, ref)
         self.collects = True  # keeps (token, hidden) rows for the drafter and may train it in the tail
         self._answers: dict[str, list[dict]] = {}  # the last rollout's answers, per reader (read once)
+        self._rollout_peak: float | None = None  # GPU bytes allocated at most in the last rollout
         self._stops: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
 
@@ -183,6 +185,8 @@ class Worker:
         finally:
             tail_stats = tail.finish() if tail is not None else None
         end = time.time()
+        if self.device.type == "cuda":  # since the last update (or the start): this rollout's phase
+            self._rollout_peak = float(torch.cuda.max_memory_allocated(self.device))
         timeline = self.engine.timeline[n0:]
         del self.engine.timeline[:]  # read once per rollout: a long run must not accumulate it
         if online and outs:
@@ -291,9 +295,24 @@ class Worker:
     # ----------------------------------------------------------------------------------- learner
     def learn(self, step: int, minibatches: list[MiniBatch]) -> LearnResult:
         self._maybe_fail("learn", step)
-        if self.cfg.rl.recompute_logprobs:
-            self.learner.recompute_logprobs([s for mb in minibatches for s in mb.samples])
-        out = self.learner.update(minibatches)
+        cuda = self.device.type == "cuda"
+        released = None
+        if cuda and self.cfg.rl.release_engine and hasattr(self.engine, "release_memory"):
+            released = self.engine.release_memory()  # its KV cache and captured steps, until the next rollout
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            if self.cfg.rl.recompute_logprobs:
+                self.learner.recompute_logprobs([s for mb in minibatches for s in mb.samples])
+            out = self.learner.update(minibatches)
+        finally:
+            if released is not None:
+                self.engine.restore_memory(released)
+        if cuda:
+            out.peak_learn_bytes = float(torch.cuda.max_memory_allocated(self.device))
+            out.peak_rollout_bytes = self._rollout_peak
+            torch.cuda.reset_peak_memory_stats(self.device)  # the next rollout's peak starts here
+        out.peak_flops = peak_flops(self.device)
         self._policy_updated()
         out.rank, out.version = self.rank, self.learner.version
         return out

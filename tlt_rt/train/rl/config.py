@@ -29,6 +29,16 @@ class TaskConfig:
     )
     digits: int = option(2, help="Arithmetic: digits per operand; more digits = harder problems.")
     num_ops: int = option(2, help="Arithmetic: operators per problem (2 means three operands).")
+    max_digits: int | None = option(
+        None,
+        help="Arithmetic: with a value above `digits`, each problem draws its digits per operand from "
+        "digits..max_digits (mixed difficulty); null = always `digits`.",
+    )
+    max_ops: int | None = option(
+        None,
+        help="Arithmetic: with a value above `num_ops`, each problem draws its operators from num_ops..max_ops "
+        "(mixed difficulty: longer chains of reasoning); null = always `num_ops`.",
+    )
     word_problems: bool = option(
         True, help="Arithmetic: phrase problems in words rather than bare expressions (longer reasoning)."
     )
@@ -67,6 +77,10 @@ class TaskConfig:
             check(bool(self.path), "path", f"is required when kind is {self.kind!r}")
         check_min(self, "digits", 1)
         check_min(self, "num_ops", 1)
+        if self.max_digits is not None:
+            check_min(self, "max_digits", self.digits)
+        if self.max_ops is not None:
+            check_min(self, "max_ops", self.num_ops)
         bad = [op for op in self.ops if op not in ("+", "-", "*", "/")]
         check(bool(self.ops) and not bad, "ops", f"must be a non-empty subset of + - * /, got {self.ops}")
         check(bool(self.question_field), "question_field", "must not be empty")
@@ -122,6 +136,26 @@ class RLConfig:
         "each micro-batch at most this many (prompt + response) x its longest, so short answers share one pass "
         "instead of being padded to a long one (verl's use_dynamic_bsz). 0 = micro_batch responses each.",
     )
+    logprob_chunk_tokens: int = option(
+        2048,
+        help="The learner takes the log-probs of sampled tokens through the LM head this many response tokens at "
+        "a time, so no [tokens x vocab] fp32 logits exist beyond one chunk (152k ids x 2,048 rows x 4 B = "
+        "1.2 GiB for Qwen2.5); only response positions are projected. 0 = the full dense logits (the old path, "
+        "always taken by an FSDP-sharded learner).",
+    )
+    activation_checkpointing: bool = option(
+        False,
+        help="Keep only each decoder layer's input during the learner's forward and recompute the layer in the "
+        "backward (~1/3 more compute): activation memory drops from all of a layer's tensors to one hidden row "
+        "per token and layer, so larger micro-batches fit.",
+    )
+    release_engine: bool = option(
+        False,
+        help="GPU: the engine gives its KV cache and captured steps back while the learner runs and takes them "
+        "again (capturing its steps anew) before the next rollout. Off by default: the engine's automatic KV "
+        "cache holds only what max_batch sequences of the full context need, and the learner fits beside it; "
+        "turn it on where the dry run's learner phase does not fit.",
+    )
     mini_batches: int = option(
         1, help="Optimizer steps per RL step: the step's responses are split into this many mini-batches."
     )
@@ -148,6 +182,7 @@ class RLConfig:
         check_min(self, "weight_decay", 0.0)
         check_min(self, "micro_batch", 1)
         check_min(self, "micro_batch_tokens", 0)
+        check_min(self, "logprob_chunk_tokens", 0)
         check_min(self, "mini_batches", 1)
         check_min(self, "checkpoint_every", 1)
         check_min(self, "keep_checkpoints", 1)

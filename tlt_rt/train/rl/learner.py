@@ -26,7 +26,9 @@ from torch.distributed.tensor import DTensor
 
 from tlt_rt.codegen.kernels.sampling import filter_thresholds
 from tlt_rt.config import RLConfig
+from tlt_rt.train.rl.flops import update_flops
 from tlt_rt.train.rl.grpo import policy_loss, token_logprobs
+from tlt_rt.train.rl.logprobs import chunked_token_logprobs
 
 
 @dataclass
@@ -48,8 +50,10 @@ class MiniBatch:
     num_seqs: int
 
 
+# the loss's own statistics (grpo.LossStats), summed over micro-batches
+LOSS_STATS = ("tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum")
 # the sums a worker's update adds up and the driver totals over workers
-SUMMED = ("loss", "tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum")
+SUMMED = ("loss", *LOSS_STATS, "forward_tokens", "flops")
 
 
 @dataclass
@@ -62,11 +66,16 @@ class LearnResult:
     clipped_high: float = 0.0
     ratio_sum: float = 0.0  # exp(new - old log-prob) summed over tokens
     kl_sum: float = 0.0
+    forward_tokens: float = 0.0  # prompt + response tokens through the forward and backward (no padding)
+    flops: float = 0.0  # model FLOPs of the update (train/rl/flops.py)
     grad_norm: float | None = None  # of the last optimizer step; None when the call had nothing to apply
     optimizer_steps: float = 0.0
     seconds: float = 0.0
     rank: int = 0
     version: int = 0  # the learner's version after the call
+    peak_flops: float | None = None  # the device's bf16 peak, FLOP/s (None: CPU or unknown)
+    peak_rollout_bytes: float | None = None  # GPU memory allocated at most during the step's rollout
+    peak_learn_bytes: float | None = None  # and during this update
 
     def add(self, other: LearnResult) -> None:
         """Add `other`'s sums (SUMMED) to these."""
@@ -129,6 +138,9 @@ class Learner:
         self.model, self.cfg, self.sampling, self.lockstep = model, cfg, sampling, lockstep
         self.grad_sync, self.ref_model, self.pad_id = grad_sync, ref_model, pad_id
         self.params = unique_parameters(model)
+        for m in model.modules():  # the policy and, under FSDP, the wrapped CausalLM inside it
+            if hasattr(m, "checkpoint_layers"):
+                m.checkpoint_layers = cfg.activation_checkpointing
         self.device = self.params[0].device
         self.master: list[nn.Parameter] | None = None
         if self.params[0].dtype != torch.float32:
@@ -139,7 +151,19 @@ class Learner:
         self.version = 0  # optimizer steps taken; identical on every worker after each step
 
     # ----------------------------------------------------------------------------------- log-probs
-    def _logprobs(self, model: nn.Module, ids: Tensor, targets: Tensor) -> Tensor:
+    def _logprobs(self, model: nn.Module, ids: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
+        """[B, T] log-probs of `targets` under the sampling filter; with `mask` and a chunk size, only the
+        masked (response) positions are projected through the head, a chunk of rows at a time."""
+        chunk = self.cfg.logprob_chunk_tokens
+        head = getattr(model, "lm_head", None)
+        if mask is not None and chunk > 0 and head is not None and not isinstance(head.weight, DTensor):
+            hidden = model.normed_hidden(ids)  # [B, T, H]
+            rows = mask.bool()
+            s = self.sampling
+            lp = chunked_token_logprobs(
+                hidden[rows], head.weight, targets[rows], s.temperature, s.top_k, s.top_p, chunk_tokens=chunk
+            )
+            return torch.zeros(rows.shape, dtype=lp.dtype, device=lp.device).masked_scatter(rows, lp)
         logits = model(ids).logits  # [B, T, V]
         keep = None
         if self.sampling.filtering:
@@ -159,7 +183,7 @@ class Learner:
         """Replace each sample's old log-probs with the dense forward's (the `rl.recompute_logprobs` path)."""
         for chunk in self._micro_batches(samples):
             ids, targets, mask, _ = pad_batch(chunk or [self._dummy()], self.pad_id, self.device)
-            lp = self._logprobs(self.model, ids, targets)
+            lp = self._logprobs(self.model, ids, targets, mask)
             for i, s in enumerate(chunk):
                 p = len(s.prompt)
                 s.old_logprobs = lp[i, p - 1 : p - 1 + len(s.response)].tolist()
@@ -195,8 +219,8 @@ class Learner:
             ref = None
             if self.ref_model is not None and self.cfg.kl_coef > 0:
                 with torch.no_grad():
-                    ref = self._logprobs(self.ref_model, ids, targets)
-            logp = self._logprobs(self.model, ids, targets)
+                    ref = self._logprobs(self.ref_model, ids, targets, mask)
+            logp = self._logprobs(self.model, ids, targets, mask)
             cfg = self.cfg
             loss, st = policy_loss(
                 logp, old, adv, mask, cfg.clip_low, cfg.clip_high, cfg.loss_agg, ref, cfg.kl_coef,
@@ -204,7 +228,12 @@ class Learner:
             )  # fmt: skip
             loss.backward()
             totals.loss += loss.item()
-            for k in SUMMED[1:]:  # the loss's own statistics; the loss itself is added above
+            lengths = [len(x.prompt) + len(x.response) - 1 for x in chunk]
+            totals.forward_tokens += sum(lengths)
+            arch = getattr(self.model, "arch", None)
+            if arch is not None:
+                totals.flops += update_flops(arch, lengths, sum(len(x.response) for x in chunk))
+            for k in LOSS_STATS:
                 setattr(totals, k, getattr(totals, k) + getattr(st, k))
 
     def _micro_batches(self, samples: list[LearnSample]) -> list[list[LearnSample]]:

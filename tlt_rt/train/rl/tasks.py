@@ -116,7 +116,9 @@ class ArithmeticTask:
     `problem(i)` is a pure function of (seed, i) and the knobs, so a cursor of plain indices resumes
     exactly. Knobs: `digits` per operand, `num_ops` operations drawn from `ops` (division appears only
     where it divides), and `word_problems` (story templates) vs bare expressions ("What is 17 * 3?").
-    Intermediate values stay >= 1 so no story ever counts negative apples.
+    `max_digits` / `max_ops` above `digits` / `num_ops` mix difficulties: each problem draws its own
+    from the inclusive range (a policy that starts at 20-50% accuracy has easy problems to learn from and
+    hard ones left to learn). Intermediate values stay >= 1 so no story ever counts negative apples.
     """
 
     def __init__(
@@ -126,6 +128,8 @@ class ArithmeticTask:
         word_problems: bool = True,
         seed: int = 0,
         ops: Sequence[str] = ("+", "-", "*", "/"),
+        max_digits: int | None = None,
+        max_ops: int | None = None,
     ) -> None:
         if digits < 1:
             raise ValueError(f"ArithmeticTask.digits must be >= 1, got {digits}")
@@ -134,15 +138,20 @@ class ArithmeticTask:
         bad = [op for op in ops if op not in _PRECEDENCE]
         if not ops or bad:
             raise ValueError(f"ArithmeticTask.ops must be a non-empty subset of '+-*/', got {list(ops)}")
+        self.max_digits, self.max_ops = max_digits or digits, max_ops or num_ops
+        if self.max_digits < digits:
+            raise ValueError(f"ArithmeticTask.max_digits ({self.max_digits}) must be >= digits ({digits})")
+        if self.max_ops < num_ops:
+            raise ValueError(f"ArithmeticTask.max_ops ({self.max_ops}) must be >= num_ops ({num_ops})")
         self.digits, self.num_ops, self.word_problems, self.seed = digits, num_ops, word_problems, seed
         self.ops = tuple(ops)
-        self._lo, self._hi = (1 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
 
     @classmethod
     def from_config(cls, task, seed_offset: int = 0) -> ArithmeticTask:
         """The generator a `task.` config section describes (kind arithmetic), its seed moved by `seed_offset`
         (held-out problems, warm-up prompts apart from the RL's)."""
-        return cls(task.digits, task.num_ops, task.word_problems, task.seed + seed_offset, ops=task.ops)
+        return cls(task.digits, task.num_ops, task.word_problems, task.seed + seed_offset, ops=task.ops,
+                   max_digits=task.max_digits, max_ops=task.max_ops)  # fmt: skip
 
     def sample(self, n: int, start: int = 0) -> list[Problem]:
         """Problems `start .. start+n-1`; stateless, so the same call gives the same list."""
@@ -151,10 +160,14 @@ class ArithmeticTask:
     def problem(self, index: int) -> Problem:
         # A string seed is hashed with SHA-512 by `random`, stable across processes and PYTHONHASHSEED.
         rng = random.Random(f"arith:{self.seed}:{index}")
-        value = rng.randint(self._lo, self._hi)
+        # a fixed difficulty draws nothing here, so its problems are those of the knobs without ranges
+        digits = rng.randint(self.digits, self.max_digits) if self.max_digits > self.digits else self.digits
+        num_ops = rng.randint(self.num_ops, self.max_ops) if self.max_ops > self.num_ops else self.num_ops
+        bounds = (1 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+        value = rng.randint(*bounds)
         operands, steps = [value], []
-        for _ in range(self.num_ops):
-            op, n = self._pick_step(rng, value)
+        for _ in range(num_ops):
+            op, n = self._pick_step(rng, value, *bounds)
             steps.append(op)
             operands.append(n)
             value = _apply(value, op, n)
@@ -167,43 +180,44 @@ class ArithmeticTask:
             "task": "arithmetic",
             "seed": self.seed,
             "index": index,
-            "digits": self.digits,
-            "num_ops": self.num_ops,
+            "digits": digits,
+            "num_ops": num_ops,
             "operands": operands,
             "ops": steps,
             "expression": expression,
             "template": template,
             # A rough ordinal for curricula: operand size times chain length, plus the harder ops.
-            "difficulty": self.digits * self.num_ops + sum(op in "*/" for op in steps),
+            "difficulty": digits * num_ops + sum(op in "*/" for op in steps),
         }
         return Problem(question=question, answer=str(value), meta=meta)
 
-    def _pick_step(self, rng: random.Random, value: int) -> tuple[str, int]:
+    def _pick_step(self, rng: random.Random, value: int, lo: int, hi: int) -> tuple[str, int]:
         order = list(self.ops)
         rng.shuffle(order)
         for op in order:
             if op == "+":
-                return op, rng.randint(self._lo, self._hi)
+                return op, rng.randint(lo, hi)
             if op == "*":
-                return op, rng.randint(max(self._lo, 2), self._hi)
-            if op == "-" and value - 1 >= self._lo:
-                return op, rng.randint(self._lo, min(self._hi, value - 1))
-            if op == "/" and (divisor := self._pick_divisor(rng, value)) is not None:
+                return op, rng.randint(max(lo, 2), hi)
+            if op == "-" and value - 1 >= lo:
+                return op, rng.randint(lo, min(hi, value - 1))
+            if op == "/" and (divisor := _pick_divisor(rng, value, lo, hi)) is not None:
                 return op, divisor
         # Only '-' and '/' can be infeasible; '+' always keeps the chain going.
-        return "+", rng.randint(self._lo, self._hi)
+        return "+", rng.randint(lo, hi)
 
-    def _pick_divisor(self, rng: random.Random, value: int) -> int | None:
-        lo, hi = max(self._lo, 2), min(self._hi, value)
-        if hi - lo < 20_000:
-            divisors = [d for d in range(lo, hi + 1) if value % d == 0]
-            return rng.choice(divisors) if divisors else None
-        # Wide operands: a bounded random search keeps problem() cheap; division just shows up less.
-        for _ in range(64):
-            d = rng.randint(lo, hi)
-            if value % d == 0:
-                return d
-        return None
+
+def _pick_divisor(rng: random.Random, value: int, lo: int, hi: int) -> int | None:
+    lo, hi = max(lo, 2), min(hi, value)
+    if hi - lo < 20_000:
+        divisors = [d for d in range(lo, hi + 1) if value % d == 0]
+        return rng.choice(divisors) if divisors else None
+    # Wide operands: a bounded random search keeps problem() cheap; division just shows up less.
+    for _ in range(64):
+        d = rng.randint(lo, hi)
+        if value % d == 0:
+            return d
+    return None
 
 
 def _render_expression(operands: list[int], steps: list[str]) -> str:

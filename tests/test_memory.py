@@ -1,0 +1,71 @@
+"""The dry run's memory forecast by phase: rollout and learner peaks, and a clear error when one does not fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tlt_rt.config import TLTConfig, load_config
+from tlt_rt.models.arch import ArchConfig
+from tlt_rt.train.__main__ import KNOWN_SHAPES, resolve_arch
+from tlt_rt.train.__main__ import main as train_main
+from tlt_rt.train.memory import GIB, activation_bytes_per_token, forecast
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN = str(ROOT / "configs" / "qwen2.5-1.5b-math-gpu.yaml")
+SHAPE = ArchConfig(**KNOWN_SHAPES["qwen2.5-7b"])
+
+
+def _cfg(*keys: str) -> TLTConfig:
+    return load_config(TLTConfig, QWEN, list(keys))
+
+
+def test_dry_run_prints_both_phases_of_the_qwen_config(capsys):
+    assert train_main([QWEN, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout phase:" in out and "learner phase:" in out and "both phases fit" in out
+    assert "vocab 151936" in out
+
+
+def test_a_learner_that_does_not_fit_fails_naming_the_keys(capsys):
+    code = train_main([QWEN, "--dry-run", "rl.activation_checkpointing=false", "rl.micro_batch_tokens=65536"])
+    assert code == 2
+    captured = capsys.readouterr()
+    assert "learner phase over by" in captured.err and "rl.micro_batch_tokens" in captured.err
+    assert "rl.activation_checkpointing" in captured.err
+    assert "learner phase:" in captured.out  # the breakdown is printed before the error
+
+
+def test_chunked_logprobs_and_checkpointing_shrink_the_learner_phase():
+    dense = forecast(_cfg("rl.logprob_chunk_tokens=0", "rl.activation_checkpointing=false"), SHAPE)
+    chunked = forecast(_cfg("rl.activation_checkpointing=false"), SHAPE)
+    both = forecast(_cfg(), SHAPE)
+    assert both.learner_total < chunked.learner_total < dense.learner_total
+    assert dense.rollout_total == chunked.rollout_total == both.rollout_total
+    # 16k rows x 152k ids x 4 B x 3 of logits against one 2k-row chunk
+    assert dense.learner_total - chunked.learner_total > 20 * GIB
+
+
+def test_release_engine_leaves_the_kv_cache_out_of_the_learner_phase():
+    kept = forecast(_cfg(), SHAPE)
+    released = forecast(_cfg("rl.release_engine=true"), SHAPE)
+    kv = next(v for k, v in kept.rollout.items() if k.startswith("KV cache"))
+    assert kept.learner_total - released.learner_total >= kv
+    assert any(k.endswith("(kept)") for k in kept.learner) and not any(k.endswith("(kept)") for k in released.learner)
+
+
+def test_the_kv_cache_is_what_the_batch_can_fill():
+    shape = resolve_arch(_cfg())[0]  # Qwen2.5-1.5B: 28 KiB of K/V a token, 128 x 2,624 tokens fill 9 GiB
+    f = forecast(_cfg(), shape)
+    (name,) = [k for k in f.rollout if k.startswith("KV cache")]
+    assert "max_batch x full context" in name
+    more = forecast(_cfg("rollout.max_batch=256"), shape)
+    assert sum(v for k, v in more.rollout.items() if k.startswith("KV")) > f.rollout[name]
+
+
+@pytest.mark.parametrize("dtype_bytes", [2, 4])
+def test_activations_scale_with_layers_and_dtype(dtype_bytes):
+    a = SHAPE
+    one = activation_bytes_per_token(ArchConfig(**{**KNOWN_SHAPES["qwen2.5-7b"], "num_hidden_layers": 1}), dtype_bytes)
+    assert activation_bytes_per_token(a, dtype_bytes) == a.num_hidden_layers * one

@@ -1,0 +1,167 @@
+"""The dry run's GPU memory forecast, phase by phase: what one GPU holds at the peak of its rollout and at the
+peak of its learner update.
+
+A GPU runs two phases a step. The rollout holds the engine (weights, KV cache, captured steps' pool, drafter)
+and everything the learner keeps between updates (fp32 master weights, AdamW moments). The update adds the
+gradients, their fp32 copies for the master step, the activations of one micro-batch and one chunk of LM-head
+logits; the engine's KV cache and pool stay unless `rl.release_engine` gives them back for the update.
+
+Activation bytes per token and layer are what our decoder layer saves for its backward in eager bf16 (norm
+inputs and outputs, the fused q/k/v and gate/up outputs, attention in and out, the MLP product).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tlt_rt.models.arch import ArchConfig
+
+GIB = 1024**3
+PROMPT_ALLOWANCE = 512  # prompt tokens assumed on top of max_new_tokens for per-sequence estimates
+SCRATCH_ALLOWANCE = 64  # cache positions a speculative step writes past a sequence's length
+
+
+def param_count(a: ArchConfig) -> tuple[int, int]:
+    """(target parameters, one-layer drafter parameters without the shared embedding / head)."""
+    h, q, kv = a.hidden_size, a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
+    attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if a.qkv_bias else 0) + (h if a.o_bias else 0)
+    layer = attn + 3 * h * a.intermediate_size + 2 * h
+    embed = a.vocab_size * h * (1 if a.tie_word_embeddings else 2)
+    return embed + a.num_hidden_layers * layer + h, layer + 2 * h * h + h
+
+
+def activation_bytes_per_token(a: ArchConfig, nbytes: int) -> int:
+    """Bytes one token's activations hold for the backward, over all layers (eager, no recomputation)."""
+    h, q, kv = a.hidden_size, a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
+    # 2 norm inputs + 2 norm outputs, attention output and its o-proj input; q/k/v out of the fused
+    # projection and rotated for attention; gate and up, and their product for the down projection
+    elems = 6 * h + 2 * (q + 2 * kv) + 3 * a.intermediate_size
+    fp32 = 2 * h * 4  # the norms' fp32 upcasts
+    return a.num_hidden_layers * (elems * nbytes + fp32)
+
+
+@dataclass
+class PhaseForecast:
+    """Named parts (bytes) of each phase's peak on one GPU (or one worker's RAM on CPU)."""
+
+    rollout: dict[str, float] = field(default_factory=dict)
+    learner: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rollout_total(self) -> float:
+        return sum(self.rollout.values())
+
+    @property
+    def learner_total(self) -> float:
+        return sum(self.learner.values())
+
+
+def forecast(cfg, arch: ArchConfig) -> PhaseForecast:
+    """Both phases' peaks for `cfg` (a TLTConfig) on the shape `arch`."""
+    c, r, rl = cfg.cluster, cfg.rollout, cfg.rl
+    gpu = c.gpus_per_worker > 0
+    tp = c.tensor_parallel
+    dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if gpu else "float32")
+    nbytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    params, draft_params = param_count(arch)
+    procs = c.num_workers * tp
+    fsdp = rl.learner_shard == "fsdp"
+    shard = tp if gpu else 1  # engine memory per GPU; on CPU a worker's TP processes share its RAM
+    seq = min(cfg.model.max_context, r.max_new_tokens + PROMPT_ALLOWANCE)
+    kv_per_token = 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * nbytes
+    speculative = r.speculative != "off"
+    draft_kv_per_token = kv_per_token / arch.num_hidden_layers if speculative else 0.0
+
+    # ---- held in both phases
+    resident: dict[str, float] = {
+        "engine weights" + (f" (TP shard of {tp})" if tp > 1 else ""): params * nbytes / shard
+    }
+    if tp > 1 or fsdp:  # the learner holds its own copy beside the engine's shard
+        resident["learner weights" + (" (FSDP shard, fp32)" if fsdp else " (full replica)")] = (
+            params * 4 / procs if fsdp else params * nbytes
+        )
+    if not fsdp and nbytes != 4:
+        resident["fp32 master weights"] = params * 4
+    resident["AdamW moments (fp32)" + (" (FSDP shard)" if fsdp else "")] = params * 8 / (procs if fsdp else 1)
+    if speculative or cfg.drafter.train_online:
+        resident["drafter + its AdamW"] = draft_params * (nbytes + 4 + 8 + (4 if nbytes != 4 else 0))
+        if tp > 1:  # the replicated drafter reads the full embedding and head
+            resident["drafter's full embedding + LM head"] = (
+                (1 if arch.tie_word_embeddings else 2) * arch.vocab_size * arch.hidden_size * nbytes
+            )
+
+    # ---- the engine's KV cache (engine.py: what max_batch sequences of the full context need, at most half the
+    # GPU's free memory at start) and its captured steps' pool (the largest verify's logits dominate)
+    blocks_per_seq = -(-(cfg.model.max_context + SCRATCH_ALLOWANCE) // r.block_size) + 1
+    need_tokens = r.max_batch * blocks_per_seq * r.block_size
+    if r.num_blocks:
+        kv_tokens, kv_note = r.num_blocks * r.block_size, "rollout.num_blocks"
+    elif gpu:
+        free = c.gpu_memory_gb * GIB - sum(resident.values())
+        half = int(free / 2 / ((kv_per_token + draft_kv_per_token) / shard))
+        kv_tokens = min(half, need_tokens)
+        kv_note = "max_batch x full context" if kv_tokens == need_tokens else "half the free GPU memory"
+    else:  # the engine's CPU rule: at most 1024 blocks or 512 MiB
+        per_block = kv_per_token * r.block_size
+        kv_tokens, kv_note = max(64, min(1024, (512 << 20) // per_block)) * r.block_size, "engine's CPU default"
+    engine = {f"KV cache ({kv_tokens} tokens: {kv_note})": kv_tokens * (kv_per_token + draft_kv_per_token) / shard}
+    if gpu and not r.enforce_eager:
+        rows = r.max_batch * (max(int(s.split("_")[-1]) for s in r.strategies) if speculative else 1)
+        engine["captured steps' pool (largest step's logits)"] = rows * arch.vocab_size * (nbytes + 4)
+
+    # ---- rollout phase: the prefill chunk's activations (no backward: a few live tensors of the chunk)
+    prefill = r.max_prefill_tokens * (3 * arch.hidden_size + 2 * arch.intermediate_size) * nbytes
+    rollout = {**resident, **engine, f"prefill chunk ({r.max_prefill_tokens} tokens)": prefill}
+
+    # ---- learner phase
+    rows = max(rl.micro_batch_tokens, seq) if rl.micro_batch_tokens else rl.micro_batch * seq
+    what = f"micro_batch_tokens {rl.micro_batch_tokens}" if rl.micro_batch_tokens else f"micro_batch {rl.micro_batch}"
+    learner = dict(resident)
+    if not rl.release_engine:
+        learner.update({f"{k} (kept)": v for k, v in engine.items()})
+    share = procs if fsdp else 1
+    learner["gradients" + (" (FSDP shard)" if fsdp else "")] = params * (4 if fsdp else nbytes) / share
+    if nbytes != 4 and not fsdp:
+        learner["fp32 gradient copies (master step)"] = params * 4
+    if rl.activation_checkpointing:  # each layer's input, and one layer's insides during its recompute
+        layer = activation_bytes_per_token(arch, nbytes) // arch.num_hidden_layers
+        per_token = arch.num_hidden_layers * arch.hidden_size * nbytes + layer
+        what += ", checkpointed layers"
+    else:
+        per_token = activation_bytes_per_token(arch, nbytes)
+    learner[f"activations ({what}: {rows} rows)"] = rows * per_token
+    chunk = rl.logprob_chunk_tokens
+    if chunk and not fsdp:
+        learner[f"log-prob chunk ({chunk} rows x vocab, fp32 x3) + fp32 head gradient"] = (
+            3 * min(chunk, rows) * arch.vocab_size * 4 + arch.vocab_size * arch.hidden_size * 4
+        )
+    else:
+        learner[f"learner logits ({rows} rows x vocab, fp32 x3)"] = 3 * rows * arch.vocab_size * 4
+    return PhaseForecast(rollout, learner)
+
+
+def describe(f: PhaseForecast, budget_gib: float | None) -> tuple[list[str], str | None]:
+    """The forecast as aligned lines, and the error when a phase does not fit `budget_gib` (None: no GPU)."""
+    lines: list[str] = []
+    width = max(len(k) for part in (f.rollout, f.learner) for k in part) + 2
+    for title, part, total in (("rollout phase", f.rollout, f.rollout_total), ("learner phase", f.learner,
+                                                                                f.learner_total)):  # fmt: skip
+        lines.append(f"  {title}:")
+        lines += [f"    {k:<{width}} {v / GIB:9.2f} GiB" for k, v in part.items()]
+        lines.append(f"    {'peak':<{width}} {total / GIB:9.2f} GiB")
+    if budget_gib is None:
+        return lines, None
+    over = {name: total / GIB - budget_gib for name, total in (("rollout", f.rollout_total),
+                                                               ("learner", f.learner_total))}  # fmt: skip
+    verdict = [f"{n} phase over by {o:.1f} GiB" for n, o in over.items() if o > 0]
+    lines.append(f"  of {budget_gib:.0f} GiB per GPU: " + ("; ".join(verdict) if verdict else "both phases fit"))
+    if not verdict:
+        return lines, None
+    if over["learner"] > 0 and over["rollout"] <= 0:
+        fix = (
+            "set rl.activation_checkpointing=true or lower rl.micro_batch_tokens (activations), set "
+            "rl.release_engine=true (the KV cache), or shard the learner (rl.learner_shard=fsdp)"
+        )
+    else:
+        fix = "set rollout.num_blocks lower, shard the learner (rl.learner_shard=fsdp) or use more GPUs"
+    return lines, f"the forecast does not fit one GPU ({'; '.join(verdict)}): {fix}"
