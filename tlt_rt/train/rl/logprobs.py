@@ -53,7 +53,7 @@ def _scaled_logits(x: Tensor, temperature: float, thr: Tensor | None) -> Tensor:
     z = x.float()
     if thr is not None:
         z.masked_fill_(~(z >= thr[:, None]), float("-inf"))  # compare before scaling, as the sampler does
-    if temperature > 0:
+    if temperature > 0 and temperature != 1.0:  # dividing by 1 is exact: skip the pass
         z.div_(temperature)
     return z
 
