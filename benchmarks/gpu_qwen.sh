@@ -8,6 +8,9 @@ out=${1:?OUT}; config=${2:?CONFIG}; budget=${3:?E2E_SECONDS}; shift 3
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
+[ -n "${TLT_QWEN_GGUF:-}" ] && python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" \
+    "$TLT_QWEN_GGUF" > "$out/convert.log" 2>&1  # once, outside the tests' time limit
+echo "converted ($(( $(date +%s) - t0 )) s): $(tail -1 "$out/convert.log")"
 timeout 300 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1
 echo "gpu tests ($(( $(date +%s) - t0 )) s): $(tail -1 "$out/gpu_tests.log")"
 grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -8

@@ -29,8 +29,13 @@ from tlt_rt.train.rl.metrics import percentile, read_jsonl
 COLUMNS = (
     ("step_seconds", "step s", ".2f"),
     ("rollout_seconds", "rollout s", ".2f"),
+    ("rollout_share", "rollout share", ".0%"),
     ("tail_share", "tail share", ".0%"),
     ("learner_seconds", "learner s", ".2f"),
+    ("learner_tokens_per_second", "learner tok/s", ".0f"),
+    ("learner_mfu", "learner MFU", ".0%"),
+    ("gpu_peak_rollout_gib", "rollout GiB", ".1f"),
+    ("gpu_peak_learn_gib", "learner GiB", ".1f"),
     ("sd_share", "SD share", ".0%"),
     ("accept_length", "accept", ".2f"),
     ("accept_ceiling", "ceiling", ".2f"),

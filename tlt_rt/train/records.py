@@ -59,6 +59,7 @@ def step_record(
         "kl": sum(x.kl_sum for x in learn) / tokens if tokens and kl else None,
         "policy_version": version,
         "step_seconds": t_end - t0,
+        "rollout_share": rollout_s / (t_end - t0) if t_end > t0 else None,
         "worker_restarts": restarts,
         "sd_policy": merge_sd_policy([res.sd_policy for res in results]),
     }
@@ -117,11 +118,14 @@ def summary_line(r: dict) -> str:
     if r.get("drafter_accept_online") is not None:  # logging.drafter_curve, on the step's answers
         ceiling += f" (drafter {r['drafter_accept_online']:.2f} online, {r['drafter_accept_frozen']:.2f} frozen)"
     held = f" | held-out acc {r['heldout_accuracy']:.2f}" if r.get("heldout_accuracy") is not None else ""
+    if r.get("rollout_share") is not None:
+        held = f" | rollout {r['rollout_share']:.0%} of the step" + held
+    mfu = f" (MFU {r['learner_mfu']:.0%})" if r.get("learner_mfu") is not None else ""
     return (
         f"reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "
         f"{r['response_len_p50']:.0f}/{r['response_len_max']} | rollout {r['rollout_seconds']:.1f}s tail "
         f"{r['tail_share']:.0%} SD {r['sd_share']:.0%} accept {_fmt(r['accept_length'], '.2f')}{ceiling} "
         f"{r['tokens_per_second']:.0f} tok/s | drafter {r['spot_steps']} steps loss {_fmt(r['drafter_loss'], '.3f')} "
-        f"harvested {r['harvested_worker_seconds']:.1f}s | learner {r['learner_seconds']:.1f}s "
+        f"harvested {r['harvested_worker_seconds']:.1f}s | learner {r['learner_seconds']:.1f}s{mfu} "
         f"loss {_fmt(r['loss'], '.4f')}{held}"
     )
