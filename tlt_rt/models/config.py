@@ -15,8 +15,9 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 class ModelConfig:
     path: str = option(
         "smollm2",
-        help="Target (policy) model: a Hugging Face folder (config.json + safetensors), a .gguf file, or "
-        "'smollm2' for the embedded SmolLM2-135M that the CPU default trains.",
+        help="Target (policy) model: a Hugging Face folder (config.json + safetensors), a .gguf file, "
+        "'smollm2' for the embedded SmolLM2-135M that the CPU default trains, or a registered name that "
+        "`python -m tlt_rt.models.fetch NAME` fetched (--list shows them; e.g. qwen2.5-coder-1.5b-instruct).",
     )
     dtype: Dtype = option(
         "auto",
@@ -35,7 +36,8 @@ class ModelConfig:
     arch: str | None = option(
         None,
         help="Known model shape for the --dry-run placement plan, used when model.path is not on this machine "
-        "(smollm2-135m, qwen2.5-7b, qwen2.5-32b, llama3-70b); model.path/config.json wins when present.",
+        "(smollm2-135m, qwen2.5-7b, qwen2.5-32b, llama3-70b, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b); "
+        "model.path/config.json or a .gguf file's header wins when present.",
     )
 
     def __post_init__(self) -> None:

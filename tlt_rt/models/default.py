@@ -6,6 +6,9 @@ file. The first use dequantises it through transformers' GGUF reader into a cach
 (config.json, model.safetensors, tokenizer with chat template) under `TLT_CACHE` (default
 ~/.cache/tlt_rt); later loads read that folder. Nothing here touches the network.
 
+A name from `tlt_rt.models.registry` (`qwen2.5-coder-1.5b-instruct`, ...) resolves to the folder converted
+from the GGUF that `python -m tlt_rt.models.fetch NAME` put in the cache.
+
 `python -m tlt_rt.models.default` prepares the cache and prints where it is.
 """
 
@@ -18,6 +21,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from tlt_rt.models.registry import MODELS, fetch_command
 
 DEFAULT_NAME = "smollm2"
 GGUF_ENV = "TLT_SMOLLM2_GGUF"
@@ -59,12 +64,17 @@ def _cache_key(gguf: Path) -> str:
     return f"{gguf.stem}-{h}"
 
 
+def converted_dir(gguf: str | Path) -> Path:
+    """Where `convert_gguf` puts (or has put) this GGUF file's HF folder; converts nothing."""
+    return cache_dir() / "converted" / _cache_key(Path(gguf).expanduser())
+
+
 def convert_gguf(gguf: str | Path) -> Path:
     """Dequantise a GGUF checkpoint once into a cached HF folder and return that folder."""
     gguf = Path(gguf).expanduser()
     if not gguf.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf}")
-    out = cache_dir() / "converted" / _cache_key(gguf)
+    out = converted_dir(gguf)
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -106,10 +116,29 @@ def default_model_dir() -> Path:
     return convert_gguf(default_gguf())
 
 
+def fetched_gguf(name: str) -> Path:
+    """Where `python -m tlt_rt.models.fetch NAME` puts the joined GGUF of a registered model."""
+    return cache_dir() / "gguf" / f"{name}.gguf"
+
+
+def not_fetched(name: str) -> str:
+    return f"model {name} is not fetched yet: run {fetch_command(name)}"
+
+
+def fetched_model_dir(name: str) -> Path:
+    """The HF folder of a registered model, converted on first use from its fetched GGUF."""
+    gguf = fetched_gguf(name)
+    if not gguf.is_file():
+        raise FileNotFoundError(not_fetched(name))
+    return convert_gguf(gguf)
+
+
 def resolve_model_path(path: str | Path | None) -> Path:
     """A HF folder for any accepted model reference; a `.gguf` file is converted once into the cache."""
     if path is None or str(path) == DEFAULT_NAME:
         return default_model_dir()
+    if str(path) in MODELS:
+        return fetched_model_dir(str(path))
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"model path does not exist: {p}")

@@ -4,8 +4,8 @@ Trains with GRPO: rollouts on Ray workers with adaptive speculative decoding, th
 workers the rollout tail leaves idle. `--dry-run` validates the config and prints the placement plan
 (nodes, tensor-parallel groups with their node, data-parallel replicas, placement-group bundles,
 parallelism, memory per GPU) without loading any weights: shapes come from the model
-folder's config.json, or from the known-shapes table (`model.arch=qwen2.5-7b`, ...) for a checkpoint
-that is not on this machine.
+folder's config.json, a .gguf file's header, or from the known-shapes table (`model.arch=qwen2.5-7b`,
+...) for a checkpoint that is not on this machine or a registered model not fetched yet.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from pathlib import Path
 
 from tlt_rt.config import ConfigError, TLTConfig, describe, load_config, parse_cli
 from tlt_rt.models.arch import ArchConfig
+from tlt_rt.models.default import converted_dir, fetched_gguf
+from tlt_rt.models.gguf_shape import gguf_arch
+from tlt_rt.models.registry import MODELS, fetch_command
 from tlt_rt.train.cluster.placement import PlacementError, plan_layout
 from tlt_rt.train.preflight import preflight
 from tlt_rt.train.rl.checkpoint import CheckpointError
@@ -34,6 +37,16 @@ KNOWN_SHAPES: dict[str, dict] = {
     "llama3-70b": dict(model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672,
                        num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
                        max_position_embeddings=131072),
+    # the GGUFs that `python -m tlt_rt.models.fetch` brings (registry.py), as their headers give them: both
+    # models are published with tied embeddings, but each GGUF carries its own output.weight, so they load untied
+    "qwen2.5-coder-0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                               num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, head_dim=64,
+                               qkv_bias=True, tie_word_embeddings=False, max_position_embeddings=32768,
+                               rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=151643, eos_token_ids=(151645,)),
+    "qwen2.5-coder-1.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                               num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, head_dim=128,
+                               qkv_bias=True, tie_word_embeddings=False, max_position_embeddings=32768,
+                               rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=151643, eos_token_ids=(151645,)),
 }  # fmt: skip
 GIB = 1024**3
 PROMPT_ALLOWANCE = 512  # prompt tokens assumed on top of max_new_tokens for per-sequence estimates
@@ -46,7 +59,18 @@ def resolve_arch(cfg: TLTConfig) -> tuple[ArchConfig, str]:
         raise ConfigError("model.arch", f"unknown shape {m.arch!r}; known: {', '.join(KNOWN_SHAPES)}")
     if m.path == "smollm2":
         return ArchConfig(**KNOWN_SHAPES["smollm2-135m"]), "embedded default (known shape smollm2-135m)"
+    if m.path in MODELS:  # fetched: what the loader will read; else the registry's known shape
+        gguf = fetched_gguf(m.path)
+        converted = converted_dir(gguf) / "config.json" if gguf.is_file() else None
+        if converted is not None and converted.is_file():
+            return ArchConfig.from_file(converted), str(converted)
+        if gguf.is_file():
+            return _header_arch(gguf), f"{gguf} header"
+        shape = MODELS[m.path].shape
+        return ArchConfig(**KNOWN_SHAPES[shape]), f"known shape {shape}; not fetched yet: {fetch_command(m.path)}"
     p = Path(m.path).expanduser()
+    if p.suffix == ".gguf" and p.is_file():  # the header holds the shape; the weights stay unread
+        return _header_arch(p), "its GGUF header"
     cfg_json = p if p.name == "config.json" else p / "config.json"
     if cfg_json.is_file():  # the checkpoint itself wins over a declared shape
         return ArchConfig.from_file(cfg_json), str(cfg_json)
@@ -57,6 +81,13 @@ def resolve_arch(cfg: TLTConfig) -> tuple[ArchConfig, str]:
         f"{m.path}: no config.json to read the shape from; for a dry run of a checkpoint that is not on this "
         f"machine set model.arch to one of {', '.join(KNOWN_SHAPES)}",
     )
+
+
+def _header_arch(gguf: Path) -> ArchConfig:
+    try:
+        return gguf_arch(gguf)
+    except ValueError as e:  # a damaged or foreign file is the config's fault, named by its key
+        raise ConfigError("model.path", str(e)) from e
 
 
 def param_count(a: ArchConfig) -> tuple[int, int]:

@@ -10,8 +10,9 @@ import difflib
 from pathlib import Path
 
 from tlt_rt.config import ConfigError, TLTConfig
-from tlt_rt.models.default import default_gguf
+from tlt_rt.models.default import default_gguf, fetched_gguf, not_fetched
 from tlt_rt.models.loader import check_model_folder
+from tlt_rt.models.registry import MODELS
 from tlt_rt.train.rl import checkpoint as ckpt
 from tlt_rt.train.rl.data import load_dataset_file
 from tlt_rt.train.rl.loggers import check_loggers as check_logger_names
@@ -20,13 +21,18 @@ from tlt_rt.train.rl.reward import resolve_reward
 
 def check_model(cfg: TLTConfig, dry_run: bool = False) -> None:
     """model.path names a whole model: config.json parses, every safetensors file is complete. A dry run
-    of a checkpoint that is not on this machine is allowed when model.arch gives its shape."""
+    of a checkpoint that is not on this machine is allowed when model.arch gives its shape, and of a
+    registered model not fetched yet (the registry gives its shape)."""
     path = cfg.model.path
     if path == "smollm2":
         try:
             default_gguf()
         except FileNotFoundError as e:
             raise ConfigError("model.path", str(e)) from e
+        return
+    if path in MODELS:  # its fetch checked the file's size and SHA-256; the first load converts it
+        if not dry_run and not fetched_gguf(path).is_file():
+            raise ConfigError("model.path", not_fetched(path))
         return
     p = Path(path).expanduser()
     if not p.exists():
