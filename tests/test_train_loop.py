@@ -300,7 +300,7 @@ def test_a_lone_worker_that_dies_restarts_from_the_step_checkpoint(ray_cluster, 
 def test_dry_run_every_config(path, capsys):
     assert train_main([str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "valid" in out and "memory per" in out and "total" in out
+    assert "valid" in out and "memory per" in out and "rollout phase:" in out and "learner phase:" in out
 
 
 def test_shipped_configs_exist():
@@ -486,8 +486,13 @@ def test_dry_run_counts_the_kv_cache_the_engine_will_take(capsys):
         line = next(x for x in capsys.readouterr().out.splitlines() if "KV cache" in x)
         return line, float(re.findall(r"([\d.]+) GiB", line)[-1])
 
-    # without rollout.num_blocks the engine takes half of what is free when it starts: ~40 of 80 GiB
+    # without rollout.num_blocks the engine takes what max_batch sequences of the full context can fill (128 x
+    # 133 blocks of 16 tokens, the drafter's layer beside the target's 30) ...
+    per_token = 2 * 31 * 3 * 64 * 2
     line, gib = kv_gib()
-    assert "half the GPU's free memory" in line and 39 < gib < 40
+    assert "max_batch x full context" in line and gib == pytest.approx(128 * 133 * 16 * per_token / 2**30, abs=0.01)
+    # ... at most half of what is free when it starts: ~38 of 80 GiB
+    line, gib = kv_gib("rollout.max_batch=512", "model.max_context=8192")
+    assert "half the free GPU memory" in line and 37 < gib < 40
     line, gib = kv_gib("rollout.num_blocks=1024")  # 16k tokens of SmolLM2's 30 layers x 3 KV heads x 64
     assert "rollout.num_blocks" in line and gib == pytest.approx(1024 * 16 * 2 * 30 * 3 * 64 * 2 / 2**30, abs=0.01)

@@ -20,6 +20,8 @@ from tlt_rt.models.default import converted_dir, fetched_gguf
 from tlt_rt.models.gguf_shape import gguf_arch
 from tlt_rt.models.registry import MODELS, fetch_command
 from tlt_rt.train.cluster.placement import PlacementError, plan_layout
+from tlt_rt.train.memory import describe as describe_memory
+from tlt_rt.train.memory import forecast, param_count
 from tlt_rt.train.preflight import preflight
 from tlt_rt.train.rl.checkpoint import CheckpointError
 
@@ -48,8 +50,6 @@ KNOWN_SHAPES: dict[str, dict] = {
                                qkv_bias=True, tie_word_embeddings=False, max_position_embeddings=32768,
                                rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=151643, eos_token_ids=(151645,)),
 }  # fmt: skip
-GIB = 1024**3
-PROMPT_ALLOWANCE = 512  # prompt tokens assumed on top of max_new_tokens for per-sequence estimates
 
 
 def resolve_arch(cfg: TLTConfig) -> tuple[ArchConfig, str]:
@@ -90,15 +90,6 @@ def _header_arch(gguf: Path) -> ArchConfig:
         raise ConfigError("model.path", str(e)) from e
 
 
-def param_count(a: ArchConfig) -> tuple[int, int]:
-    """(target parameters, one-layer drafter parameters without the shared embedding / head)."""
-    h, q, kv = a.hidden_size, a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
-    attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if a.qkv_bias else 0) + (h if a.o_bias else 0)
-    layer = attn + 3 * h * a.intermediate_size + 2 * h
-    embed = a.vocab_size * h * (1 if a.tie_word_embeddings else 2)
-    return embed + a.num_hidden_layers * layer + h, layer + 2 * h * h + h
-
-
 def plan(cfg: TLTConfig) -> str:
     """The placement plan and per-GPU (or per-worker on CPU) memory estimate, as text."""
     arch, source = resolve_arch(cfg)
@@ -106,50 +97,12 @@ def plan(cfg: TLTConfig) -> str:
     gpu = c.gpus_per_worker > 0
     tp = c.tensor_parallel
     dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if gpu else "float32")
-    nbytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
-    params, draft_params = param_count(arch)
+    params, _ = param_count(arch)
     total_gpus = c.num_workers * c.gpus_per_worker
     engines = c.num_workers * max(1, c.gpus_per_worker // tp)
-    ctx = cfg.model.max_context
-    seq = min(ctx, r.max_new_tokens + PROMPT_ALLOWANCE)
-    kv_per_token = 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * nbytes
-    if r.num_blocks:
-        kv_tokens, kv_note = r.num_blocks * r.block_size, "rollout.num_blocks"
-    elif gpu:
-        # the engine takes half the GPU memory free when it starts (block_manager.auto_num_blocks): what is
-        # loaded by then is the model and the drafter; the learner's state and activations come later
-        before = params * nbytes / tp + draft_params * nbytes
-        kv_tokens = max(r.max_batch * seq, int((c.gpu_memory_gb * GIB - before) / 2 / (kv_per_token / tp)))
-        kv_note = "half the GPU's free memory at start; rollout.num_blocks bounds it"
-    else:  # the engine's CPU rule: at most 1024 blocks or 512 MiB
-        per_block = kv_per_token * r.block_size
-        kv_tokens, kv_note = max(64, min(1024, (512 << 20) // per_block)) * r.block_size, "engine's CPU default"
-    shard = tp if gpu else 1  # engine memory per GPU; on CPU a worker's TP processes share its RAM
     procs = c.num_workers * tp
     fsdp = cfg.rl.learner_shard == "fsdp"
-    separate = tp > 1 or fsdp  # the learner holds its own copy beside the engine's shard
-    learner_share = procs if fsdp else 1
-    mem = {"engine weights" + (f" (TP shard of {tp})" if tp > 1 else ""): params * nbytes / shard}
-    if fsdp:
-        mem[f"learner fp32 weights + gradients (FSDP shard of {procs})"] = params * 8 / learner_share
-    else:
-        if separate:
-            mem["learner weights (full replica)"] = params * nbytes
-        mem["gradients"] = params * nbytes
-        mem["fp32 master weights"] = params * 4 if nbytes != 4 else 0.0
-    mem["AdamW moments (fp32)" + (" (FSDP shard)" if fsdp else "")] = params * 8 / learner_share
-    mem[f"KV cache ({kv_tokens} tokens: {kv_note})"] = kv_tokens * kv_per_token / shard
-    mem["drafter + its AdamW"] = draft_params * (nbytes + 4 + 8 + (4 if nbytes != 4 else 0))
-    if tp > 1:  # the replicated drafter reads the full embedding and head
-        mem["drafter's full embedding + LM head"] = (
-            (1 if arch.tie_word_embeddings else 2) * arch.vocab_size * (arch.hidden_size * nbytes)
-        )
-    if cfg.rl.micro_batch_tokens:
-        rows, what = max(cfg.rl.micro_batch_tokens, seq), f"micro_batch_tokens {cfg.rl.micro_batch_tokens}"
-    else:
-        rows, what = cfg.rl.micro_batch * seq, f"micro_batch {cfg.rl.micro_batch} x {seq}"
-    mem[f"learner logits ({what} rows x vocab, fp32 x2)"] = 2 * rows * arch.vocab_size * 4
-    total = sum(mem.values())
+    phases = forecast(cfg, arch)
     unit = "GPU" if gpu else "worker (CPU RAM)"
     lines = [
         f"model      {cfg.model.path}  [{source}]",
@@ -170,16 +123,19 @@ def plan(cfg: TLTConfig) -> str:
         f"{', and own tail' if _tail_on(cfg) else ''})",
         f"memory per {unit} (estimate):",
     ]
-    width = max(len(k) for k in mem) + 2
-    lines += [f"  {k:<{width}} {v / GIB:9.2f} GiB" for k, v in mem.items()]
-    lines.append(f"  {'total':<{width}} {total / GIB:9.2f} GiB")
-    if gpu:
-        budget = c.gpu_memory_gb
-        verdict = "fits" if total / GIB <= budget else f"DOES NOT FIT (over by {total / GIB - budget:.1f} GiB)"
-        lines.append(f"  of {budget:.0f} GiB per GPU: {verdict}")
-        if total / GIB > budget and not fsdp:
-            lines.append("  note: the learner is replicated per process; rl.learner_shard=fsdp shards it")
+    text, error = describe_memory(phases, c.gpu_memory_gb if gpu else None)
+    lines += text
+    if error is not None:
+        raise DoesNotFit("cluster.gpu_memory_gb", error, "\n".join(lines))
     return "\n".join(lines)
+
+
+class DoesNotFit(ConfigError):
+    """The forecast of a phase exceeds the GPU; `plan` holds the whole plan, printed before the error."""
+
+    def __init__(self, key: str, msg: str, plan: str = "") -> None:
+        super().__init__(key, msg)
+        self.plan = plan
 
 
 def _tail_on(cfg: TLTConfig) -> bool:
@@ -203,7 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         dry_run = "--dry-run" in flags
         notes = preflight(cfg, dry_run)  # files, imports and a resumed run's checkpoint, before anything is made
         if dry_run:
-            text = plan(cfg)  # a layout that cannot be placed is a config error too
+            try:
+                text = plan(cfg)  # a layout that cannot be placed, or a phase that does not fit, is a config error
+            except DoesNotFit as e:
+                print(e.plan)
+                raise
             print(f"config {path or '(defaults)'}: valid")
             print("\n".join([text, *notes]))
             return 0
