@@ -67,7 +67,8 @@ def test_qwen_shape_greedy_graphed_speculation_equals_eager_plain():
 def test_qwen_shape_sampling_with_top_k_is_exact():
     """The first two sampled tokens under top-k 6 (36 pairs) against their exact joint distribution."""
     n, temperature, k = 3000, 1.0, 6
-    eng = _engine("on", eager=False, strategies=("3_3_8",), max_batch=512, scale=1.0)
+    # embeddings of std 0.05 (tied head): the top-6 sets hold 14-21% each, so all 36 pairs are seen often
+    eng = _engine("on", eager=False, strategies=("3_3_8",), max_batch=512, scale=0.05)
     prompt = [1, 2, 3]
     outs = eng.generate(
         [prompt], SamplingParams(n=n, temperature=temperature, top_k=k, max_new_tokens=2, stop_token_ids=[], seed=7)
@@ -134,4 +135,5 @@ def test_real_qwen_greedy_speculation_gives_plain_tokens():
         del eng, target, drafter
         torch.cuda.empty_cache()
     assert outs["on"] == outs["off"]
-    assert "answer" in tok.decode(outs["off"][0]).lower()
+    text = tok.decode(outs["off"][0])
+    assert "step" in text.lower() and any(c.isdigit() for c in text)  # a worked answer, not noise
