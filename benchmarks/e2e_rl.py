@@ -36,7 +36,14 @@ STARTUP_S = 100  # a GPU run's start-up before its first step (SmolLM2 on an H10
 
 
 def warm_drafter(
-    config: str, keys: list[str], out: Path, prompts: int, epochs: float, max_new_tokens: int, strategy: str
+    config: str,
+    keys: list[str],
+    out: Path,
+    prompts: int,
+    epochs: float,
+    max_new_tokens: int,
+    strategy: str,
+    curve: int = 0,
 ) -> Path:
     """The drafter warm-up (tlt_rt.train.drafter.warmup) on the config's task, in its own process: its engines
     hold half the GPU's memory each, and all of it goes back when that process ends."""
@@ -49,7 +56,7 @@ def warm_drafter(
     cmd = [sys.executable, "-m", "tlt_rt.train.drafter.warmup", "--config", str(cfg_file), "--out", str(out),
            "--prompts", str(prompts), "--held-out", "16", "--samples", "4", "--epochs", str(epochs),
            "--max-new-tokens", str(max_new_tokens), "--temperature", str(cfg.rollout.temperature),
-           "--eval-temperatures", "--strategy", strategy]  # fmt: skip
+           "--eval-temperatures", "--strategy", strategy, "--curve", str(curve)]  # fmt: skip
     if cfg.model.path:
         cmd += ["--target", str(cfg.model.path)]
     if cfg.drafter.draft_vocab:  # the run's reduced head from the start: its captured steps keep that size
@@ -135,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-epochs", type=float, default=10.0, help="drafter warm-up: passes over its data")
     ap.add_argument("--warmup-max-new-tokens", type=int, default=256, help="drafter warm-up: answer length cap")
     ap.add_argument("--strategy", default="8_4_32", help="drafter warm-up: the strategy its accept length uses")
+    ap.add_argument("--warmup-curve", type=int, default=0,
+                    help="drafter warm-up: points of its accept-vs-training-tokens curve (0 = none)")  # fmt: skip
     ap.add_argument(
         "--time-limit",
         type=float,
@@ -152,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     drafter = args.drafter
     if drafter is None and not args.fresh_drafter:
         drafter = str(warm_drafter(args.config, keys, out / "drafter", args.warmup_prompts, args.warmup_epochs,
-                                   args.warmup_max_new_tokens, args.strategy))  # fmt: skip
+                                   args.warmup_max_new_tokens, args.strategy, args.warmup_curve))  # fmt: skip
 
     def left() -> float:  # what the time limit leaves
         return max(60.0, args.time_limit - (time.time() - t0)) if args.time_limit else float("inf")

@@ -79,3 +79,20 @@ def test_greedy_answers_join_the_data_and_the_cosine_schedule_runs(tmp_path):
     assert mixed["greedy_answers"] and mixed["lr_schedule"] == "cosine" and not plain["greedy_answers"]
     assert math.isfinite(mixed["final_loss"])
     assert plain["batch_tokens"] == 64 and mixed["batch_tokens"] == 1024  # the CPU's default packed row
+
+
+def test_the_curve_measures_accept_against_its_ceiling_through_training(tmp_path):
+    rep = warmup(None, tmp_path / "c", num_prompts=2, held_out=2, samples=1, steps=6, max_new_tokens=10,
+                 strategy="3_2_4", batch_tokens=64, device="cpu", progress=False, eval_temperatures=(),
+                 curve_points=3)  # fmt: skip
+    curve = rep["curve"]
+    assert [c["steps"] for c in curve] == [2, 4, 6] and [c["train_tokens"] for c in curve] == [128, 256, 384]
+    # at T > 0 a drafted token can pass the rejection test outside the target's top-k, so on 2 short answers the
+    # drafter may land above the top-k ceiling: both are only bounded by the tree's depth + 1
+    assert all(1.0 <= c["accept"] <= 4.0 and 1.0 <= c["ceiling"] <= 4.0 for c in curve)
+    assert curve[-1]["accept"] == rep["accept_length_after"]  # the last point is the final measure
+    assert all(a["seconds"] < b["seconds"] for a, b in zip(curve, curve[1:], strict=False))
+    assert (tmp_path / "c" / "curve.png").stat().st_size > 0
+    assert warmup(None, tmp_path / "n", num_prompts=1, held_out=1, samples=1, steps=1, max_new_tokens=4,
+                  strategy="3_2_4", device="cpu", progress=False, eval_temperatures=())["curve"] == []  # fmt: skip
+    assert not (tmp_path / "n" / "curve.png").exists()

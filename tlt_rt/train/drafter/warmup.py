@@ -124,6 +124,7 @@ def warmup(
     task: ArithmeticTask | None = None,
     lr_schedule: str = "constant",
     greedy_answers: bool = True,
+    curve_points: int = 0,
 ) -> dict:
     """steps=None trains for `epochs` passes over the generated tokens: a one-layer drafter over-fits a small
     set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
@@ -138,7 +139,10 @@ def warmup(
     rises over the first LR_WARMUP_SHARE of the steps and falls to a tenth of `lr` at the last one.
     `batch_tokens` (default: CPU_BATCH_TOKENS on a CPU, GPU_BATCH_TOKENS on a GPU) is one packed training row.
     `greedy_answers` adds each training prompt's greedy answer to the data, beside the sampled ones: the
-    paths greedy decoding takes, which samples at T=1 visit rarely."""
+    paths greedy decoding takes, which samples at T=1 visit rarely. `curve_points` > 1 measures the held-out
+    accept length at `temperature` and its ceiling at that many evenly spaced points of training (the last
+    is the final measure) and plots them against the training tokens seen (`curve.png` beside the drafter):
+    how much warm-up a workload needs."""
     temps = list(dict.fromkeys([temperature, *eval_temperatures]))
     if any(t < 0 for t in temps):
         raise ValueError(f"warmup: temperatures must be >= 0, got {temps}")
@@ -196,15 +200,32 @@ def warmup(
     bar = tqdm(range(steps), desc="drafter warm-up", disable=not progress, file=sys.stderr)
     t1 = time.perf_counter()
     metrics: dict = {}
-    for _ in bar:
+    marks = {round(i * steps / curve_points) for i in range(1, curve_points)} if curve_points > 1 else set()
+    curve, spent = [], 0.0  # spent: seconds of the curve's own measures, left out of the training time
+    for i in bar:
         metrics = trainer.step()
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['top1']:.3f}")
-    train_s = time.perf_counter() - t1
+        if i + 1 in marks:
+            t_eval = time.perf_counter()
+            so_far = gen_s + t_eval - t1 - spent  # generation and training only, not the curve's measures
+            drafter.eval()
+            acc, answers = accept_and_answers(spec, eval_prompts, evals[temperature])
+            curve.append(dict(steps=i + 1, train_tokens=(i + 1) * batch_tokens, accept=acc,
+                              ceiling=ceiling(target, answers, temperature, strategy), seconds=so_far))  # fmt: skip
+            drafter.train()
+            spent += time.perf_counter() - t_eval
+    train_s = time.perf_counter() - t1 - spent
     drafter.eval()
     measured = {t: accept_and_answers(spec, eval_prompts, p) for t, p in evals.items()}
     after = {t: acc for t, (acc, _) in measured.items()}
     ceilings = {t: ceiling(target, answers, t, strategy) for t, (_, answers) in measured.items()}
+    if curve_points > 1:
+        acc, _ = measured[temperature]
+        curve.append(dict(steps=steps, train_tokens=steps * batch_tokens, accept=acc, ceiling=ceilings[temperature],
+                          seconds=gen_s + train_s))  # fmt: skip
     folder = export_eagle(drafter, out, format=export_format)
+    if curve:
+        plot_curve(curve, Path(folder) / "curve.png", f"{target_path or 'smollm2'}, {strategy}, T={temperature:g}")
     report = {
         "target": str(target_path or "smollm2"),
         "strategy": strategy,
@@ -232,9 +253,38 @@ def warmup(
         "accept_length": {f"{t:g}": {"before": before[t], "after": after[t], "ceiling": ceilings[t]} for t in temps},
         "drafter": str(folder),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "curve": curve,
     }
     (Path(folder) / "warmup.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def plot_curve(curve: list[dict], path: Path, title: str) -> Path:
+    """Accept length and its ceiling against the training tokens seen, with the ratio on a second axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [c["train_tokens"] / 1e6 for c in curve]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(x, [c["accept"] for c in curve], "o-", label="drafter")
+    ax.plot(x, [c["ceiling"] for c in curve], "s--", label="perfect drafter (ceiling)")
+    ax.set_xlabel("training tokens seen (millions)")
+    ax.set_ylabel("accept length (tokens a step)")
+    ax.set_ylim(bottom=1.0)
+    ratio = ax.twinx()
+    ratio.plot(x, [c["accept"] / c["ceiling"] for c in curve], ":", color="grey", label="drafter / ceiling")
+    ratio.set_ylabel("drafter / ceiling")
+    ratio.set_ylim(0, 1)
+    lines = ax.get_legend_handles_labels()
+    more = ratio.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right", fontsize=8)
+    ax.set_title(f"drafter warm-up: {title}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -272,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="tokens per training batch (default: 8192 on a GPU, 1024 on a CPU)",
     )
+    ap.add_argument("--curve", type=int, default=0, help="points of the accept-vs-training-tokens curve (0 = none)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--seed", type=int, default=0,
                     help="fixes the answers, the drafter's initial weights and the data order")  # fmt: skip
@@ -320,6 +371,7 @@ def main(argv: list[str] | None = None) -> None:
         task=task,
         lr_schedule=a.lr_schedule,
         greedy_answers=a.greedy_answers,
+        curve_points=a.curve,
     )
     print(
         f"{rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
@@ -330,6 +382,9 @@ def main(argv: list[str] | None = None) -> None:
             f"accept length with {rep['strategy']} at T={t}: {acc['before']:.2f} untrained -> {acc['after']:.2f} "
             f"(a perfect drafter: {acc['ceiling']:.2f}, {acc['after'] / acc['ceiling']:.0%} of it)"
         )
+    for c in rep["curve"]:
+        print(f"  after {c['train_tokens'] / 1e6:.2f}M training tokens ({c['seconds']:.0f}s): accept {c['accept']:.2f} "
+              f"of {c['ceiling']:.2f} ({c['accept'] / c['ceiling']:.0%})")  # fmt: skip
 
 
 if __name__ == "__main__":
