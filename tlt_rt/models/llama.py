@@ -11,6 +11,7 @@ Parameter names follow the HF layout so checkpoints load without renaming.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ from tlt_rt.models.attention import (
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor  # [B, T, V] (dense) or [N, V] (paged)
+    logits: torch.Tensor  # [B, T, V] (dense) or [N, V] (paged); what `head` returns when one is given
     hidden: torch.Tensor  # last decoder layer output before the final norm, [B, T, H] or [N, H]
 
 
@@ -426,18 +427,20 @@ class CausalLM(nn.Module):
                 x = layer(x, positions, self.rotary)
         return x
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> ModelOutput:
-        """Dense causal forward: input_ids [B, T] -> logits [B, T, V], hidden [B, T, H]."""
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, head: Callable | None = None
+    ) -> ModelOutput:
+        """Dense causal forward: input_ids [B, T] -> logits [B, T, V], hidden [B, T, H].
+
+        With `head`, logits are `head(normed_hidden [B, T, H], lm_head.weight [V, H])` instead of the full
+        projection: a learner takes the log-probs of its sampled tokens there, a chunk of rows at a time
+        (train/rl/logprobs.py). Inside forward, so a sharded (FSDP) head is whole while it is read."""
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
         x = self._layers(self.model.embed_tokens(input_ids), positions)
+        if head is not None:
+            return ModelOutput(logits=head(self.model.norm(x), self.lm_head.weight), hidden=x)
         return ModelOutput(logits=self.lm_head(self.model.norm(x)), hidden=x)
-
-    def normed_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Dense causal forward without the LM head: input_ids [B, T] -> final-normed hidden [B, T, H], the
-        rows a learner projects through `lm_head` only where it needs log-probs (train/rl/logprobs.py)."""
-        positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
-        return self.model.norm(self._layers(self.model.embed_tokens(input_ids), positions))
 
     def forward_paged(
         self,

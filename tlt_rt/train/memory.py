@@ -131,7 +131,7 @@ def forecast(cfg, arch: ArchConfig) -> PhaseForecast:
         per_token = activation_bytes_per_token(arch, nbytes)
     learner[f"activations ({what}: {rows} rows)"] = rows * per_token
     chunk = rl.logprob_chunk_tokens
-    if chunk and not fsdp:
+    if chunk:
         learner[f"log-prob chunk ({chunk} rows x vocab, fp32 x3) + fp32 head gradient"] = (
             3 * min(chunk, rows) * arch.vocab_size * 4 + arch.vocab_size * arch.hidden_size * 4
         )

@@ -140,8 +140,7 @@ class RLConfig:
         2048,
         help="The learner takes the log-probs of sampled tokens through the LM head this many response tokens at "
         "a time, so no [tokens x vocab] fp32 logits exist beyond one chunk (152k ids x 2,048 rows x 4 B = "
-        "1.2 GiB for Qwen2.5); only response positions are projected. 0 = the full dense logits (the old path, "
-        "always taken by an FSDP-sharded learner).",
+        "1.2 GiB for Qwen2.5); only response positions are projected. 0 = the full dense logits.",
     )
     activation_checkpointing: bool = option(
         False,

@@ -155,15 +155,16 @@ class Learner:
         """[B, T] log-probs of `targets` under the sampling filter; with `mask` and a chunk size, only the
         masked (response) positions are projected through the head, a chunk of rows at a time."""
         chunk = self.cfg.logprob_chunk_tokens
-        head = getattr(model, "lm_head", None)
-        if mask is not None and chunk > 0 and head is not None and not isinstance(head.weight, DTensor):
-            hidden = model.normed_hidden(ids)  # [B, T, H]
-            rows = mask.bool()
-            s = self.sampling
-            lp = chunked_token_logprobs(
-                hidden[rows], head.weight, targets[rows], s.temperature, s.top_k, s.top_p, chunk_tokens=chunk
-            )
-            return torch.zeros(rows.shape, dtype=lp.dtype, device=lp.device).masked_scatter(rows, lp)
+        if mask is not None and chunk > 0:
+            rows, s = mask.bool(), self.sampling
+
+            def head(hidden: Tensor, weight: Tensor) -> Tensor:  # [B, T, H], [V, H] -> [B, T]
+                lp = chunked_token_logprobs(
+                    hidden[rows], weight, targets[rows], s.temperature, s.top_k, s.top_p, chunk_tokens=chunk
+                )
+                return torch.zeros(rows.shape, dtype=lp.dtype, device=lp.device).masked_scatter(rows, lp)
+
+            return model(ids, head=head).logits
         logits = model(ids).logits  # [B, T, V]
         keep = None
         if self.sampling.filtering:
