@@ -2,8 +2,10 @@
 
     python benchmarks/vocab_ceiling.py [--prompts 128] [--samples 2] [--held-out 12] [--strategy 8_4_32]
         [--sizes 1024 2048 4096 8192 16384] [--temperature 1.0] [--out F.jsonl] [--tiny]
+        [--target qwen2.5-coder-0.5b-instruct --config configs/qwen2.5-0.5b-math-gpu.yaml]
 
-SmolLM2 answers the RL workload (two-step two-digit word problems) at --temperature. The training prompts'
+SmolLM2 (or --target) answers the RL workload (two-step two-digit word problems, or --config's task) at
+--temperature. The training prompts'
 sequences (prompt and answer: the rollouts the trainer's buffer holds) give each id a count, and each size a
 draft vocabulary (`DraftVocab`: the most frequent ids, EOS always kept), built as the trainer builds it.
 Held-out answers, at --temperature and greedy, then give per size:
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="append one JSON line per (temperature, size)")
     ap.add_argument("--tiny", action="store_true", help="a quick CPU check of the whole path")
+    ap.add_argument("--target", default=None, help="model path or registered name (default: SmolLM2)")
+    ap.add_argument("--config", default=None, help="an RL config whose arithmetic task makes the prompts")
     a = ap.parse_args(argv)
     if a.tiny:
         a.prompts, a.samples, a.held_out, a.max_new_tokens, a.sizes, a.gen_batch = 4, 1, 2, 12, [256], 8
@@ -67,9 +71,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     warnings.simplefilter("ignore")
     cuda = torch.cuda.is_available() and not a.tiny
     device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
-    prompts = rl_prompts(a.prompts + a.held_out, a.seed)
+    if a.config or a.target:
+        from tlt_rt.config import TLTConfig, load_config
+        from tlt_rt.models.default import load_tokenizer
+        from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
+
+        task = ArithmeticTask.from_config(load_config(TLTConfig, a.config).task) if a.config else None
+        task = task or ArithmeticTask(digits=2, num_ops=2, word_problems=True, seed=a.seed)
+        tok = load_tokenizer(a.target)
+        prompts = [format_prompt(p, tok) for p in task.sample(a.prompts + a.held_out)]
+    else:
+        prompts = rl_prompts(a.prompts + a.held_out, a.seed)
     train, evals = prompts[: a.prompts], prompts[a.prompts :]
-    engine = Engine.from_pretrained(None, speculative="off", dtype=dtype, device=device, max_batch=a.gen_batch)
+    engine = Engine.from_pretrained(a.target, speculative="off", dtype=dtype, device=device, max_batch=a.gen_batch)
     target, v = engine.target, engine.target.arch.vocab_size
     t0 = time.perf_counter()
     params = SamplingParams(n=a.samples, temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=a.seed)
