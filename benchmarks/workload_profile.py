@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
 
     target = load_target(cfg.model.path, dtype=cfg.model.dtype if device.type == "cuda" else "float32",
                          device=device)  # fmt: skip
-    engine = Engine(target, speculative="off", max_batch=cfg.rollout.max_batch, max_context=cfg.model.max_context)
+    # the config's engine (its KV cache size among the rest) without speculation; on a CPU the automatic cache is
+    # capped at 512 MiB, so long answers of many samples need rollout.num_blocks or they preempt each other
+    engine = Engine(target, config=cfg.rollout.engine(), speculative="off", max_context=cfg.model.max_context)
+    print(f"# KV cache: {engine.blocks.num_blocks} blocks of {engine.block_size} tokens")
     print(f"# workload_profile: {cfg.model.path} on {device}, T={cfg.rollout.temperature}, {args.prompts} prompts x "
           f"{cfg.rl.group_size}, max_new_tokens {cfg.rollout.max_new_tokens}")  # fmt: skip
     print("| variant | answers | accuracy | p50 | p90 | p99 | max | p99 / p50 | cut | tokens | s |")
