@@ -69,3 +69,41 @@ def test_activations_scale_with_layers_and_dtype(dtype_bytes):
     a = SHAPE
     one = activation_bytes_per_token(ArchConfig(**{**KNOWN_SHAPES["qwen2.5-7b"], "num_hidden_layers": 1}), dtype_bytes)
     assert activation_bytes_per_token(a, dtype_bytes) == a.num_hidden_layers * one
+
+
+def _saved_bytes_per_token(checkpoint: bool, tokens: tuple[int, int] = (4, 64)) -> tuple[float, ArchConfig]:
+    """Bytes the learner's bf16 forward saves for its backward per token, parameters left out."""
+    import torch
+
+    from tlt_rt.models.llama import CausalLM
+
+    a = ArchConfig(model_type="qwen2", vocab_size=1000, hidden_size=256, intermediate_size=704, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=64, qkv_bias=True,
+                   max_position_embeddings=512)  # fmt: skip
+    model = CausalLM(a).to(torch.bfloat16).train()
+    model.checkpoint_layers = checkpoint
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    b, t = tokens
+    ids = torch.randint(0, a.vocab_size, (b, t))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        model(ids, head=lambda h, w: h.sum(-1))
+    return sum(saved.values()) / (b * t), a
+
+
+def test_the_activation_forecast_matches_what_the_forward_saves():
+    """The forecast's largest learner term, against the tensors autograd actually keeps (CPU, bf16). The CPU's
+    attention also keeps its [T, T] probabilities (1 KiB a token here), which GPU flash attention does not."""
+    kept, a = _saved_bytes_per_token(checkpoint=False)
+    assert 0.85 < kept / activation_bytes_per_token(a, 2) < 1.2
+    # checkpointed: each layer's input, the final norm's input in bf16 and fp32, the ids and positions; the
+    # recompute's one layer is forecast apart
+    kept, a = _saved_bytes_per_token(checkpoint=True)
+    layer_inputs = a.num_hidden_layers * a.hidden_size * 2
+    assert layer_inputs < kept <= layer_inputs + 4 * a.hidden_size * 2  # (2,574 here: 1,024 + 1,536 + 14)
