@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tlt_rt.codegen.kernels.sampling import filter_thresholds
 from tlt_rt.train.rl.grpo import token_logprobs
-from tlt_rt.train.rl.logprobs import chunked_token_logprobs
+from tlt_rt.train.rl.logprobs import chunked_token_logprobs, kept_ids
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -45,16 +44,7 @@ def make_case(n: int, h: int, v: int, dtype: torch.dtype, device: str, seed: int
 def dense(hidden, weight, targets, temperature, top_k, top_p):
     """The learner's path: [N, V] logits, the sampler's kept set from them, token_logprobs."""
     logits = hidden @ weight.T
-    keep = None
-    if temperature > 0 and (top_k > 0 or top_p < 1):
-        dev = logits.device
-        thr = filter_thresholds(
-            logits.detach()[None],
-            torch.full((1,), temperature, device=dev),
-            torch.full((1,), top_k, dtype=torch.int32, device=dev),
-            torch.full((1,), top_p, device=dev),
-        )[0]
-        keep = logits.detach().float() >= thr[:, None]
+    keep = kept_ids(logits, temperature, top_k, top_p)
     return token_logprobs(logits, targets, temperature, keep)
 
 

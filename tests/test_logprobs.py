@@ -13,26 +13,11 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tlt_rt.codegen.kernels.sampling import filter_thresholds
 from tlt_rt.train.rl.grpo import token_logprobs
-from tlt_rt.train.rl.logprobs import chunked_token_logprobs
+from tlt_rt.train.rl.logprobs import chunked_token_logprobs, kept_ids
 
 FILTERS = [(-1, 1.0), (20, 1.0), (-1, 0.9), (50, 0.8)]  # (top_k, top_p); the first is no filter
 TEMPERATURES = [1.0, 0.7, 0.0]
-
-
-def _keep(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor | None:
-    """[N, V] bool kept set as Learner._logprobs builds it (None when the sampler does not filter)."""
-    if not (temperature > 0 and (top_k > 0 or top_p < 1)):
-        return None
-    dev = logits.device
-    thr = filter_thresholds(
-        logits.detach()[None],
-        torch.full((1,), temperature, device=dev),
-        torch.full((1,), top_k, dtype=torch.int32, device=dev),
-        torch.full((1,), top_p, device=dev),
-    )[0]
-    return logits.detach().float() >= thr[:, None]
 
 
 def _dense(hidden, weight, targets, temperature, keep):
@@ -64,7 +49,7 @@ def _inputs(c: dict, dtype: torch.dtype, device: str = "cpu"):
     hidden = torch.randn(c["n"], c["h"], generator=gen).to(device, dtype).requires_grad_()
     weight = (torch.randn(c["v"], c["h"], generator=gen) * 2 / c["h"] ** 0.5).to(device, dtype).requires_grad_()
     top_k, top_p = c["filt"]
-    keep = _keep(hidden @ weight.T, c["temperature"], top_k, top_p)
+    keep = kept_ids(hidden @ weight.T, c["temperature"], top_k, top_p)
     if keep is None:
         targets = torch.randint(0, c["v"], (c["n"],), generator=gen)
     else:  # the sampler only emits kept tokens
@@ -146,7 +131,7 @@ def test_tied_weight_gradients_accumulate(temperature, filt):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
     hid = hidden()
-    keep = _keep(hid @ emb.T, temperature, top_k, top_p)
+    keep = kept_ids(hid @ emb.T, temperature, top_k, top_p)
     targets = torch.randint(0, v, (n,)) if keep is None else torch.multinomial(keep.float(), 1).squeeze(1)
     ref = _dense(hid, emb, targets, temperature, keep)
     want = torch.autograd.grad(ref, (emb, mix), g)
@@ -182,7 +167,7 @@ def test_chunks_without_gradient_are_skipped_exactly():
     g[:20] = 0.0  # chunks 0 and 1 carry no gradient, chunk 2 only half of its rows
     out = chunked_token_logprobs(hidden, weight, targets, 0.7, top_k=10, chunk_tokens=chunk)
     logits = hidden @ weight.T
-    ref = token_logprobs(logits, targets, 0.7, _keep(logits, 0.7, 10, 1.0))
+    ref = token_logprobs(logits, targets, 0.7, kept_ids(logits, 0.7, 10, 1.0))
     gh, gw = _grads(out, hidden, weight, g)
     assert torch.equal(gh[:20], torch.zeros(20, h))
     for a, b in zip((gh, gw), _grads(ref, hidden, weight, g), strict=True):
@@ -210,7 +195,7 @@ def test_target_outside_kept_set_is_minus_inf_with_dense_gradient():
     hidden = torch.randn(n, h, requires_grad=True)
     weight = torch.randn(v, h, requires_grad=True)
     logits = hidden @ weight.T
-    keep = _keep(logits, 1.0, 5, 1.0)
+    keep = kept_ids(logits, 1.0, 5, 1.0)
     targets = (~keep).float().argmax(-1)  # a filtered-out token in every row
     out = chunked_token_logprobs(hidden, weight, targets, 1.0, top_k=5, chunk_tokens=4)
     assert torch.isneginf(out).all()
@@ -241,7 +226,8 @@ def test_nothing_of_tokens_by_vocab_is_saved_for_backward(filt):
         return shapes
 
     # the hook sees the dense path's [N, V] logits, so its silence below means something
-    dense = saved_shapes(lambda: token_logprobs(hidden @ weight.T, targets, 0.7, _keep(hidden @ weight.T, 0.7, *filt)))
+    logits = hidden @ weight.T
+    dense = saved_shapes(lambda: token_logprobs(hidden @ weight.T, targets, 0.7, kept_ids(logits, 0.7, *filt)))
     assert (n, v) in dense
     chunked = saved_shapes(lambda: chunked_token_logprobs(hidden, weight, targets, 0.7, top_k, top_p, chunk))
     assert chunked, "the hook saw nothing: save_for_backward did not go through it"

@@ -24,11 +24,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from tlt_rt.codegen.kernels.sampling import filter_thresholds
 from tlt_rt.config import RLConfig
 from tlt_rt.train.rl.flops import update_flops
 from tlt_rt.train.rl.grpo import policy_loss, token_logprobs
-from tlt_rt.train.rl.logprobs import chunked_token_logprobs
+from tlt_rt.train.rl.logprobs import chunked_token_logprobs, kept_ids
 
 
 @dataclass
@@ -166,17 +165,8 @@ class Learner:
 
             return model(ids, head=head).logits
         logits = model(ids).logits  # [B, T, V]
-        keep = None
-        if self.sampling.filtering:
-            b = logits.shape[0]
-            s = self.sampling
-            thr = filter_thresholds(
-                logits.detach(),
-                torch.full((b,), s.temperature, device=logits.device),
-                torch.full((b,), s.top_k, dtype=torch.int32, device=logits.device),
-                torch.full((b,), s.top_p, device=logits.device),
-            )
-            keep = logits.detach().float() >= thr[..., None]
+        s = self.sampling
+        keep = kept_ids(logits, s.temperature, s.top_k, s.top_p)
         return token_logprobs(logits, targets, self.sampling.temperature, keep)
 
     @torch.no_grad()

@@ -28,7 +28,7 @@ from torch.autograd.function import once_differentiable
 
 from tlt_rt.codegen.kernels.sampling import filter_thresholds
 
-__all__ = ["chunked_token_logprobs"]
+__all__ = ["chunked_token_logprobs", "kept_ids"]
 
 
 def _filtering(temperature: float, top_k: int, top_p: float) -> bool:
@@ -45,6 +45,15 @@ def _thresholds(x: Tensor, temperature: float, top_k: int, top_p: float) -> Tens
         torch.full((1,), top_k, dtype=torch.int32, device=dev),
         torch.full((1,), top_p, device=dev),
     )[0]
+
+
+def kept_ids(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor | None:
+    """logits [..., V] -> [..., V] bool, the ids the sampler keeps under top-k / top-p (its thresholds, row by
+    row); None when it does not filter. The dense path's mask: `token_logprobs(logits, y, tau, kept_ids(...))`."""
+    if not _filtering(temperature, top_k, top_p):
+        return None
+    flat = logits.detach().reshape(-1, logits.shape[-1])
+    return (flat.float() >= _thresholds(flat, temperature, top_k, top_p)[:, None]).view(logits.shape)
 
 
 def _scaled_logits(x: Tensor, temperature: float, thr: Tensor | None) -> Tensor:
