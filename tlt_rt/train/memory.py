@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tlt_rt.ir.strategy import Strategy
 from tlt_rt.models.arch import ArchConfig
 
 GIB = 1024**3
@@ -106,7 +107,7 @@ def forecast(cfg, arch: ArchConfig) -> PhaseForecast:
         kv_tokens, kv_note = max(64, min(1024, (512 << 20) // per_block)) * r.block_size, "engine's CPU default"
     engine = {f"KV cache ({kv_tokens} tokens: {kv_note})": kv_tokens * (kv_per_token + draft_kv_per_token) / shard}
     if gpu and not r.enforce_eager:
-        rows = r.max_batch * (max(int(s.split("_")[-1]) for s in r.strategies) if speculative else 1)
+        rows = r.max_batch * (max(Strategy.parse(s).verify_tokens for s in r.strategies) if speculative else 1)
         engine["captured steps' pool (largest step's logits)"] = rows * arch.vocab_size * (nbytes + 4)
 
     # ---- rollout phase: the prefill chunk's activations (no backward: a few live tensors of the chunk)
