@@ -292,6 +292,17 @@ class BlockManager:
             self._free.append(block)
 
 
+def blocks_per_sequence(max_context: int, scratch: int, block_size: int) -> int:
+    """Width of one sequence's block table: its whole context plus the positions a step writes past its length
+    (`scratch`), in blocks, and one more."""
+    return -(-(max_context + scratch) // block_size) + 1
+
+
+def cpu_num_blocks(per_block: int) -> int:
+    """The automatic KV cache on a CPU: up to 1024 blocks or 512 MiB, at least 64 blocks."""
+    return max(64, min(1024, (512 << 20) // per_block))
+
+
 def auto_num_blocks(target: CausalLM, block_size: int, most: int | None = None) -> int:
     """KV blocks to allocate when none are configured: half the free GPU memory, or up to 512 MiB on CPU, and
     never more than `most` (what the engine can fill: max_batch sequences of its full context), so a small
@@ -304,5 +315,5 @@ def auto_num_blocks(target: CausalLM, block_size: int, most: int | None = None) 
         free, _ = torch.cuda.mem_get_info(device)
         n = max(64, int(free * 0.5) // per_block)
     else:
-        n = max(64, min(1024, (512 << 20) // per_block))
+        n = cpu_num_blocks(per_block)
     return n if most is None else max(64, min(n, most))

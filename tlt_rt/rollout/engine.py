@@ -24,7 +24,7 @@ from tlt_rt.codegen.backend import select_backend
 from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import prepare
-from tlt_rt.rollout.block_manager import BlockManager, auto_num_blocks
+from tlt_rt.rollout.block_manager import BlockManager, auto_num_blocks, blocks_per_sequence
 from tlt_rt.rollout.catchup import rows_once
 from tlt_rt.rollout.config import EngineConfig, engine_config
 from tlt_rt.rollout.model_runner import ModelRunner, engine_drafter, on_stream
@@ -73,7 +73,7 @@ class Engine:
         self.buckets = batch_buckets(max_batch)
         self.enforce_eager = enforce_eager
         self.speculative = speculative
-        self.max_blocks_per_seq = -(-(self.max_context + self._max_scratch_for(speculative)) // block_size) + 1
+        self.max_blocks_per_seq = blocks_per_sequence(self.max_context, self._max_scratch_for(speculative), block_size)
         if num_blocks <= 0:
             num_blocks = auto_num_blocks(target, block_size, most=max_batch * self.max_blocks_per_seq)
         self.blocks = BlockManager(num_blocks, block_size)

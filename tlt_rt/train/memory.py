@@ -93,8 +93,11 @@ def forecast(cfg, arch: ArchConfig) -> PhaseForecast:
 
     # ---- the engine's KV cache (engine.py: what max_batch sequences of the full context need, at most half the
     # GPU's free memory at start) and its captured steps' pool (the largest verify's logits dominate)
-    blocks_per_seq = -(-(cfg.model.max_context + SCRATCH_ALLOWANCE) // r.block_size) + 1
-    need_tokens = r.max_batch * blocks_per_seq * r.block_size
+    # local: importing tlt_rt.rollout loads the engine, which `--help` and config errors never need
+    from tlt_rt.rollout.block_manager import blocks_per_sequence, cpu_num_blocks
+
+    per_seq = blocks_per_sequence(cfg.model.max_context, SCRATCH_ALLOWANCE, r.block_size)
+    need_tokens = r.max_batch * per_seq * r.block_size
     if r.num_blocks:
         kv_tokens, kv_note = r.num_blocks * r.block_size, "rollout.num_blocks"
     elif gpu:
@@ -102,9 +105,8 @@ def forecast(cfg, arch: ArchConfig) -> PhaseForecast:
         half = int(free / 2 / ((kv_per_token + draft_kv_per_token) / shard))
         kv_tokens = min(half, need_tokens)
         kv_note = "max_batch x full context" if kv_tokens == need_tokens else "half the free GPU memory"
-    else:  # the engine's CPU rule: at most 1024 blocks or 512 MiB
-        per_block = kv_per_token * r.block_size
-        kv_tokens, kv_note = max(64, min(1024, (512 << 20) // per_block)) * r.block_size, "engine's CPU default"
+    else:
+        kv_tokens, kv_note = cpu_num_blocks(kv_per_token * r.block_size) * r.block_size, "engine's CPU default"
     engine = {f"KV cache ({kv_tokens} tokens: {kv_note})": kv_tokens * (kv_per_token + draft_kv_per_token) / shard}
     if gpu and not r.enforce_eager:
         rows = r.max_batch * (max(Strategy.parse(s).verify_tokens for s in r.strategies) if speculative else 1)
