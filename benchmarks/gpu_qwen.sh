@@ -18,17 +18,19 @@ out=${1:?OUT}; config=${2:?CONFIG}; budget=${3:?E2E_SECONDS}; shift 3
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
-timeout 240 python benchmarks/learner_step.py --config "$config" --shape "${SHAPE:-qwen2.5-coder-1.5b}" \
-    --variants "" "rl.activation_checkpointing=false rl.micro_batch_tokens=8192" --out "$out/learner_step.jsonl" \
-    > "$out/learner_step.log" 2>&1
-echo "learner_step ($(( $(date +%s) - t0 )) s):"; tail -5 "$out/learner_step.log"
+if [ "${LEARNER_STEP:-1}" = 1 ]; then  # LEARNER_STEP=0: measured in an earlier call of this session
+  timeout 240 python benchmarks/learner_step.py --config "$config" --shape "${SHAPE:-qwen2.5-coder-1.5b}" \
+      --variants "" "rl.activation_checkpointing=false rl.micro_batch_tokens=8192" --out "$out/learner_step.jsonl" \
+      > "$out/learner_step.log" 2>&1
+  echo "learner_step ($(( $(date +%s) - t0 )) s):"; tail -5 "$out/learner_step.log"
+fi
 [ -n "${TLT_QWEN_GGUF:-}" ] && python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" \
     "$TLT_QWEN_GGUF" > "$out/convert.log" 2>&1  # once, outside the tests' time limit
 echo "converted ($(( $(date +%s) - t0 )) s): $(tail -1 "$out/convert.log")"
 timeout 330 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1
 echo "gpu tests ($(( $(date +%s) - t0 )) s): $(tail -1 "$out/gpu_tests.log")"
 grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -8
-setsid nohup python benchmarks/e2e_rl.py --config "$config" --steps 30 --time-limit "$budget" --out "$out/e2e" \
+setsid nohup python benchmarks/e2e_rl.py --config "$config" --steps "${E2E_STEPS:-30}" --time-limit "$budget" --out "$out/e2e" \
     --warmup-prompts "${WARMUP_PROMPTS:-64}" --warmup-max-new-tokens 512 --warmup-epochs 4 --warmup-curve 3 \
     -- "$@" > "$out/e2e.log" 2>&1 < /dev/null &
 echo "e2e started (pid $!), budget ${budget}s"

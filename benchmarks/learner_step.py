@@ -94,6 +94,25 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+KINDS = (  # kernel name fragments -> what the time went to (first match wins)
+    ("attention", ("flash", "fmha", "attention")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_", "sm80_")),
+    ("triton (fused glue)", ("triton",)),
+    ("copies", ("copy", "memcpy", "memset", "fill", "cat")),
+)
+
+
+def kernel_kinds(table: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Kernel microseconds summed by kind (KINDS; the rest 'other'), largest first."""
+    out: dict[str, float] = {}
+    for name, us, _ in table:
+        low = name.lower()
+        kind = next((k for k, frags in KINDS if any(f in low for f in frags)), "other")
+        out[kind] = out.get(kind, 0.0) + us
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     keys = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -154,7 +173,14 @@ def main(argv: list[str] | None = None) -> int:
             if prof is not None:
                 torch.cuda.synchronize(device)
                 prof.__exit__(None, None, None)
-                for name, us, n in kernel_table(prof, 1)[:15]:
+                table = kernel_table(prof, 1)
+                busy = sum(us for _, us, _ in table) / 1e6
+                print(
+                    f"# {variant or '(config)'}: {busy:.3f} s of kernels in a {out.seconds:.3f} s update "
+                    f"({busy / out.seconds:.0%} busy); by kind: "
+                    + ", ".join(f"{k} {v / 1e6:.3f} s" for k, v in kernel_kinds(table).items())
+                )
+                for name, us, n in table[:15]:
                     print(f"#   {us / 1e3:8.2f} ms  {n:6.0f} launches  {name[:90]}")
             if i > 0 or args.rounds == 1:
                 times.append(out.seconds)

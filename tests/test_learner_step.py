@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from learner_step import main  # noqa: E402
+from learner_step import kernel_kinds, main  # noqa: E402
 
 
 def test_learner_step_reports_each_variant(tmp_path, capsys):
@@ -27,3 +27,19 @@ def test_learner_step_reports_each_variant(tmp_path, capsys):
     assert rows[0]["forecast_learner_gib"] < rows[1]["forecast_learner_gib"]
     text = capsys.readouterr().out
     assert "| (config) | learner |" in text and "| (config) | rollout |" in text
+
+
+def test_kernel_kinds_sums_time_by_kind():
+    table = [
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", 500.0, 10),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", 300.0, 4),
+        ("flash_fwd_kernel", 120.0, 28),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", 80.0, 2),
+        ("triton_red_fused_add_rms_norm_0", 60.0, 56),
+        ("Memcpy DtoD (Device -> Device)", 10.0, 3),
+        ("void at::native::vectorized_elementwise_kernel<4, exp>", 5.0, 1),
+    ]
+    kinds = kernel_kinds(table)
+    assert kinds == {"matmul": 800.0, "attention": 120.0, "optimizer": 80.0, "triton (fused glue)": 60.0,
+                     "copies": 10.0, "other": 5.0}  # fmt: skip
+    assert list(kinds) == ["matmul", "attention", "optimizer", "triton (fused glue)", "copies", "other"]

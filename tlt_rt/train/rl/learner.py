@@ -144,8 +144,12 @@ class Learner:
         self.master: list[nn.Parameter] | None = None
         if self.params[0].dtype != torch.float32:
             self.master = [nn.Parameter(p.detach().float().clone()) for p in self.params]
+        stepped = self.master or self.params
+        # one fused kernel per group of tensors on a GPU (the foreach path launches several per tensor list);
+        # sharded (DTensor) parameters keep the default path
+        fused = self.device.type == "cuda" and not any(isinstance(p, DTensor) for p in stepped)
         self.optimizer = torch.optim.AdamW(
-            self.master or self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999)
+            stepped, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999), fused=fused or None
         )
         self.version = 0  # optimizer steps taken; identical on every worker after each step
 
