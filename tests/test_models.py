@@ -322,3 +322,18 @@ def test_mlp_forward_add_is_the_residual_plus_the_mlp(fused, mlp_bias):
     torch.testing.assert_close(got, want)
     got.sum().backward()
     assert mlp.down_proj.weight.grad is not None
+
+
+def test_casting_a_model_keeps_its_rotary_frequencies_fp32():
+    """model.to(bfloat16) casts every buffer; the rotary frequencies come back fp32 and exact (the fused
+    rotary + cache-write kernel takes only fp32 ones, and bf16 would round them)."""
+    from tlt_rt.models.arch import ArchConfig, rope_inv_freq
+    from tlt_rt.models.llama import CausalLM
+
+    arch = ArchConfig(model_type="qwen2", vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, qkv_bias=True)  # fmt: skip
+    model = CausalLM(arch).to(torch.bfloat16)
+    assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+    assert model.rotary.inv_freq.dtype == torch.float32
+    assert torch.equal(model.rotary.inv_freq, rope_inv_freq(arch))
+    assert not torch.equal(rope_inv_freq(arch).bfloat16().float(), rope_inv_freq(arch))  # what a cast loses

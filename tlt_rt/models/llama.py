@@ -252,8 +252,16 @@ class RMSNorm(nn.Module):
 class Rotary(nn.Module):
     def __init__(self, arch: ArchConfig):
         super().__init__()
+        self.arch = arch
         self.register_buffer("inv_freq", rope_inv_freq(arch), persistent=False)
         self.glue: Glue = Glue()
+
+    def _apply(self, fn, recurse=True):
+        # model.to(bfloat16) casts buffers too: the frequencies stay fp32, recomputed rather than rounded back
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32:
+            self.inv_freq = rope_inv_freq(self.arch).to(self.inv_freq.device)
+        return self
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
         return self.glue.rotate_pair(q, k, positions, self.inv_freq)
