@@ -44,6 +44,7 @@ def warm_drafter(
     max_new_tokens: int,
     strategy: str,
     curve: int = 0,
+    lr_schedule: str = "cosine",
 ) -> Path:
     """The drafter warm-up (tlt_rt.train.drafter.warmup) on the config's task, in its own process: its engines
     hold half the GPU's memory each, and all of it goes back when that process ends."""
@@ -56,7 +57,8 @@ def warm_drafter(
     cmd = [sys.executable, "-m", "tlt_rt.train.drafter.warmup", "--config", str(cfg_file), "--out", str(out),
            "--prompts", str(prompts), "--held-out", "16", "--samples", "4", "--epochs", str(epochs),
            "--max-new-tokens", str(max_new_tokens), "--temperature", str(cfg.rollout.temperature),
-           "--eval-temperatures", "--strategy", strategy, "--curve", str(curve)]  # fmt: skip
+           "--eval-temperatures", "--strategy", strategy, "--curve", str(curve),
+           "--lr-schedule", lr_schedule]  # fmt: skip
     if cfg.model.path:
         cmd += ["--target", str(cfg.model.path)]
     if cfg.drafter.draft_vocab:  # the run's reduced head from the start: its captured steps keep that size
@@ -144,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategy", default="8_4_32", help="drafter warm-up: the strategy its accept length uses")
     ap.add_argument("--warmup-curve", type=int, default=0,
                     help="drafter warm-up: points of its accept-vs-training-tokens curve (0 = none)")  # fmt: skip
+    ap.add_argument("--warmup-lr-schedule", choices=("constant", "cosine"), default="cosine",
+                    help="drafter warm-up: a linear rise over its first steps, then a cosine fall")  # fmt: skip
+    ap.add_argument("--checkpoints", action="store_true",
+                    help="let the runs write their checkpoints (default: none, rl.checkpoint_every=0: the timing "
+                    "would include writing them, and a 1.5B policy's are ~25 GB each)")  # fmt: skip
     ap.add_argument(
         "--time-limit",
         type=float,
@@ -161,12 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     drafter = args.drafter
     if drafter is None and not args.fresh_drafter:
         drafter = str(warm_drafter(args.config, keys, out / "drafter", args.warmup_prompts, args.warmup_epochs,
-                                   args.warmup_max_new_tokens, args.strategy, args.warmup_curve))  # fmt: skip
+                                   args.warmup_max_new_tokens, args.strategy, args.warmup_curve,
+                                   args.warmup_lr_schedule))  # fmt: skip
 
     def left() -> float:  # what the time limit leaves
         return max(60.0, args.time_limit - (time.time() - t0)) if args.time_limit else float("inf")
 
     shared = [*keys, f"drafter.path={drafter}"] if drafter else list(keys)
+    if not args.checkpoints and not any(k.startswith("rl.checkpoint_every=") for k in keys):
+        shared.insert(0, "rl.checkpoint_every=0")
     runs = [out / "runs" / "rl-off", out / "runs" / "rl-auto"]
     # the off run gets 45% of what is left; the auto run (the longer start-up: drafter graphs) stops at the
     # steps the off run reached, so the time goes to the steps both have

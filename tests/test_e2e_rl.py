@@ -37,6 +37,7 @@ def test_e2e_runs_off_and_auto_and_writes_the_page(tiny, tmp_path, capsys):  # n
         assert [r["step"] for r in records] == [0, 1, 2]
         assert "heldout_accuracy" in records[0] and "heldout_accuracy_end" in records[-1]
         assert script.steps_done(tmp_path / "runs" / name) == 3  # what the auto run's step count follows
+        assert not (tmp_path / "runs" / name / "checkpoints").exists()  # a benchmark writes none by default
     page = (tmp_path / "compare.md").read_text()
     assert "| rl-auto | 3 |" in page and "Learning, rl-auto against rl-off" in page
     assert (tmp_path / "compare.png").stat().st_size > 1000

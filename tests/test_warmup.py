@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from tlt_rt.models.eagle_export import load_eagle
-from tlt_rt.train.drafter.warmup import warmup
+from tlt_rt.train.drafter.warmup import BASE_LR, default_lr, warmup
 
 
 def test_warmup_trains_measures_and_exports(tmp_path):
@@ -37,6 +37,7 @@ def test_warmup_trains_measures_and_exports(tmp_path):
     # the perfect drafter of the same tree on the same held-out answers bounds the trained one's accept length
     assert all(acc["after"] <= acc["ceiling"] + 1e-9 for acc in rep["accept_length"].values())
     assert math.isfinite(rep["final_loss"])
+    assert rep["lr"] == default_lr(576) == BASE_LR  # no lr given: SmolLM2's width keeps the tuned rate
     saved = json.loads((tmp_path / "drafter" / "warmup.json").read_text())
     assert saved["drafter"] == rep["drafter"]
     from tlt_rt.models import load_target
@@ -96,3 +97,10 @@ def test_the_curve_measures_accept_against_its_ceiling_through_training(tmp_path
     assert warmup(None, tmp_path / "n", num_prompts=1, held_out=1, samples=1, steps=1, max_new_tokens=4,
                   strategy="3_2_4", device="cpu", progress=False, eval_temperatures=())["curve"] == []  # fmt: skip
     assert not (tmp_path / "n" / "curve.png").exists()
+
+
+def test_default_lr_falls_as_one_over_width_above_smollm2s():
+    assert default_lr(256) == default_lr(576) == BASE_LR
+    assert math.isclose(default_lr(1152), BASE_LR / 2)
+    assert math.isclose(default_lr(1536), BASE_LR * 576 / 1536)  # Qwen2.5-1.5B: 3.4e-4
+    assert default_lr(3584) < default_lr(1536) < default_lr(896)  # 7B < 1.5B < 0.5B

@@ -151,7 +151,8 @@ class Trainer:
             record = self.step(step)
             self.history.append(record)
             out_of_time = self.stopping
-            if (step + 1) % self.cfg.rl.checkpoint_every == 0 or step + 1 == self.cfg.rl.steps or out_of_time:
+            every = self.cfg.rl.checkpoint_every
+            if every and ((step + 1) % every == 0 or step + 1 == self.cfg.rl.steps or out_of_time):
                 self.checkpoint = self.save_checkpoint(step + 1)
             self.progress.step_done()
             tqdm.write(f"{self.progress.prefix(step)} {summary_line(record)}")

@@ -93,6 +93,18 @@ def ceiling(target, answers: list[dict], temperature: float, strategy: str) -> f
     return oracle_tree_steps(target, answers, temperature, st.depth, st.topk, st.verify_tokens, chunk)
 
 
+BASE_LR, BASE_WIDTH = 9e-4, 576  # the warm-up's learning rate at SmolLM2's width, where it was tuned
+
+
+def default_lr(hidden_size: int) -> float:
+    """The warm-up's learning rate for a target `hidden_size` wide: BASE_LR up to BASE_WIDTH, falling as
+    1 / width above it. Adam moves every weight by about lr a step, and a wider layer sums more of those
+    moves into each output, so a fixed rate that suits a narrow model overshoots a wide one: at 9e-4 the
+    drafter of Qwen2.5-1.5B (width 1,536) blew up within the first steps (loss 15 -> 96 -> 136, accept 18%
+    of its ceiling after 58 steps on an H200), while the 576-wide SmolLM2's reached 80%."""
+    return BASE_LR * min(1.0, BASE_WIDTH / hidden_size)
+
+
 def warmup(
     target_path=None,
     out: str | Path = "runs/drafter",
@@ -103,7 +115,7 @@ def warmup(
     max_new_tokens: int = 256,
     temperature: float = 0.9,
     strategy: str = "8_4_48",
-    lr: float = 9e-4,
+    lr: float | None = None,
     batch_tokens: int | None = None,
     seed: int = 0,
     device: str | None = None,
@@ -137,6 +149,7 @@ def warmup(
     DrafterTrainer); `fc_bias=False` builds a drafter vLLM serves as is; `export_format` picks the engine layout.
     `task` makes the prompts (default: two-step two-digit word problems of `seed`). `lr_schedule="cosine"`
     rises over the first LR_WARMUP_SHARE of the steps and falls to a tenth of `lr` at the last one.
+    `lr` defaults to `default_lr` of the target's width.
     `batch_tokens` (default: CPU_BATCH_TOKENS on a CPU, GPU_BATCH_TOKENS on a GPU) is one packed training row.
     `greedy_answers` adds each training prompt's greedy answer to the data, beside the sampled ones: the
     paths greedy decoding takes, which samples at T=1 visit rarely. `curve_points` > 1 measures the held-out
@@ -178,6 +191,7 @@ def warmup(
 
     if steps is None:
         steps = max(1, round(epochs * buffer.num_tokens / batch_tokens))
+    lr = default_lr(target.arch.hidden_size) if lr is None else lr
     drafter.train()
     trainer = DrafterTrainer(
         drafter,
@@ -312,7 +326,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="accept length is also measured at these (0 = greedy)")  # fmt: skip
     ap.add_argument("--gen-batch", type=int, default=256, help="batch of the engine that generates the data")
     ap.add_argument("--strategy", default="8_4_48")
-    ap.add_argument("--lr", type=float, default=9e-4)
+    ap.add_argument("--lr", type=float, default=None,
+                    help=f"peak rate (default: {BASE_LR:g} up to width {BASE_WIDTH}, then as 1/width)")  # fmt: skip
     ap.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
     ap.add_argument("--no-greedy-answers", dest="greedy_answers", action="store_false",
                     help="train on the sampled answers only (default: each prompt's greedy answer too)")  # fmt: skip
