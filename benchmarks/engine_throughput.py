@@ -1,11 +1,16 @@
 """Rollout throughput: tokens/s of the engine (SD off, each strategy, auto) against transformers' generate.
 
     python benchmarks/engine_throughput.py --batch 1 4 16 64 --max-new-tokens 128 [--drafter DIR]
+    python benchmarks/engine_throughput.py --target qwen2.5-coder-1.5b-instruct --drafter DIR --temperature 1 \
+        --task-config configs/qwen2.5-1.5b-math-gpu.yaml --configs off auto --interleave --batch 1 8 32 128
 
-Prompts are arithmetic problems from the default task, formatted with SmolLM2's chat template. Greedy
-decoding, so every provider emits the same tokens up to stop and the comparison is like for like. The
-peer is transformers' `generate` (plain, and with prompt-lookup decoding) on the same model and prompts.
-Without --drafter the engine's drafter is freshly initialised: SD rows then measure overhead, not gain.
+Prompts are arithmetic problems from the default task (or `--task-config`'s, the RL workload's), formatted
+with the target's chat template. Greedy decoding by default, so every provider emits the same tokens up to
+stop and the comparison is like for like; with `--temperature` > 0 every engine samples (exactly, each its
+own draws), so a row's tokens differ from off's and only rates compare. The peer is transformers' `generate`
+(plain, and with prompt-lookup decoding) on the same model and prompts, greedy. Without --drafter the
+engine's drafter is freshly initialised: SD rows then measure overhead, not gain. The target is loaded once
+and shared by every row's engine.
 """
 
 from __future__ import annotations
@@ -25,20 +30,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_costs import append_jsonl, kernel_table, print_kernel_table  # noqa: E402
 
-from tlt_rt.models.default import default_model_dir, load_tokenizer  # noqa: E402
+from tlt_rt.models.default import load_tokenizer  # noqa: E402
+from tlt_rt.models.loader import load_target, resolve_model_path  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.train.rl.data import ArithmeticTask, format_prompt  # noqa: E402
 
+TEMPERATURE = 0.0  # of every timed call; main() sets it from --temperature
 
-def prompts_for(n: int, tok) -> list[list[int]]:
-    return [format_prompt(p, tok) for p in ArithmeticTask(digits=2, num_ops=2, seed=1).sample(n)]
+
+def prompts_for(n: int, tok, task: ArithmeticTask | None = None) -> list[list[int]]:
+    task = task or ArithmeticTask(digits=2, num_ops=2, seed=1)
+    return [format_prompt(p, tok) for p in task.sample(n)]
+
+
+def params_for(max_new: int) -> SamplingParams:
+    """The timed calls' sampling: greedy, or TEMPERATURE with a fixed seed (each call draws the same stream)."""
+    return SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new, seed=1 if TEMPERATURE > 0 else None)
 
 
 def prepare_engine(engine: Engine, prompts) -> None:
     """Every graph up front (lazy captures would land inside a timed call), then a warm-up call on the same
     prompts: prefill shapes compile there, and the policy takes its first step costs."""
-    engine.capture(modes=("greedy",))  # the timed calls are greedy
-    engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
+    engine.capture(modes=("greedy",) if TEMPERATURE == 0 else ("sampled",))  # what the timed calls run
+    engine.generate(prompts, SamplingParams(temperature=TEMPERATURE, max_new_tokens=8))
     torch.cuda.synchronize()
 
 
@@ -91,7 +105,7 @@ def run_interleaved(
     untimed full calls per engine come first: an engine that lives across calls (an RL run's) has had them,
     and `auto`'s policy takes its step costs and accept lengths there. `stories`: keep every timed call's
     steps as runs of one option (`story`)."""
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
+    params = params_for(max_new)
     for eng in engines.values():
         prepare_engine(eng, prompts)
     for _ in range(learn_rounds):
@@ -128,7 +142,7 @@ def run_engine(
     call also runs under cProfile and the `profile` functions with the most own host time are printed (GPU
     waits show up in the call that synchronises, e.g. `.cpu()`). With `kernels` > 0 one more (untimed) call runs
     under the torch profiler and the `kernels` GPU kernels with the most time per engine step are printed."""
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
+    params = params_for(max_new)
     prepare_engine(engine, prompts)
     rates, n, splits = [], 0, []
     for i in range(repeats):
@@ -161,10 +175,11 @@ def run_engine(
     return statistics.median(rates), n, median_split(splits)
 
 
-def run_hf(prompts, max_new: int, lookup: bool) -> tuple[float, int]:
+def run_hf(prompts, max_new: int, lookup: bool, target=None) -> tuple[float, int]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.bfloat16).cuda().eval()
+    folder = resolve_model_path(target)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
     total, t_all = 0, 0.0
     for p in prompts:  # transformers' prompt lookup runs at batch 1
         ids = torch.tensor([p], device="cuda")
@@ -175,6 +190,17 @@ def run_hf(prompts, max_new: int, lookup: bool) -> tuple[float, int]:
         t_all += time.perf_counter() - t0
         total += out.shape[1] - len(p)
     return total / t_all, total
+
+
+def load_drafter(path, target):
+    """A drafter from `path` (an EAGLE folder, a drafter or run checkpoint) for `target`; None: the engine's
+    fresh one."""
+    if path is None:
+        return None
+    # local: as load_target, only a given drafter needs the export module
+    from tlt_rt.models.eagle_export import load_eagle
+
+    return load_eagle(path, target)
 
 
 def engine_row(eng: Engine, name: str, batch: int, timed: dict) -> dict:
@@ -230,26 +256,46 @@ def main(argv=None) -> None:
                     help="with --interleave: print every timed call's steps as runs of one option")  # fmt: skip
     ap.add_argument("--max-prefill-tokens", type=int, default=0,
                     help="prompt tokens a prefill step takes (0: the engine's default)")  # fmt: skip
+    ap.add_argument("--target", default=None,
+                    help="model folder, .gguf or registry name (default: the embedded SmolLM2)")  # fmt: skip
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sampling temperature of the timed calls (0: greedy, the default)")  # fmt: skip
+    ap.add_argument("--task-config", default=None,
+                    help="an RL config whose arithmetic task makes the prompts (default: 2-digit 2-step)")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.temperature < 0:
+        ap.error(f"--temperature must be >= 0, got {args.temperature}")
+    global TEMPERATURE
+    TEMPERATURE = args.temperature
     warnings.simplefilter("ignore")
-    tok = load_tokenizer(None)
+    task = None
+    if args.task_config:
+        # local: the RL config pulls in every section's module; only this option needs it
+        from tlt_rt.config import TLTConfig, load_config
+
+        t = load_config(TLTConfig, args.task_config).task
+        if t.kind != "arithmetic":
+            ap.error(f"--task-config {args.task_config}: task.kind is {t.kind}; only arithmetic prompts are made here")
+        task = ArithmeticTask.from_config(t)
+    tok = load_tokenizer(args.target)
+    target = load_target(args.target, dtype="bfloat16", device="cuda")  # one copy, shared by every engine
     rows = []
     for b in args.batch:
-        prompts = prompts_for(b, tok)
+        prompts = prompts_for(b, tok, task)
+        # room for each sequence's prompt, its answer and a speculative step's scratch: a bounded cache
+        per_seq = -(-(max(len(p) for p in prompts) + args.max_new_tokens + 64) // 16)
         configs = [("off", "off", args.strategies)] + [(s, "on", [s]) for s in args.strategies]
         configs.append(("auto", "auto", args.strategies))
         configs = [c for c in configs if args.configs is None or c[0] in args.configs]
         engines = {}
         for name, mode, strategies in configs:
-            engines[name] = Engine.from_pretrained(
-                None,
-                drafter_path=args.drafter,
+            engines[name] = Engine(
+                target,
+                drafter=load_drafter(args.drafter, target),
                 speculative=mode,
-                dtype="bfloat16",
-                device="cuda",
                 strategies=strategies,
                 max_batch=max(b, 1),
-                num_blocks=256 + 32 * b,  # 512 tokens a sequence: a bounded cache, not half of the free memory
+                num_blocks=256 + per_seq * b,
                 **({"max_prefill_tokens": args.max_prefill_tokens} if args.max_prefill_tokens else {}),
             )
             if args.interleave:
@@ -267,9 +313,9 @@ def main(argv=None) -> None:
         del engines
         gc.collect()
         torch.cuda.empty_cache()
-    hf_prompts = prompts_for(args.hf_prompts, tok)
+    hf_prompts = prompts_for(args.hf_prompts, tok, task)
     for lookup in (False, True) if args.hf_prompts else ():
-        tps, n = run_hf(hf_prompts, args.max_new_tokens, lookup)
+        tps, n = run_hf(hf_prompts, args.max_new_tokens, lookup, args.target)
         rows.append(
             dict(
                 provider="hf",
@@ -282,7 +328,9 @@ def main(argv=None) -> None:
                 steps=0,
             )
         )
-    print(f"device: {torch.cuda.get_device_name()}")
+    sampling = "greedy" if TEMPERATURE == 0 else f"T={TEMPERATURE:g}"
+    print(f"device: {torch.cuda.get_device_name()}; target {args.target or 'SmolLM2-135M-Instruct'}, {sampling}, "
+          f"max_new_tokens {args.max_new_tokens}")  # fmt: skip
     print("tok/s: median of the timed calls; accept and sd/steps: over every call of the engine (warm-up included)")
     print("x off: with --interleave the median over rounds of the ratio to off's call in the same round")
     print(f"{'provider':8} {'config':14} {'batch':>5} {'tok/s':>9} {'x off':>6} {'accept':>6} {'sd/steps':>9}")
