@@ -15,15 +15,16 @@ def test_learner_step_reports_each_variant(tmp_path, capsys):
     out = tmp_path / "rows.jsonl"
     small = ["rl.prompts_per_step=2", "rl.group_size=2", "rollout.max_batch=4", "rollout.max_new_tokens=64"]
     code = main(["--shape", "tiny", "--rounds", "2", "--response-median", "20", "--prompt-len", "8",
-                 "--decode-tokens", "4", "--out", str(out), "--variants", "", "rl.activation_checkpointing=false",
+                 "--decode-tokens", "4", "--out", str(out), "--variants", "rl.activation_checkpointing=true", "",
                  "--", *small])  # fmt: skip
     assert code == 0
     rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [r["variant"] for r in rows] == ["(config)", "rl.activation_checkpointing=false"]
+    assert [r["variant"] for r in rows] == ["rl.activation_checkpointing=true", "(config)"]
     for r in rows:
         assert r["forward_tokens"] > 0 and r["flops"] > 0 and r["seconds"] > 0
         assert r["forecast_learner_gib"] > 0 and r["learner_peak_gib"] is None  # no GPU: nothing measured
-    # checkpointed layers keep one hidden row per layer: the forecast of the learner phase is the smaller
+    # checkpointed layers keep one hidden row per layer: the forecast of the learner phase is the smaller (the
+    # config's own learner keeps every layer's activations)
     assert rows[0]["forecast_learner_gib"] < rows[1]["forecast_learner_gib"]
     text = capsys.readouterr().out
     assert "| (config) | learner |" in text and "| (config) | rollout |" in text

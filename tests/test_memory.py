@@ -10,7 +10,7 @@ from tlt_rt.config import TLTConfig, load_config
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.train.__main__ import KNOWN_SHAPES, resolve_arch
 from tlt_rt.train.__main__ import main as train_main
-from tlt_rt.train.memory import GIB, activation_bytes_per_token, forecast
+from tlt_rt.train.memory import GIB, activation_bytes_per_token, describe, forecast
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = str(ROOT / "configs" / "qwen2.5-1.5b-math-gpu.yaml")
@@ -38,9 +38,10 @@ def test_a_learner_that_does_not_fit_fails_naming_the_keys(capsys):
 
 
 def test_chunked_logprobs_and_checkpointing_shrink_the_learner_phase():
-    dense = forecast(_cfg("rl.logprob_chunk_tokens=0", "rl.activation_checkpointing=false"), SHAPE)
-    chunked = forecast(_cfg("rl.activation_checkpointing=false"), SHAPE)
-    both = forecast(_cfg(), SHAPE)
+    mb = "rl.micro_batch_tokens=16384"
+    dense = forecast(_cfg(mb, "rl.logprob_chunk_tokens=0", "rl.activation_checkpointing=false"), SHAPE)
+    chunked = forecast(_cfg(mb, "rl.activation_checkpointing=false"), SHAPE)
+    both = forecast(_cfg(mb, "rl.activation_checkpointing=true"), SHAPE)
     assert both.learner_total < chunked.learner_total < dense.learner_total
     assert dense.rollout_total == chunked.rollout_total == both.rollout_total
     # 16k rows x 152k ids x 4 B x 3 of logits against one 2k-row chunk
@@ -107,3 +108,37 @@ def test_the_activation_forecast_matches_what_the_forward_saves():
     kept, a = _saved_bytes_per_token(checkpoint=True)
     layer_inputs = a.num_hidden_layers * a.hidden_size * 2
     assert layer_inputs < kept <= layer_inputs + 4 * a.hidden_size * 2  # (2,574 here: 1,024 + 1,536 + 14)
+
+
+def test_learner_rates_report_both_peaks_of_each_phase_largest_over_workers():
+    from tlt_rt.train.records import learner_rates
+    from tlt_rt.train.rl.learner import LearnResult
+
+    gib = 2**30
+    a = LearnResult(seconds=2.0, forward_tokens=1000, flops=4e12, peak_flops=1e15, peak_rollout_bytes=10 * gib,
+                    peak_learn_bytes=20 * gib, reserved_rollout_bytes=12 * gib,
+                    reserved_learn_bytes=24 * gib)  # fmt: skip
+    b = LearnResult(seconds=1.0, forward_tokens=1000, flops=1e12, peak_flops=1e15, peak_rollout_bytes=11 * gib,
+                    peak_learn_bytes=18 * gib, reserved_rollout_bytes=13 * gib,
+                    reserved_learn_bytes=22 * gib)  # fmt: skip
+    out = learner_rates([a, b])
+    assert out["gpu_peak_rollout_gib"] == 11 and out["gpu_peak_learn_gib"] == 20
+    assert out["gpu_reserved_rollout_gib"] == 13 and out["gpu_reserved_learn_gib"] == 24
+    assert out["learner_tokens_per_second"] == 750  # the mean of the workers' 500 and 1000
+    assert abs(out["learner_mfu"] - 0.0015) < 1e-12  # (4e12 / 2 / 1e15 + 1e12 / 1 / 1e15) / 2
+    cpu = learner_rates([LearnResult(seconds=1.0, forward_tokens=10, flops=1.0)])
+    assert cpu["gpu_reserved_learn_gib"] is None and cpu["learner_mfu"] is None
+
+
+def test_the_learner_peak_counts_the_larger_of_the_backward_and_the_optimizer_step():
+    f = forecast(_cfg(), SHAPE)
+    backward = sum(f.learner_moments["forward + backward of a micro-batch"].values())
+    step = sum(f.learner_moments["optimizer step"].values())
+    assert f.learner_total == sum(f.learner.values()) + max(backward, step)
+    assert f.learner_peak_moment == "forward + backward of a micro-batch"  # 8k rows of activations > fp32 grads
+    small = ("rl.activation_checkpointing=true", "rl.micro_batch_tokens=1024", "rl.logprob_chunk_tokens=256")
+    tiny = forecast(_cfg(*small), SHAPE)
+    assert tiny.learner_peak_moment == "optimizer step"  # a small checkpointed micro-batch: the fp32 copies win
+    lines, err = describe(f, 1000.0)
+    text = "\n".join(lines)
+    assert err is None and "(the larger, counted)" in text and "(not counted)" in text

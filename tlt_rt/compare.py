@@ -36,6 +36,8 @@ COLUMNS = (
     ("learner_mfu", "learner MFU", ".0%"),
     ("gpu_peak_rollout_gib", "rollout GiB", ".1f"),
     ("gpu_peak_learn_gib", "learner GiB", ".1f"),
+    ("gpu_reserved_rollout_gib", "rollout GiB held", ".1f"),
+    ("gpu_reserved_learn_gib", "learner GiB held", ".1f"),
     ("sd_share", "SD share", ".0%"),
     ("accept_length", "accept", ".2f"),
     ("accept_ceiling", "ceiling", ".2f"),

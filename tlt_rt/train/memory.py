@@ -3,8 +3,10 @@ peak of its learner update.
 
 A GPU runs two phases a step. The rollout holds the engine (weights, KV cache, captured steps' pool, drafter)
 and everything the learner keeps between updates (fp32 master weights, AdamW moments). The update adds the
-gradients, their fp32 copies for the master step, the activations of one micro-batch and one chunk of LM-head
-logits; the engine's KV cache and pool stay unless `rl.release_engine` gives them back for the update.
+gradients, and at two different moments either the backward's working set (the activations of one
+micro-batch and one chunk of LM-head logits) or the optimizer step's (the gradients' fp32 copies for the
+master step): the phase's peak counts the larger of the two, not both. The engine's KV cache and pool stay
+unless `rl.release_engine` gives them back for the update.
 
 Activation bytes per token and layer are what our decoder layer saves for its backward in eager bf16 (norm
 inputs and outputs, the fused q/k/v and gate/up outputs, attention in and out, the MLP product).
@@ -43,18 +45,28 @@ def activation_bytes_per_token(a: ArchConfig, nbytes: int) -> int:
 
 @dataclass
 class PhaseForecast:
-    """Named parts (bytes) of each phase's peak on one GPU (or one worker's RAM on CPU)."""
+    """Named parts (bytes) of each phase's peak on one GPU (or one worker's RAM on CPU). `learner` is what the
+    whole update holds; `learner_moments` are working sets that never live at once (the backward's, the
+    optimizer step's), of which the peak counts the largest."""
 
     rollout: dict[str, float] = field(default_factory=dict)
     learner: dict[str, float] = field(default_factory=dict)
+    learner_moments: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def rollout_total(self) -> float:
         return sum(self.rollout.values())
 
     @property
+    def learner_peak_moment(self) -> str | None:
+        """The moment of the update whose working set is the largest (None: no moments)."""
+        sizes = {k: sum(v.values()) for k, v in self.learner_moments.items()}
+        return max(sizes, key=sizes.get) if sizes else None
+
+    @property
     def learner_total(self) -> float:
-        return sum(self.learner.values())
+        top = self.learner_peak_moment
+        return sum(self.learner.values()) + (sum(self.learner_moments[top].values()) if top else 0.0)
 
 
 def forecast(cfg, arch: ArchConfig) -> PhaseForecast:
@@ -124,34 +136,47 @@ def forecast(cfg, arch: ArchConfig) -> PhaseForecast:
         learner.update({f"{k} (kept)": v for k, v in engine.items()})
     share = procs if fsdp else 1
     learner["gradients" + (" (FSDP shard)" if fsdp else "")] = params * (4 if fsdp else nbytes) / share
+    backward: dict[str, float] = {}
+    step: dict[str, float] = {}
     if nbytes != 4 and not fsdp:
-        learner["fp32 gradient copies (master step)"] = params * 4
+        step["fp32 gradient copies (master step)"] = params * 4
     if rl.activation_checkpointing:  # each layer's input, and one layer's insides during its recompute
         layer = activation_bytes_per_token(arch, nbytes) // arch.num_hidden_layers
         per_token = arch.num_hidden_layers * arch.hidden_size * nbytes + layer
         what += ", checkpointed layers"
     else:
         per_token = activation_bytes_per_token(arch, nbytes)
-    learner[f"activations ({what}: {rows} rows)"] = rows * per_token
+    backward[f"activations ({what}: {rows} rows)"] = rows * per_token
     chunk = rl.logprob_chunk_tokens
     if chunk:
-        learner[f"log-prob chunk ({chunk} rows x vocab, fp32 x3) + fp32 head gradient"] = (
+        backward[f"log-prob chunk ({chunk} rows x vocab, fp32 x3) + fp32 head gradient"] = (
             3 * min(chunk, rows) * arch.vocab_size * 4 + arch.vocab_size * arch.hidden_size * 4
         )
     else:
-        learner[f"learner logits ({rows} rows x vocab, fp32 x3)"] = 3 * rows * arch.vocab_size * 4
-    return PhaseForecast(rollout, learner)
+        backward[f"learner logits ({rows} rows x vocab, fp32 x3)"] = 3 * rows * arch.vocab_size * 4
+    moments = {"forward + backward of a micro-batch": backward}
+    if step:
+        moments["optimizer step"] = step
+    return PhaseForecast(rollout, learner, moments)
 
 
 def describe(f: PhaseForecast, budget_gib: float | None) -> tuple[list[str], str | None]:
     """The forecast as aligned lines, and the error when a phase does not fit `budget_gib` (None: no GPU)."""
     lines: list[str] = []
-    width = max(len(k) for part in (f.rollout, f.learner) for k in part) + 2
-    for title, part, total in (("rollout phase", f.rollout, f.rollout_total), ("learner phase", f.learner,
-                                                                                f.learner_total)):  # fmt: skip
-        lines.append(f"  {title}:")
-        lines += [f"    {k:<{width}} {v / GIB:9.2f} GiB" for k, v in part.items()]
-        lines.append(f"    {'peak':<{width}} {total / GIB:9.2f} GiB")
+    parts = (f.rollout, f.learner, *f.learner_moments.values())
+    width = max(len(k) + 2 for part in parts for k in part) + 2
+    lines.append("  rollout phase:")
+    lines += [f"    {k:<{width}} {v / GIB:9.2f} GiB" for k, v in f.rollout.items()]
+    lines.append(f"    {'peak':<{width}} {f.rollout_total / GIB:9.2f} GiB")
+    lines.append("  learner phase:")
+    lines += [f"    {k:<{width}} {v / GIB:9.2f} GiB" for k, v in f.learner.items()]
+    top = f.learner_peak_moment
+    for moment, part in f.learner_moments.items():
+        lines.append(
+            f"    during the {moment}" + (" (the larger, counted)" if moment == top else " (not counted)") + ":"
+        )
+        lines += [f"      {k:<{width - 2}} {v / GIB:9.2f} GiB" for k, v in part.items()]
+    lines.append(f"    {'peak':<{width}} {f.learner_total / GIB:9.2f} GiB")
     if budget_gib is None:
         return lines, None
     over = {name: total / GIB - budget_gib for name, total in (("rollout", f.rollout_total),

@@ -68,7 +68,9 @@ def step_record(
 
 def learner_rates(learn: list[LearnResult]) -> dict:
     """The update's speed (forward tokens/s per worker, model TFLOP/s, MFU against the device's bf16 peak) and
-    the GPU memory peaks of the step's two phases (GiB, the largest over workers)."""
+    the GPU memory peaks of the step's two phases (GiB, the largest over workers): allocated by tensors
+    (gpu_peak_*) and held by the allocator (gpu_reserved_*, which also counts the captured steps' pool and
+    cached free blocks: what the device must have)."""
     busy = [x for x in learn if x.seconds > 0 and x.forward_tokens > 0]
     out: dict = {"learner_tokens_per_second": None, "learner_tflops": None, "learner_mfu": None}
     if busy:
@@ -77,9 +79,10 @@ def learner_rates(learn: list[LearnResult]) -> dict:
         if all(x.peak_flops for x in busy):
             out["learner_mfu"] = sum(x.flops / x.seconds / x.peak_flops for x in busy) / len(busy)
     for phase in ("rollout", "learn"):
-        peaks = [getattr(x, f"peak_{phase}_bytes") for x in learn]
-        peaks = [p for p in peaks if p is not None]
-        out[f"gpu_peak_{phase}_gib"] = max(peaks) / 2**30 if peaks else None
+        for kind, field in (("peak", "peak"), ("reserved", "reserved")):
+            peaks = [getattr(x, f"{field}_{phase}_bytes") for x in learn]
+            peaks = [p for p in peaks if p is not None]
+            out[f"gpu_{kind}_{phase}_gib"] = max(peaks) / 2**30 if peaks else None
     return out
 
 

@@ -99,6 +99,7 @@ class Worker:
         self.collects = True  # keeps (token, hidden) rows for the drafter and may train it in the tail
         self._answers: dict[str, list[dict]] = {}  # the last rollout's answers, per reader (read once)
         self._rollout_peak: float | None = None  # GPU bytes allocated at most in the last rollout
+        self._rollout_reserved: float | None = None  # and held by the allocator
         self._stops: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
 
@@ -187,6 +188,7 @@ class Worker:
         end = time.time()
         if self.device.type == "cuda":  # since the last update (or the start): this rollout's phase
             self._rollout_peak = float(torch.cuda.max_memory_allocated(self.device))
+            self._rollout_reserved = float(torch.cuda.max_memory_reserved(self.device))
         timeline = self.engine.timeline[n0:]
         del self.engine.timeline[:]  # read once per rollout: a long run must not accumulate it
         if online and outs:
@@ -311,6 +313,8 @@ class Worker:
         if cuda:
             out.peak_learn_bytes = float(torch.cuda.max_memory_allocated(self.device))
             out.peak_rollout_bytes = self._rollout_peak
+            out.reserved_learn_bytes = float(torch.cuda.max_memory_reserved(self.device))
+            out.reserved_rollout_bytes = self._rollout_reserved
             torch.cuda.reset_peak_memory_stats(self.device)  # the next rollout's peak starts here
         out.peak_flops = peak_flops(self.device)
         self._policy_updated()

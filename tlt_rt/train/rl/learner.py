@@ -75,6 +75,8 @@ class LearnResult:
     peak_flops: float | None = None  # the device's bf16 peak, FLOP/s (None: CPU or unknown)
     peak_rollout_bytes: float | None = None  # GPU memory allocated at most during the step's rollout
     peak_learn_bytes: float | None = None  # and during this update
+    reserved_rollout_bytes: float | None = None  # GPU memory the allocator held at most during the rollout
+    reserved_learn_bytes: float | None = None  # and during this update (what the device must have free)
 
     def add(self, other: LearnResult) -> None:
         """Add `other`'s sums (SUMMED) to these."""
