@@ -142,3 +142,28 @@ def test_the_learner_peak_counts_the_larger_of_the_backward_and_the_optimizer_st
     lines, err = describe(f, 1000.0)
     text = "\n".join(lines)
     assert err is None and "(the larger, counted)" in text and "(not counted)" in text
+
+
+def test_an_update_counts_its_compiles_and_allocator_retries():
+    """Learner.update says how many graphs torch.compile made during it (and, on a GPU, allocator retries):
+    the two usual reasons one update takes several times the others."""
+    import torch
+
+    from tlt_rt.config import RLConfig
+    from tlt_rt.models.llama import CausalLM
+    from tlt_rt.train.records import learner_rates
+    from tlt_rt.train.rl.learner import Learner, LearnSample, MiniBatch, SamplingFilter
+
+    arch = ArchConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, qkv_bias=True)  # fmt: skip
+    model = CausalLM(arch)
+    glue = model.model.layers[0].mlp.glue
+    glue.swiglu = torch.compile(glue.swiglu, backend="eager", dynamic=True)  # a compiled piece, as on a GPU
+    learner = Learner(model, RLConfig(), SamplingFilter())
+    batch = [LearnSample([1, 2], [3, 4, 5], [-1.0] * 3, 1.0), LearnSample([1], [6, 7], [-1.0] * 2, -1.0)]
+    first = learner.update([MiniBatch(batch, num_tokens=5, num_seqs=2)])
+    again = learner.update([MiniBatch(batch, num_tokens=5, num_seqs=2)])
+    assert first.compiles >= 1 and again.compiles == 0  # the same shapes reuse the graph
+    assert first.alloc_retries == again.alloc_retries == 0  # none on a CPU
+    rec = learner_rates([first])
+    assert rec["learner_compiles"] == first.compiles and rec["learner_update_seconds"] == first.seconds

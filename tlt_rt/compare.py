@@ -32,6 +32,7 @@ COLUMNS = (
     ("rollout_share", "rollout share", ".0%"),
     ("tail_share", "tail share", ".0%"),
     ("learner_seconds", "learner s", ".2f"),
+    ("learner_update_seconds", "update s", ".2f"),
     ("learner_tokens_per_second", "learner tok/s", ".0f"),
     ("learner_mfu", "learner MFU", ".0%"),
     ("gpu_peak_rollout_gib", "rollout GiB", ".1f"),

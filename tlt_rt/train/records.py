@@ -78,6 +78,10 @@ def learner_rates(learn: list[LearnResult]) -> dict:
         out["learner_tflops"] = sum(x.flops / x.seconds for x in busy) / len(busy) / 1e12
         if all(x.peak_flops for x in busy):
             out["learner_mfu"] = sum(x.flops / x.seconds / x.peak_flops for x in busy) / len(busy)
+    if learn:  # the update's own clock (the slowest worker), and what can make one much slower
+        out["learner_update_seconds"] = max(x.seconds for x in learn)
+        out["learner_alloc_retries"] = int(sum(x.alloc_retries for x in learn))
+        out["learner_compiles"] = int(sum(x.compiles for x in learn))
     for phase in ("rollout", "learn"):
         for kind, field in (("peak", "peak"), ("reserved", "reserved")):
             peaks = [getattr(x, f"{field}_{phase}_bytes") for x in learn]
@@ -124,6 +128,12 @@ def summary_line(r: dict) -> str:
     if r.get("rollout_share") is not None:
         held = f" | rollout {r['rollout_share']:.0%} of the step" + held
     mfu = f" (MFU {r['learner_mfu']:.0%})" if r.get("learner_mfu") is not None else ""
+    if r.get("learner_update_seconds") is not None:
+        slow = [f"{n} {what}" for n, what in ((r.get("learner_compiles"), "compiles"),
+                                               (r.get("learner_alloc_retries"), "allocator retries")) if n]  # fmt: skip
+        mfu = f" (update {r['learner_update_seconds']:.1f}s{mfu.replace(' (', ', ').rstrip(')')}" + (
+            f", {', '.join(slow)})" if slow else ")"
+        )
     return (
         f"reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "
         f"{r['response_len_p50']:.0f}/{r['response_len_max']} | rollout {r['rollout_seconds']:.1f}s tail "

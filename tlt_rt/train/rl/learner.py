@@ -52,7 +52,7 @@ class MiniBatch:
 # the loss's own statistics (grpo.LossStats), summed over micro-batches
 LOSS_STATS = ("tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum")
 # the sums a worker's update adds up and the driver totals over workers
-SUMMED = ("loss", *LOSS_STATS, "forward_tokens", "flops")
+SUMMED = ("loss", *LOSS_STATS, "forward_tokens", "flops", "alloc_retries", "compiles")
 
 
 @dataclass
@@ -67,6 +67,8 @@ class LearnResult:
     kl_sum: float = 0.0
     forward_tokens: float = 0.0  # prompt + response tokens through the forward and backward (no padding)
     flops: float = 0.0  # model FLOPs of the update (train/rl/flops.py)
+    alloc_retries: float = 0.0  # times the CUDA allocator freed its cache to retry an allocation (slow, syncs)
+    compiles: float = 0.0  # graphs torch.compile made during the update (a new shape of the compiled glue)
     grad_norm: float | None = None  # of the last optimizer step; None when the call had nothing to apply
     optimizer_steps: float = 0.0
     seconds: float = 0.0
@@ -189,6 +191,7 @@ class Learner:
     def update(self, minibatches: list[MiniBatch]) -> LearnResult:
         """One optimizer step per mini-batch; returns sums (loss, clip counts, ...) for the driver to total."""
         t0 = time.perf_counter()
+        retries0, compiles0 = self._slow_events()
         totals = LearnResult(grad_norm=0.0, version=self.version)
         was_training = self.model.training
         self.model.train()
@@ -203,7 +206,14 @@ class Learner:
             self.model.train(was_training)
         totals.seconds = time.perf_counter() - t0
         totals.version = self.version
+        retries1, compiles1 = self._slow_events()
+        totals.alloc_retries, totals.compiles = retries1 - retries0, compiles1 - compiles0
         return totals
+
+    def _slow_events(self) -> tuple[int, int]:
+        """(CUDA allocator retries, torch.compile graphs) so far: what can make one update much slower."""
+        retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0) if self.device.type == "cuda" else 0
+        return retries, torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
     def _accumulate(self, mb: MiniBatch, totals: LearnResult) -> None:
         for chunk in self._micro_batches(mb.samples):
