@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         vcfg = load_config(TLTConfig, args.config, [*keys, *variant.split()])
         fc = forecast(vcfg, arch)
         learner = Learner(model, vcfg.rl, SamplingFilter(r.temperature, r.top_k, r.top_p))
+        if device.type == "cuda":
+            learner.warm_up()  # as a worker does at start-up
         batch = samples(vcfg, args.response_median, args.prompt_len, arch.vocab_size, seed=1)
         tokens = sum(len(s.response) for s in batch)
         times, flops, fwd = [], 0.0, 0.0

@@ -167,3 +167,37 @@ def test_an_update_counts_its_compiles_and_allocator_retries():
     assert first.alloc_retries == again.alloc_retries == 0  # none on a CPU
     rec = learner_rates([first])
     assert rec["learner_compiles"] == first.compiles and rec["learner_update_seconds"] == first.seconds
+
+
+def test_learner_warm_up_compiles_the_training_graphs_before_any_update():
+    """After `Learner.warm_up` (a micro-batch of one and one of two, gradients on), updates of any batch
+    size compile nothing more: a batch of one is its own shape to torch.compile, and the first update that
+    met one used to compile inside the step."""
+    import random
+
+    import torch
+
+    from tlt_rt.config import RLConfig
+    from tlt_rt.models.llama import CausalLM, Glue, set_glue
+    from tlt_rt.train.rl.learner import Learner, LearnSample, MiniBatch, SamplingFilter
+
+    class EagerCompiledGlue(Glue):  # dynamo's guards and recompiles, without inductor's code generation
+        def __init__(self):
+            for name in ("rms_norm", "add_rms_norm", "rotate_pair", "swiglu"):
+                setattr(self, name, torch.compile(getattr(Glue, name), backend="eager", dynamic=True))
+
+    arch = ArchConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, qkv_bias=True)  # fmt: skip
+    torch._dynamo.reset()
+    model = CausalLM(arch)
+    set_glue(model, EagerCompiledGlue())
+    with torch.no_grad():  # the engine's use first: no gradients
+        model(torch.randint(0, 60, (2, 5)))
+    learner = Learner(model, RLConfig(micro_batch_tokens=64), SamplingFilter())
+    assert learner.warm_up() > 0
+    assert all(p.grad is None for p in model.parameters())  # nothing left behind for the first update
+    rng = random.Random(0)
+    for sizes in ([3], [30, 2], [5, 6, 7, 8], [40]):  # micro-batches of one and of several
+        batch = [LearnSample([1, 2], [rng.randrange(60) for _ in range(n)], [-1.0] * n, 1.0) for n in sizes]
+        out = learner.update([MiniBatch(batch, num_tokens=sum(sizes), num_seqs=len(sizes))])
+        assert out.compiles == 0, sizes

@@ -195,6 +195,21 @@ def _inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return skinny_linear(x, weight, bias)
 
 
+# variants one glue function is compiled in within one process: an RL worker runs each in the engine (no
+# gradients, its batch of one a shape of its own), the drafter's trainer (fp32 under autocast) and the learner
+# (gradients, bf16, a micro-batch of one its own shape again) -- more than dynamo's default of 8, past which a
+# variant silently runs eagerly
+GLUE_RECOMPILE_LIMIT = 32
+
+
+def raise_recompile_limit(limit: int) -> None:
+    """Let dynamo keep at least `limit` compiled variants of a function (never lowers a larger setting)."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the current name, and the older one
+        if hasattr(cfg, name) and getattr(cfg, name) < limit:
+            setattr(cfg, name, limit)
+
+
 class CompiledGlue(Glue):
     """skinny: one-row matmuls of large weights through `codegen.kernels.skinny_gemm` instead of cuBLAS (off
     by default: on an H100 the Qwen2.5-7B-shaped decode step measured the same with it, 5.84 against 5.86 ms
@@ -209,6 +224,7 @@ class CompiledGlue(Glue):
         # dtypes and call sites reaches it, seen with embed_cat in the GPU tests) a variant runs eagerly, where
         # fullgraph turns the limit into an error
         opts = {"dynamic": True}
+        raise_recompile_limit(GLUE_RECOMPILE_LIMIT)
         self.rms_norm = torch.compile(rms_norm, **opts)
         self.add_rms_norm = torch.compile(add_rms_norm, **opts)
         self.rotate_pair = torch.compile(rotate_pair, **opts)

@@ -96,6 +96,8 @@ class Worker:
         self.sampling = sampling = SamplingFilter(r.temperature, r.top_k, r.top_p)
         sync = all_reduce_sum if world_size > 1 else None
         self.learner = Learner(self.model, c.rl, sampling, sync, ref)
+        if self.device.type == "cuda":  # the learner's compiled graphs now, not in the first updates
+            self.learner.warm_up()
         self.collects = True  # keeps (token, hidden) rows for the drafter and may train it in the tail
         self._answers: dict[str, list[dict]] = {}  # the last rollout's answers, per reader (read once)
         self._rollout_peak: float | None = None  # GPU bytes allocated at most in the last rollout

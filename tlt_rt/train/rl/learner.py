@@ -157,6 +157,28 @@ class Learner:
         )
         self.version = 0  # optimizer steps taken; identical on every worker after each step
 
+    def warm_up(self) -> int:
+        """One forward and backward of a one-sample and of a two-sample micro-batch, with no update: the graphs
+        the compiled glue needs for training (gradients on; a batch of one is a shape of its own to
+        torch.compile) are made here, at start-up, and not inside the first steps' updates that meet them
+        (in an RL run on an H200 each such update took 1-10 s longer). Returns the graphs compiled. Lockstep
+        (FSDP) learners skip it: their forward is a collective every rank must join in the same order."""
+        if self.lockstep:
+            return 0
+        compiles0 = self._slow_events()[1]
+        was_training = self.model.training
+        self.model.train()
+        try:
+            for b in (1, 2):
+                chunk = [LearnSample([self.pad_id] * 4, [self.pad_id] * 4, [0.0] * 4, 0.0) for _ in range(b)]
+                ids, targets, mask, _ = pad_batch(chunk, self.pad_id, self.device)
+                (self._logprobs(self.model, ids, targets, mask).sum() * 0.0).backward()
+        finally:
+            self.model.train(was_training)
+            for p in self.params:
+                p.grad = None
+        return self._slow_events()[1] - compiles0
+
     # ----------------------------------------------------------------------------------- log-probs
     def _logprobs(self, model: nn.Module, ids: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
         """[B, T] log-probs of `targets` under the sampling filter; with `mask` and a chunk size, only the
