@@ -24,7 +24,9 @@ _NUMBER_RE = re.compile(_NUM)
 _LEADING_NUMBER_RE = re.compile(r"\s*(" + _NUM + r")")
 # "The answer is: $1,234.00", "**Answer:** 42", "final answer = \(7\)": the gap after the marker may hold only
 # markup, never words, so "the answer is that 3 apples ..." does not count.
-_ANSWER_RE = re.compile(r"answer\s*(?:\*\*|__)?\s*(?:is|was|:|=)[\s*_$:=\\()\[\]{}]*(" + _NUM + ")", re.I)
+# (The markup and its trailing gap form one optional group: two `\s*` runs in a row would split every run of
+# spaces both ways before failing, quadratic in its length.)
+_ANSWER_RE = re.compile(r"answer\s*(?:(?:\*\*|__)\s*)?(?:is|was|:|=)[\s*_$:=\\()\[\]{}]*(" + _NUM + ")", re.I)
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _WRAPPER_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|displaystyle)\s*\{([^{}]*)\}")
 _SPACING_RE = re.compile(r"\\[!,;: ]|\\left|\\right|\\%|%|\$")
