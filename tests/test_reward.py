@@ -94,6 +94,15 @@ def test_reward_on_a_long_completion():
     assert reward(text, "12") == 1.0
 
 
+def test_a_long_gap_after_answer_costs_linear_time():
+    import time
+
+    t0 = time.perf_counter()
+    assert extract_answer("answer" + " " * 50_000 + "x 3") == "3"
+    assert extract_answer("**Answer**" + " " * 50_000 + "is 4") == "4"
+    assert time.perf_counter() - t0 < 1.0  # two `\s*` runs in a row made it quadratic: ~40 s
+
+
 @given(st.text(), st.text())
 def test_reward_never_raises(text, answer):
     assert reward(text, answer) in (0.0, 1.0)

@@ -298,6 +298,8 @@ def test_a_lone_worker_that_dies_restarts_from_the_step_checkpoint(ray_cluster, 
 # ----------------------------------------------------------------------------- dry runs
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_dry_run_every_config(path, capsys):
+    if load_config(TLTConfig, path).task.kind == "reasoning_gym":
+        pytest.importorskip("reasoning_gym")  # an optional extra: tlt_rt[reasoning]
     assert train_main([str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "valid" in out and "memory per" in out and "rollout phase:" in out and "learner phase:" in out

@@ -3,9 +3,10 @@ the perfect-drafter ceiling of accept length on the step's answers (`logging.acc
 online drafter's accept length beside a frozen copy of the run's starting drafter on those answers
 (`logging.drafter_curve`).
 
-Held-out problems are never trained on: an arithmetic task holds out the problems of another seed, a dataset
-task reads `task.eval_path`. Evaluation answers each once, greedy by default, with the same engine as the
-rollout (so with speculation on, through the speculative path: greedy output is identical either way).
+Held-out problems are never trained on: an arithmetic or reasoning-gym task holds out the problems of another
+seed, a dataset task reads `task.eval_path`. Evaluation answers each once, greedy by default, with the same
+engine as the rollout (so with speculation on, through the speculative path: greedy output is identical either
+way).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 from tlt_rt.config import ConfigError, TLTConfig
 from tlt_rt.train.batching import split_even
-from tlt_rt.train.rl.data import ArithmeticTask, Problem, format_prompt, load_dataset_file
+from tlt_rt.train.rl.data import ArithmeticTask, Problem, ReasoningGymTask, format_prompt, load_dataset_file
 from tlt_rt.train.rl.metrics import percentile
 
 # added to task.seed for the held-out arithmetic problems: "arith:{seed}:{index}" strings of another seed
@@ -31,6 +32,8 @@ def held_out_problems(cfg: TLTConfig) -> list[Problem]:
     if t.kind == "arithmetic":
         task = ArithmeticTask.from_config(t, HELD_OUT_SEED_OFFSET)
         return task.sample(n)
+    if t.kind == "reasoning_gym":
+        return ReasoningGymTask.from_config(t, held_out=True).sample(n)
     if not t.eval_path:
         raise ConfigError(
             "task.eval_path",
@@ -49,8 +52,9 @@ def due(cfg: TLTConfig, step: int) -> bool:
     return bool(every) and step % every == 0
 
 
-def evaluate(pool, tokenizer, problems: list[Problem], cfg: TLTConfig, score: Callable[[str, str], float]) -> dict:
-    """Answer `problems` over the workers once each; returns the held-out metrics for the step record."""
+def evaluate(pool, tokenizer, problems: list[Problem], cfg: TLTConfig, score: Callable[[str, Problem], float]) -> dict:
+    """Answer `problems` over the workers once each, `score(text, problem)` scoring each answer; returns the
+    held-out metrics for the step record."""
     t0 = time.time()
     lg, r = cfg.logging, cfg.rollout
     prompts = [format_prompt(p, tokenizer, instruction=cfg.task.instruction or None) for p in problems]
@@ -64,7 +68,7 @@ def evaluate(pool, tokenizer, problems: list[Problem], cfg: TLTConfig, score: Ca
     for (lo, _), samples in zip(bounds, results, strict=True):
         for s in samples:
             text = tokenizer.decode(s.token_ids, skip_special_tokens=True)
-            rewards.append(score(text, problems[lo + s.prompt_index].answer))
+            rewards.append(score(text, problems[lo + s.prompt_index]))
             lengths.append(len(s.token_ids))
     n = max(len(rewards), 1)
     return {

@@ -26,7 +26,14 @@ from tlt_rt.train.cluster.coordinator import Coordinator
 from tlt_rt.train.cluster.pool import WorkerPool, make_pool
 from tlt_rt.train.records import step_record, summary_line, timelines
 from tlt_rt.train.rl import checkpoint as ckpt
-from tlt_rt.train.rl.data import ArithmeticTask, PromptSource, format_prompt, load_dataset_file
+from tlt_rt.train.rl.data import (
+    ArithmeticTask,
+    Problem,
+    PromptSource,
+    ReasoningGymTask,
+    format_prompt,
+    load_dataset_file,
+)
 from tlt_rt.train.rl.grpo import equal_reward_groups, group_advantages
 from tlt_rt.train.rl.learner import LearnResult, LearnSample
 from tlt_rt.train.rl.loggers import open_loggers
@@ -61,6 +68,8 @@ def make_source(cfg: TLTConfig) -> PromptSource:
     if t.kind == "arithmetic":
         task = ArithmeticTask.from_config(t)
         return PromptSource(task, cfg.rl.prompts_per_step, seed=t.seed)
+    if t.kind == "reasoning_gym":
+        return PromptSource(ReasoningGymTask.from_config(t), cfg.rl.prompts_per_step, seed=t.seed)
     problems = load_dataset_file(t.path, t.question_field, t.answer_field)
     return PromptSource(problems, cfg.rl.prompts_per_step, seed=t.seed)
 
@@ -111,6 +120,8 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.source = make_source(cfg)
         self.reward_fn = resolve_reward(cfg.task.reward)
+        # a reasoning-gym task scores with its dataset's verifier, which reads the whole entry, not an answer string
+        self.task_score = self.source.source.score if cfg.task.kind == "reasoning_gym" else None
         self.held_out = heldout.held_out_problems(cfg)
         (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
         self.start_step, state = 0, None
@@ -191,7 +202,7 @@ class Trainer:
         texts = [[self.tokenizer.decode(c[0], skip_special_tokens=True) for c in row] for row in responses]
         self.progress.begin(step, "scoring")
         pairs = zip(texts, problems, strict=True)
-        rewards = torch.tensor([[self._reward(t, p.answer) for t in row] for row, p in pairs])
+        rewards = torch.tensor([[self._reward(t, p) for t in row] for row, p in pairs])
         adv = group_advantages(rewards, cfg.rl.normalize_adv_std, cfg.rl.adv_eps)
         drop = (
             equal_reward_groups(rewards) if cfg.rl.drop_equal_reward_groups else torch.zeros(len(prompts), dtype=bool)
@@ -229,13 +240,15 @@ class Trainer:
         self.progress.begin(step, "held-out evaluation")
         return heldout.evaluate(self.pool, self.tokenizer, self.held_out, self.cfg, self._reward)
 
-    def _reward(self, text: str, answer: str) -> float:
+    def _reward(self, text: str, problem: Problem) -> float:
+        t = self.cfg.task
+        name = f"the verifier of reasoning-gym {t.rg_dataset}" if self.task_score else f"task.reward {t.reward}"
         try:
-            value = float(self.reward_fn(text, answer))
+            value = float(self.task_score(text, problem) if self.task_score else self.reward_fn(text, problem.answer))
         except Exception as e:  # a user's reward function: say which one failed, on what
-            raise RuntimeError(f"task.reward {self.cfg.task.reward} raised {type(e).__name__}: {e}") from e
+            raise RuntimeError(f"{name} raised {type(e).__name__}: {e}") from e
         if not math.isfinite(value):
-            raise RuntimeError(f"task.reward {self.cfg.task.reward} returned {value} (rewards must be finite)")
+            raise RuntimeError(f"{name} returned {value} (rewards must be finite)")
         return value
 
     # ---------------------------------------------------------------------------------- checkpoints

@@ -14,8 +14,9 @@ from tlt_rt.models.default import default_gguf, fetched_gguf, not_fetched
 from tlt_rt.models.loader import check_model_folder
 from tlt_rt.models.registry import MODELS
 from tlt_rt.train.rl import checkpoint as ckpt
-from tlt_rt.train.rl.data import load_dataset_file
+from tlt_rt.train.rl.data import ReasoningGymTask, load_dataset_file
 from tlt_rt.train.rl.loggers import check_loggers as check_logger_names
+from tlt_rt.train.rl.reasoning_gym_task import UnknownDatasetError
 from tlt_rt.train.rl.reward import resolve_reward
 
 
@@ -54,10 +55,25 @@ def planned_elsewhere(cfg: TLTConfig) -> bool:
 
 
 def check_dataset(cfg: TLTConfig, dry_run: bool = False) -> int:
-    """The dataset file reads into problems; returns how many (0 for the generated arithmetic task, -1 for a
-    dry run planned for another machine, whose dataset is not here either)."""
+    """The dataset file reads into problems; returns how many (0 for a generated task, -1 for a dry run planned
+    for another machine, whose dataset is not here either). A reasoning-gym task must import, build with its
+    options and make its first problem."""
     t = cfg.task
     if t.kind == "arithmetic":
+        return 0
+    if t.kind == "reasoning_gym":
+        try:
+            task = ReasoningGymTask.from_config(t)
+        except ImportError as e:
+            raise ConfigError("task.kind", str(e)) from e
+        except UnknownDatasetError as e:
+            raise ConfigError("task.rg_dataset", str(e)) from e
+        except ValueError as e:
+            raise ConfigError("task.rg_config", str(e)) from e
+        try:
+            task.problem(0)
+        except Exception as e:  # the dataset's own generator, on options its config let through
+            raise ConfigError("task.rg_config", f"{t.rg_dataset} cannot make a problem: {type(e).__name__}: {e}") from e
         return 0
     if dry_run and planned_elsewhere(cfg) and not Path(t.path).expanduser().exists():
         return -1

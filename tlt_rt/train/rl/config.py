@@ -4,28 +4,34 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from tlt_rt.options import check, check_min, option, register
 
 DEFAULT_INSTRUCTION = (
     'Solve the problem step by step. End your reply with "The answer is N." where N is the final number.'
 )
+# reasoning-gym answers are lists, words and expressions as often as numbers
+REASONING_GYM_INSTRUCTION = (
+    'Solve the problem step by step. End your reply with "The answer is X." where X is the final answer, '
+    "written as the question asks."
+)
 
 
 @register
 @dataclasses.dataclass
 class TaskConfig:
-    kind: Literal["arithmetic", "jsonl", "parquet"] = option(
+    kind: Literal["arithmetic", "jsonl", "parquet", "reasoning_gym"] = option(
         "arithmetic",
         help="Prompt source: 'arithmetic' generates verifiable arithmetic problems (no files needed); "
-        "'jsonl' / 'parquet' read question/answer records from `path`.",
+        "'jsonl' / 'parquet' read question/answer records from `path`; 'reasoning_gym' generates the problems of "
+        "one reasoning-gym dataset (`rg_dataset`), scored by its own verifier (pip install 'tlt_rt[reasoning]').",
     )
     path: str | None = option(None, help="Dataset file; required when kind is jsonl or parquet.")
     eval_path: str | None = option(
         None,
-        help="jsonl/parquet: held-out records for `logging.eval_every` (same fields as `path`). Arithmetic tasks "
-        "hold out problems of another seed and need no file.",
+        help="jsonl/parquet: held-out records for `logging.eval_every` (same fields as `path`). Arithmetic and "
+        "reasoning_gym tasks hold out problems of another seed and need no file.",
     )
     digits: int = option(2, help="Arithmetic: digits per operand; more digits = harder problems.")
     num_ops: int = option(2, help="Arithmetic: operators per problem (2 means three operands).")
@@ -46,6 +52,22 @@ class TaskConfig:
         ["+", "-", "*", "/"],
         help="Arithmetic: the operators problems draw from (division appears only where it divides exactly).",
     )
+    rg_dataset: str | None = option(
+        None,
+        help="reasoning_gym: the dataset's name in reasoning-gym's registry, e.g. 'basic_arithmetic', 'chain_sum', "
+        "'gcd', 'word_sorting'; required for that kind.",
+    )
+    rg_config: dict[str, Any] = option(
+        {},
+        help="reasoning_gym: options of the dataset's config, e.g. {min_terms: 2, max_terms: 3} for chain_sum "
+        "(the fields of its config dataclass; seed and size come from `seed` and `rg_size`).",
+    )
+    rg_size: int = option(
+        100_000,
+        help="reasoning_gym: distinct training problems; the prompt stream cycles through them. Held-out problems "
+        "take the seed `rg_size` above `seed`, past every training problem. A few datasets build all of them up "
+        "front (acre) or cap the size (word_ladder, 20,000): lower it for those.",
+    )
     seed: int = option(0, help="Seed for generating and shuffling prompts, so runs see the same data.")
     question_field: str = option(
         "question",
@@ -62,19 +84,33 @@ class TaskConfig:
     instruction: str | None = option(
         DEFAULT_INSTRUCTION,
         help="Appended (on its own line) to every text question; null or '' = none. Chat-message prompts "
-        "(verl/TRL datasets) carry their own instructions and are used as they are.",
+        "(verl/TRL datasets) carry their own instructions and are used as they are. With kind reasoning_gym the "
+        "default asks for any final answer, not only a number.",
     )
     reward: str = option(
         "numeric",
         help="How a response is scored against the reference answer: 'numeric' (the final number or \\boxed{} "
         "answer, compared by value); 'math_verify' (the math-verify library that TRL, verl and open-r1 use; "
         "pip install 'tlt_rt[math]'); or 'module:function', your own function(response: str, answer: str) -> "
-        "float, imported by that path.",
+        "float, imported by that path. reasoning_gym tasks are scored by their dataset's own verifier and keep "
+        "'numeric'.",
     )
 
     def __post_init__(self) -> None:
         if self.kind in ("jsonl", "parquet"):
             check(bool(self.path), "path", f"is required when kind is {self.kind!r}")
+        if self.kind == "reasoning_gym":
+            check(bool(self.rg_dataset), "rg_dataset", "is required when kind is 'reasoning_gym'")
+            check(
+                self.reward == "numeric",
+                "reward",
+                f"is {self.reward!r}, but reasoning_gym tasks are scored by their dataset's own verifier",
+            )
+            if self.instruction == DEFAULT_INSTRUCTION:
+                self.instruction = REASONING_GYM_INSTRUCTION
+        reserved = [k for k in ("seed", "size") if k in self.rg_config]
+        check(not reserved, "rg_config", f"must not set {reserved}: they come from task.seed and task.rg_size")
+        check_min(self, "rg_size", 1)
         check_min(self, "digits", 1)
         check_min(self, "num_ops", 1)
         if self.max_digits is not None:

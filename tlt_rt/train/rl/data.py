@@ -1,5 +1,6 @@
 """The RL task's data: prompt formatting and a resumable prompt stream, over the generated problems
-(`tasks.py`) or a dataset file (`dataset_files.py`), whose names this module re-exports.
+(`tasks.py`, `reasoning_gym_task.py`) or a dataset file (`dataset_files.py`), whose names this module
+re-exports.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from tlt_rt.train.rl.dataset_files import (
     load_dataset_file,
     reference_answer,
 )
-from tlt_rt.train.rl.tasks import ArithmeticTask, Problem
+from tlt_rt.train.rl.reasoning_gym_task import ReasoningGymTask
+from tlt_rt.train.rl.tasks import ArithmeticTask, Problem, ProblemGenerator
 
 __all__ = [
     "ANSWER_FALLBACKS",
@@ -24,7 +26,9 @@ __all__ = [
     "ArithmeticTask",
     "DatasetError",
     "Problem",
+    "ProblemGenerator",
     "PromptSource",
+    "ReasoningGymTask",
     "format_prompt",
     "format_prompt_text",
     "load_dataset_file",
@@ -83,17 +87,18 @@ def format_prompt(
 class PromptSource:
     """Deterministic batches of problems with a resumable cursor.
 
-    Over an `ArithmeticTask` the cursor is the next problem index (the task's own seed fixes the
-    problems). Over a list it walks epochs, each a fresh permutation drawn from (seed, epoch); batches run
-    across epoch boundaries so every batch is full.
+    Over a generated task (`ArithmeticTask`, `ReasoningGymTask`) the cursor is the next problem index (the
+    task's own seed fixes the problems). Over a list it walks epochs, each a fresh permutation drawn from
+    (seed, epoch); batches run across epoch boundaries so every batch is full.
     """
 
     def __init__(
-        self, source: ArithmeticTask | Sequence[Problem], batch_size: int, seed: int = 0, shuffle: bool = True
+        self, source: ProblemGenerator | Sequence[Problem], batch_size: int, seed: int = 0, shuffle: bool = True
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"PromptSource.batch_size must be >= 1, got {batch_size}")
-        if not isinstance(source, ArithmeticTask) and len(source) == 0:
+        self._generated = not isinstance(source, Sequence)
+        if not self._generated and len(source) == 0:
             raise ValueError("PromptSource.source is empty")
         self.source, self.batch_size, self.seed, self.shuffle = source, batch_size, seed, shuffle
         self.epoch, self.position = 0, 0
@@ -101,7 +106,7 @@ class PromptSource:
 
     @property
     def _size(self) -> int | None:
-        return None if isinstance(self.source, ArithmeticTask) else len(self.source)
+        return None if self._generated else len(self.source)
 
     def _epoch_order(self) -> list[int]:
         if self._order is None or self._order[0] != self.epoch:
@@ -112,7 +117,7 @@ class PromptSource:
         return self._order[1]
 
     def next_batch(self) -> list[Problem]:
-        if isinstance(self.source, ArithmeticTask):
+        if self._generated:
             batch = self.source.sample(self.batch_size, start=self.position)
             self.position += self.batch_size
             return batch

@@ -4,6 +4,7 @@ Extraction order: the last balanced `\\boxed{...}`, else the last "the answer is
 last number in the text. Numbers compare by value through a canonical string: commas, `$`, a leading "+"
 and redundant zeros go ("051" == "51", "51.00" == "51", "-0" == "0"), while "51.5" stays itself. Work is
 linear in the text length, so a runaway completion costs time proportional to its size and nothing more.
+`extract_answer_text` reads the final answer as text instead, for verifiers that judge strings themselves.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ _NUMBER_RE = re.compile(_NUM)
 _LEADING_NUMBER_RE = re.compile(r"\s*(" + _NUM + r")")
 # "The answer is: $1,234.00", "**Answer:** 42", "final answer = \(7\)": the gap after the marker may hold only
 # markup, never words, so "the answer is that 3 apples ..." does not count.
-_ANSWER_RE = re.compile(r"answer\s*(?:\*\*|__)?\s*(?:is|was|:|=)[\s*_$:=\\()\[\]{}]*(" + _NUM + ")", re.I)
+# (The markup and its trailing gap form one optional group: two `\s*` runs in a row would split every run of
+# spaces both ways before failing, quadratic in its length.)
+_ANSWER_RE = re.compile(r"answer\s*(?:(?:\*\*|__)\s*)?(?:is|was|:|=)[\s*_$:=\\()\[\]{}]*(" + _NUM + ")", re.I)
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _WRAPPER_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|displaystyle)\s*\{([^{}]*)\}")
 _SPACING_RE = re.compile(r"\\[!,;: ]|\\left|\\right|\\%|%|\$")
@@ -76,14 +79,19 @@ def _boxed_content(text: str) -> str | None:
     return None
 
 
-def _clean_boxed(content: str) -> str | None:
+def _unwrap(content: str) -> str:
+    """`\\text{...}`, `\\mathrm{...}` and the like removed, nested ones too."""
     s = content
     for _ in range(len(s)):  # each round removes one wrapper, so this ends
         unwrapped = _WRAPPER_RE.sub(r"\1", s)
         if unwrapped == s:
             break
         s = unwrapped
-    s = _SPACING_RE.sub("", s).strip()
+    return s
+
+
+def _clean_boxed(content: str) -> str | None:
+    s = _SPACING_RE.sub("", _unwrap(content)).strip()
     # "x = 5" -> "5"; "42 apples" -> "42"; anything else ("\frac{1}{2}", "12/5") is kept as text.
     tail = s.rsplit("=", 1)[-1]
     m = _LEADING_NUMBER_RE.match(tail)
@@ -110,6 +118,51 @@ def extract_answer(text: str) -> str | None:
     phrase = _last_match(_ANSWER_RE, text)
     if phrase is not None:
         return normalize_answer(phrase.group(1))
+    number = _last_match(_NUMBER_RE, text)
+    return normalize_answer(number.group(0)) if number is not None else None
+
+
+# "The answer is: **apple, pear**." -> "apple, pear": the rest of the line after the marker, for answers that are
+# not numbers (a list, a word, an expression), which a dataset's own verifier then judges
+_ANSWER_LINE_RE = re.compile(r"answer\s*(?:(?:\*\*|__)\s*)?(?:is|was|:|=)[ \t:=]*([^\n]*)", re.I)
+_TAG_OPEN, _TAG_CLOSE = "<answer>", "</answer>"
+
+
+def _strip_markup(s: str) -> str:
+    """`s` without the markup around it: `**`/`__`/backticks, `$...$` / `\\(...\\)` / `\\[...\\]`, a final "."."""
+    for _ in range(4):  # markup nests two or three deep ("**$5$**."); a fixed bound keeps runaway text linear
+        before = s
+        s = s.strip().rstrip(".").strip("*_` \t")
+        for left, right in (("\\(", "\\)"), ("\\[", "\\]"), ("$", "$")):
+            if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
+                s = s[len(left) : len(s) - len(right)]
+        if s == before:
+            break
+    return s
+
+
+def extract_answer_text(text: str) -> str | None:
+    """The final answer in a completion as text, for verifiers that judge strings themselves (reasoning-gym's):
+    the content of the last `<answer>...</answer>` (reasoning-gym's own convention, taken as it is but for
+    surrounding whitespace), else the last balanced `\\boxed{...}` with its `\\text{}`-style wrappers removed,
+    else the rest of the line after the last "the answer is" / "answer:", else the last number. From the last
+    three the markup around the answer goes (`**`, `$...$`, a final "."); nothing else is normalised. None when
+    there is no answer. Linear in the text length, like `extract_answer`."""
+    if not isinstance(text, str) or not text:
+        return None
+    close = text.rfind(_TAG_CLOSE)
+    if close >= 0:
+        start = text.rfind(_TAG_OPEN, 0, close)
+        if start >= 0:
+            tagged = text[start + len(_TAG_OPEN) : close].strip()  # as reasoning-gym reads its tags
+            if tagged:
+                return tagged
+    boxed = _boxed_content(text)
+    if boxed is not None and (unboxed := _strip_markup(_unwrap(boxed))):
+        return unboxed
+    phrase = _last_match(_ANSWER_LINE_RE, text)
+    if phrase is not None and (said := _strip_markup(phrase.group(1))):
+        return said
     number = _last_match(_NUMBER_RE, text)
     return normalize_answer(number.group(0)) if number is not None else None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass
@@ -22,6 +23,13 @@ class Problem:
     messages: list[dict[str, str]] | None = None
     """The prompt as chat messages, when the dataset gave it so (verl, TRL conversational); `question` is
     then its last user message."""
+
+
+class ProblemGenerator(Protocol):
+    """A task that makes its problems on demand (`ArithmeticTask`, `ReasoningGymTask`): `sample(n, start)` is
+    problems start .. start+n-1, a pure function of the task and the indices, so a cursor of indices resumes."""
+
+    def sample(self, n: int, start: int = 0) -> list[Problem]: ...
 
 
 # ---- the arithmetic generator ---------------------------------------------------------------------------
