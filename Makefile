@@ -60,12 +60,15 @@ VERL_PY := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.verl_installed
 VERL_PKG ?= verl==0.9.1
 VERL_TRANSFORMERS ?= transformers>=5.5.3,<5.11,!=5.6.0
+# imported by verl 0.9.1's trainer (main_ppo's v1 trainer, its rollout router and server utilities) but
+# declared only in its verl-core extra
+VERL_EXTRA ?= TransferQueue==0.1.11 cachetools fastapi uvicorn
 
 $(VERL_STAMP): | $(MODEL_STAMP)
 	$(PYTHON) -m venv $(VERL_VENV)
 	$(PY) -c "import site; print(site.getsitepackages()[0])" > "$$($(VERL_PY) -c 'import site; print(site.getsitepackages()[0])')/tlt_base.pth"
 	$(PY) -m pip freeze | grep -i -E '^(torch|ray|numpy|pyarrow)==' > $(VERL_VENV)/constraints.txt
-	$(VERL_PY) -m pip install -c $(VERL_VENV)/constraints.txt $(VERL_PKG) '$(VERL_TRANSFORMERS)' pytest-asyncio
+	$(VERL_PY) -m pip install -c $(VERL_VENV)/constraints.txt $(VERL_PKG) '$(VERL_TRANSFORMERS)' $(VERL_EXTRA) pytest-asyncio
 	touch $(VERL_STAMP)
 
 verl-env: $(VERL_STAMP)
