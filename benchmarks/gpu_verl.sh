@@ -133,8 +133,10 @@ mapfile -t args < <(overrides "$model" "$out/data" "$out")
 # first; our backend registers itself through VERL_USE_EXTERNAL_MODULES (tlt_rt is not pip-installed here)
 export VERL_USE_EXTERNAL_MODULES=${VERL_USE_EXTERNAL_MODULES:-tlt_rt.integrations.verl}
 export PYTHONPATH=${VERL_TF_SITE:+$VERL_TF_SITE:}$PWD${PYTHONPATH:+:$PYTHONPATH}
-python -c "import transformers, verl, tlt_rt.integrations.verl; print('verl', verl.__version__, 'transformers', \
-transformers.__version__)" 2>&1 | grep -v WARNING || exit 1
+# what main_ppo and its workers import, at once (a missing wheel shows here, not minutes later in a Ray actor)
+python -W ignore -c "import transformers, verl, verl.trainer.main_ppo, verl.trainer.ppo.v1, verl.workers.engine_workers, \
+verl.experimental.reward_loop, tlt_rt.integrations.verl; print('verl', verl.__version__, 'transformers', \
+transformers.__version__)" 2>&1 | grep -v "WARNING:" ; [ "${PIPESTATUS[0]}" = 0 ] || exit 1
 if [ "${BACKGROUND:-0}" = 1 ]; then
   setsid nohup bash -c 'timeout "$1" python -m verl.trainer.main_ppo "${@:3}" > "$2/verl.log" 2>&1; echo $? > "$2/verl.rc"' \
       _ "${VERL_TIMEOUT:-1500}" "$out" "${args[@]}" "$@" < /dev/null > /dev/null 2>&1 &
