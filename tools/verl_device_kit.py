@@ -93,6 +93,12 @@ IMAGE_VERSIONS: dict[str, str] = {
 
 TARGETS = ("site", "verl-tf")
 
+# image packages carried anyway (target verl-tf), where the image's version is not known and a requirement's lower
+# bound is recent; each is backward compatible, so a newer copy on verl's path alone is safe
+CARRY_ANYWAY: dict[str, str] = {
+    "typing-extensions": "pydantic 2.14 (for fastapi and verl's agent loop) asks for >=4.16.0",
+}
+
 # declared by verl but left out, and why
 EXCLUDE: dict[str, str] = {
     "wandb": "verl imports it only for trainer.logger=wandb (verl.utils.tracking); the device run logs to the console",
@@ -133,7 +139,10 @@ def requires(wheel: Path) -> list[Requirement]:
 
 
 def image_satisfies(name: str, spec: SpecifierSet) -> bool:
-    """Whether the image's copy of `name` (it must have one) meets `spec`; unknown versions are taken to."""
+    """Whether the image's copy of `name` (it must have one) meets `spec`; unknown versions are taken to, except
+    those of CARRY_ANYWAY."""
+    if name in CARRY_ANYWAY:
+        return False
     v = IMAGE_VERSIONS.get(name)
     return v is None or spec.contains(Version(v), prereleases=True)
 
