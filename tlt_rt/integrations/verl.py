@@ -25,6 +25,9 @@ from typing import Any
 
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from verl.plugin.platform import get_platform
+from verl.utils.device import get_resource_name
 from verl.workers.rollout import base as verl_rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
@@ -67,6 +70,10 @@ class TltServer:
         self.max_model_len = int(_option(config, "max_model_len", None) or self.engine.max_context)
         self.response_length = int(_option(config, "response_length", 512))
         self.prompt_length = int(_option(config, "prompt_length", 512))
+        e, visible = self.engine, os.environ.get("CUDA_VISIBLE_DEVICES")
+        print(f"tlt_rt server {replica_rank}: {path} on {e.device} ({e.target.lm_head.weight.dtype}), speculative "
+              f"{e.speculative}, {e.blocks.num_blocks} KV blocks of {e.block_size}, max batch {e.max_batch}, context "
+              f"{e.max_context}; CUDA_VISIBLE_DEVICES={visible}", flush=True)  # fmt: skip
         self.spot = None
         hooks = {}
         if drafter_training:
@@ -77,6 +84,9 @@ class TltServer:
             hooks = {"collect_hidden": True, "on_sample": self.spot.collect, "on_idle": self.spot.train_while_idle}
         self.aengine = AsyncEngine(self.engine, seed=int(_option(config, "seed", 0) or 0) + replica_rank, **hooks)
         self._blocked = False
+        # the weights' version (verl's global step of the last update), reported with every answer: verl's v1
+        # trainer reads it as the trajectory's min/max_global_steps and fails on None
+        self.global_steps: int | None = None
 
     async def generate(self, prompt_ids, sampling_params: dict[str, Any], request_id: str, **kwargs) -> TokenOutput:
         if any(kwargs.get(k) for k in ("image_data", "video_data", "audio_data")):
@@ -97,10 +107,19 @@ class TltServer:
             log_probs=out.logprobs,
             stop_reason=_STOP_REASONS.get(out.finish_reason),
             num_preempted=int(out.outputs[0].stats.get("preemptions", 0)),
+            extra_fields={"global_steps": self.global_steps},
         )
 
-    async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
-        return await self.aengine.update_weights(named_tensors)
+    async def update_weights(
+        self, named_tensors: list[tuple[str, torch.Tensor]], global_steps: int | None = None
+    ) -> int:
+        n = await self.aengine.update_weights(named_tensors)
+        if global_steps is not None:
+            self.global_steps = global_steps
+        return n
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
 
     async def wake_up(self) -> None:
         await self.aengine.wake_up()
@@ -136,6 +155,12 @@ class TltServer:
         return st
 
 
+def _worker_placement(worker) -> tuple[str, list[str]]:
+    """(node id, accelerator ids) of a verl worker, run inside it."""
+    ctx = ray.get_runtime_context()
+    return ctx.get_node_id(), [str(d) for d in ctx.get_accelerator_ids().get(get_resource_name(), [])]
+
+
 class TltReplica(RolloutReplica):
     """verl's rollout replica for tlt_rt: one `TltServer` actor (one engine per replica)."""
 
@@ -143,12 +168,20 @@ class TltReplica(RolloutReplica):
         if self.world_size != 1:
             raise ValueError(f"tlt_rt runs one engine per replica: set tensor/data/pipeline parallel sizes to 1, "
                              f"got world size {self.world_size}")  # fmt: skip
-        gpu = torch.cuda.is_available() and self.rollout_mode is not None and self.rollout_worker_use_gpu()
         options = {"name": server_name(self.replica_rank), "max_concurrency": self.max_concurrency}
-        if self.rollout_mode is not None and self.rollout_mode.value == "hybrid" and gpu:
-            options["num_gpus"] = 0.2  # shares the training worker's GPU, as verl's own servers do
-        elif gpu:
-            options["num_gpus"] = 1
+        if self.workers:
+            # the replica's workers (verl's training workers when hybrid, its rollout pool's otherwise) hold its
+            # GPU inside their placement group, so a server asking Ray for GPU would wait forever: as verl's own
+            # servers do, it goes to their node and sees their devices, Ray told to leave that variable alone
+            node_id, devices = await self.workers[0].__ray_call__.remote(_worker_placement)
+            platform = get_platform()
+            env = {var: "1" for var in platform.ray_noset_envvars()}
+            if devices:
+                env[platform.visible_devices_envvar()] = ",".join(devices)
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+            options["runtime_env"] = {"env_vars": env}
+        elif torch.cuda.is_available() and self.rollout_mode is not None:
+            options["num_gpus"] = 1  # no workers to follow: a GPU of its own
         cls = ray.remote(num_cpus=0)(TltServer)
         server = cls.options(**options).remote(self.config, self.model_config, self.replica_rank)
         self.servers = [server]
@@ -189,7 +222,7 @@ class TltServerAdapter(BaseRollout):
         # every rank iterates (the generator may gather across ranks); the server's rank sends, on the CPU
         batch = [(name, t.detach().to("cpu", copy=True)) for name, t in weights]
         if self.has_server:
-            return await self._handle().update_weights.remote(batch)
+            return await self._handle().update_weights.remote(batch, global_steps=kwargs.get("global_steps"))
         return 0
 
 
