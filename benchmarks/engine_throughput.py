@@ -270,13 +270,10 @@ def main(argv=None) -> None:
     warnings.simplefilter("ignore")
     task = None
     if args.task_config:
-        # local: the RL config pulls in every section's module; only this option needs it
-        from tlt_rt.config import TLTConfig, load_config
-
-        t = load_config(TLTConfig, args.task_config).task
-        if t.kind != "arithmetic":
-            ap.error(f"--task-config {args.task_config}: task.kind is {t.kind}; only arithmetic prompts are made here")
-        task = ArithmeticTask.from_config(t)
+        try:
+            task = ArithmeticTask.from_config_file(args.task_config)
+        except ValueError as e:
+            ap.error(f"--task-config {e}")
     tok = load_tokenizer(args.target)
     target = load_target(args.target, dtype="bfloat16", device="cuda")  # one copy, shared by every engine
     rows = []

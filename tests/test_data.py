@@ -289,3 +289,19 @@ def test_prompt_source_rejects_mismatched_state():
         PromptSource([], batch_size=0)
     with pytest.raises(ValueError, match="empty"):
         PromptSource([], batch_size=1)
+
+
+def test_arithmetic_task_from_a_config_file_and_a_config_of_another_kind(tmp_path):
+    from pathlib import Path
+
+    from tlt_rt.config import TLTConfig, load_config
+    from tlt_rt.train.rl.tasks import ArithmeticTask
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-1.5b-math-gpu.yaml"
+    got = ArithmeticTask.from_config_file(path)
+    want = ArithmeticTask.from_config(load_config(TLTConfig, path).task)
+    assert got.sample(5) == want.sample(5) and (got.digits, got.max_digits, got.max_ops) == (1, 3, 4)
+    other = tmp_path / "jsonl.yaml"
+    other.write_text("task:\n  kind: jsonl\n  path: data.jsonl\n")
+    with pytest.raises(ValueError, match="task.kind is jsonl; only arithmetic prompts"):
+        ArithmeticTask.from_config_file(other)

@@ -350,13 +350,10 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     task = None
     if a.config:
-        # local: the RL config pulls in every section's module; only this option needs it
-        from tlt_rt.config import TLTConfig, load_config
-
-        t = load_config(TLTConfig, a.config).task
-        if t.kind != "arithmetic":
-            ap.error(f"--config {a.config}: task.kind is {t.kind}; warm-up generates arithmetic prompts only")
-        task = ArithmeticTask.from_config(t)
+        try:
+            task = ArithmeticTask.from_config_file(a.config)
+        except ValueError as e:
+            ap.error(f"--config {e}")
     rep = warmup(
         a.target,
         a.out,

@@ -161,6 +161,18 @@ class ArithmeticTask:
         return cls(task.digits, task.num_ops, task.word_problems, task.seed + seed_offset, ops=task.ops,
                    max_digits=task.max_digits, max_ops=task.max_ops)  # fmt: skip
 
+    @classmethod
+    def from_config_file(cls, path) -> ArithmeticTask:
+        """The generator of an RL config file's `task.` section; ValueError unless its kind is arithmetic
+        (the benchmarks and the drafter warm-up make prompts of a config's workload this way)."""
+        # local: the RL config pulls in every section's module; only a config file's task needs it
+        from tlt_rt.config import TLTConfig, load_config
+
+        task = load_config(TLTConfig, path).task
+        if task.kind != "arithmetic":
+            raise ValueError(f"{path}: task.kind is {task.kind}; only arithmetic prompts are made from a config")
+        return cls.from_config(task)
+
     def sample(self, n: int, start: int = 0) -> list[Problem]:
         """Problems `start .. start+n-1`; stateless, so the same call gives the same list."""
         return [self.problem(start + i) for i in range(n)]
