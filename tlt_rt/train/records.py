@@ -83,8 +83,8 @@ def learner_rates(learn: list[LearnResult]) -> dict:
         out["learner_alloc_retries"] = int(sum(x.alloc_retries for x in learn))
         out["learner_compiles"] = int(sum(x.compiles for x in learn))
     for phase in ("rollout", "learn"):
-        for kind, field in (("peak", "peak"), ("reserved", "reserved")):
-            peaks = [getattr(x, f"{field}_{phase}_bytes") for x in learn]
+        for kind in ("peak", "reserved"):
+            peaks = [getattr(x, f"{kind}_{phase}_bytes") for x in learn]
             peaks = [p for p in peaks if p is not None]
             out[f"gpu_{kind}_{phase}_gib"] = max(peaks) / 2**30 if peaks else None
     return out
@@ -127,13 +127,12 @@ def summary_line(r: dict) -> str:
     held = f" | held-out acc {r['heldout_accuracy']:.2f}" if r.get("heldout_accuracy") is not None else ""
     if r.get("rollout_share") is not None:
         held = f" | rollout {r['rollout_share']:.0%} of the step" + held
-    mfu = f" (MFU {r['learner_mfu']:.0%})" if r.get("learner_mfu") is not None else ""
-    if r.get("learner_update_seconds") is not None:
-        slow = [f"{n} {what}" for n, what in ((r.get("learner_compiles"), "compiles"),
-                                               (r.get("learner_alloc_retries"), "allocator retries")) if n]  # fmt: skip
-        mfu = f" (update {r['learner_update_seconds']:.1f}s{mfu.replace(' (', ', ').rstrip(')')}" + (
-            f", {', '.join(slow)})" if slow else ")"
-        )
+    parts = [f"update {r['learner_update_seconds']:.1f}s"] if r.get("learner_update_seconds") is not None else []
+    if r.get("learner_mfu") is not None:
+        parts.append(f"MFU {r['learner_mfu']:.0%}")
+    parts += [f"{n} {what}" for n, what in ((r.get("learner_compiles"), "compiles"),
+                                             (r.get("learner_alloc_retries"), "allocator retries")) if n]  # fmt: skip
+    mfu = f" ({', '.join(parts)})" if parts else ""
     return (
         f"reward {r['reward_mean']:.3f} acc {r['accuracy']:.2f} len p50/max "
         f"{r['response_len_p50']:.0f}/{r['response_len_max']} | rollout {r['rollout_seconds']:.1f}s tail "
