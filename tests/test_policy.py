@@ -544,3 +544,47 @@ def test_a_bucket_known_once_is_measured_again_when_a_reading_turns_provisional(
     assert p.costs.is_provisional(2, s) and p.costs.revision != revision
     measured = p.stats()["measure_steps"]
     assert p.decide(2) is s and p.stats()["measure_steps"] == measured + 1
+
+
+@pytest.mark.parametrize("refresh", [0, 64])
+def test_a_plain_estimate_that_started_high_is_corrected_while_speculating(refresh):
+    """The first plain readings of a bucket ran high (they made speculation look cheap): with `plain_refresh`
+    the policy times plain decoding again while it speculates, learns that plain decoding is faster and
+    leaves the strategy; with no refresh the early estimate stands and the strategy stays chosen."""
+    p = SDPolicy([S[4]], [64], epsilon=0.0, plain_refresh=refresh)
+    readings = {"plain": 0}
+
+    def step_cost(s):
+        if s is not None:
+            return 0.035  # emits 2.5 tokens a sequence: 71 tokens/s a sequence
+        readings["plain"] += 1
+        return 0.040 if readings["plain"] <= 3 else 0.010  # truly 100 tokens/s a sequence
+
+    chosen = []
+    for _ in range(400):
+        s = p.decide(64)
+        p.observe(64, s, step_cost(s), 1.0 if s is None else 2.5)
+        chosen.append(option_name(s))
+    last = chosen[-100:]
+    if refresh:
+        assert last.count(OFF) == 100 and readings["plain"] > 3
+    else:
+        assert last.count(str(S[4])) == 100 and readings["plain"] == 3
+
+
+def test_plain_refresh_counts_survive_a_state_round_trip():
+    p = SDPolicy([S[4]], [8], epsilon=0.0, plain_refresh=16)
+    p.costs.set(8, None, 0.010)
+    p.costs.set(8, S[4], 0.012)
+    for _ in range(40):
+        s = p.decide(8)
+        p.observe(8, s, 0.010 if s is None else 0.012, 1.0 if s is None else 3.0)
+    q = SDPolicy([S[4]], [8], epsilon=0.0, plain_refresh=16)
+    q.load_state_dict(json.loads(json.dumps(p.state_dict())))
+    ahead = []
+    for _ in range(40):
+        a, b = p.decide(8), q.decide(8)
+        ahead.append(a == b)
+        p.observe(8, a, 0.010 if a is None else 0.012, 1.0 if a is None else 3.0)
+        q.observe(8, b, 0.010 if b is None else 0.012, 1.0 if b is None else 3.0)
+    assert all(ahead) and p.stats()["plain_timing_steps"] > 3

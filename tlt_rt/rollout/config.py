@@ -30,6 +30,12 @@ class PolicyConfig:
         "(null = no cap); a drafter that does not help costs about this much.",
     )
     horizon: int = option(4096, help="Steps over which the summed regret fades (older steps weigh less).")
+    plain_refresh: int = option(
+        64,
+        help="'auto': while a strategy is chosen in a batch bucket, every this many decisions there is a timed "
+        "plain step, so the yardstick every choice is weighed against stays current (0 = only the first "
+        "readings).",
+    )
     seed: int = option(0, help="Seed of the policy's exploration draws, so decisions replay exactly.")
 
     def __post_init__(self) -> None:
@@ -38,6 +44,7 @@ class PolicyConfig:
         budget = self.explore_budget
         check(budget is None or budget > 0, "explore_budget", f"must be > 0 or null, got {budget}")
         check_min(self, "horizon", 1)
+        check_min(self, "plain_refresh", 0)
 
 
 @register

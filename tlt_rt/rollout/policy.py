@@ -50,7 +50,11 @@ class SDPolicy:
     and every strategy. "on": the same choice restricted to the strategies, so always speculative and with
     the best strategy by the cost model (the first configured one wins ties).
     Per bucket in "auto" mode, plain decoding is timed online PLAIN_READINGS times before any strategy runs
-    (a profiled cost sees the graph alone, and one reading can be an outlier). Per bucket: an option without
+    (a profiled cost sees the graph alone, and one reading can be an outlier), and again every
+    `plain_refresh` decisions while a strategy is chosen there: once speculation runs, plain steps would
+    otherwise never be timed again, and an estimate that started high (in an RL rollout on Qwen2.5-1.5B the
+    48-64 buckets' stayed ~1.5x what SD-off decoding took there) keeps a losing strategy chosen. Per bucket:
+    an option without
     a usable cost (none, not even interpolated, or only a provisional first
     reading here) is measured first; otherwise with probability `epsilon` a uniformly drawn other option is
     explored; otherwise the current choice is kept unless the best option's expected tokens/s beats it by
@@ -78,6 +82,8 @@ class SDPolicy:
         cfg = dataclasses.replace(config if config is not None else PolicyConfig(), **overrides)
         epsilon, hysteresis, seed = cfg.epsilon, cfg.hysteresis, cfg.seed
         explore_budget, horizon = cfg.explore_budget, cfg.horizon
+        self.plain_refresh = cfg.plain_refresh
+        self._plain_at: dict[int, int] = {}  # bucket -> its decision count at the last plain step there
         if mode not in ("off", "on", "auto"):
             raise ValueError(f"SDPolicy.mode must be 'off', 'on' or 'auto', got {mode!r}")
         if mode == "on" and not strategies:
@@ -156,7 +162,14 @@ class SDPolicy:
             if _uniform(self.seed, b, 3 * n + 2) < self._explore_chance(b, choice, other, rows):
                 choice = other
                 self._counts["explore"] += 1
-        if choice is not None and self.mode == "auto" and self.costs.online_readings(b, None) < PLAIN_READINGS:
+        if (
+            choice is not None
+            and self.mode == "auto"
+            and (
+                self.costs.online_readings(b, None) < PLAIN_READINGS
+                or (self.plain_refresh and n - self._plain_at.get(b, n) >= self.plain_refresh)
+            )
+        ):
             # plain decoding is the yardstick of every choice here and costs nothing against SD off to time
             self._counts["plain_timing"] += 1
             return self._use_option(None)
@@ -238,6 +251,8 @@ class SDPolicy:
         """Record one executed step: its wall time, the tokens it emitted per sequence and the drafter rows
         it caught up first (`behind`, as given to `decide`)."""
         b = self.bucket(batch_size)
+        if strategy is None:
+            self._plain_at[b] = self._calls[b]
         plain = self.costs.interpolate(b, None)
         steady = None
         if strategy is not None and behind > 0 and not self.costs.is_provisional(b, strategy):
@@ -287,6 +302,7 @@ class SDPolicy:
             "counts": dict(self._counts),
             "regret": {str(b): list(v) for b, v in self._regret.items()},
             "catchup": self.catchup.state_dict(),
+            "plain_at": {str(b): n for b, n in self._plain_at.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -307,3 +323,4 @@ class SDPolicy:
         self._counts = Counter(state["counts"])
         self._regret = {int(b): list(v) for b, v in state.get("regret", {}).items()}
         self.catchup.load_state_dict(state.get("catchup", {}))
+        self._plain_at = {int(b): n for b, n in state.get("plain_at", {}).items()}
