@@ -45,6 +45,7 @@ def warm_drafter(
     strategy: str,
     curve: int = 0,
     lr_schedule: str = "cosine",
+    extra: tuple[str, ...] = (),
 ) -> Path:
     """The drafter warm-up (tlt_rt.train.drafter.warmup) on the config's task, in its own process: its engines
     hold half the GPU's memory each, and all of it goes back when that process ends."""
@@ -63,6 +64,7 @@ def warm_drafter(
         cmd += ["--target", str(cfg.model.path)]
     if cfg.drafter.draft_vocab:  # the run's reduced head from the start: its captured steps keep that size
         cmd += ["--draft-vocab", str(cfg.drafter.draft_vocab)]
+    cmd += extra  # last: an argument given twice takes its last value
     print(f"== drafter warm-up: {' '.join(cmd[2:])}", flush=True)
     t0 = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -148,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="drafter warm-up: points of its accept-vs-training-tokens curve (0 = none)")  # fmt: skip
     ap.add_argument("--warmup-lr-schedule", choices=("constant", "cosine"), default="cosine",
                     help="drafter warm-up: a linear rise over its first steps, then a cosine fall")  # fmt: skip
+    ap.add_argument("--warmup-arg", action="append", default=[], metavar="ARG",
+                    help="drafter warm-up: one more argument of tlt_rt.train.drafter.warmup, as "
+                    "--warmup-arg=--unroll=5 (repeatable)")  # fmt: skip
+    ap.add_argument("--warmup-only", action="store_true",
+                    help="stop after the drafter warm-up (OUT/drafter, OUT/warmup.log): variants side by side, then "
+                    "the runs with --drafter")  # fmt: skip
     ap.add_argument("--checkpoints", action="store_true",
                     help="let the runs write their checkpoints (default: none, rl.checkpoint_every=0: the timing "
                     "would include writing them, and a 1.5B policy's are ~25 GB each)")  # fmt: skip
@@ -169,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     if drafter is None and not args.fresh_drafter:
         drafter = str(warm_drafter(args.config, keys, out / "drafter", args.warmup_prompts, args.warmup_epochs,
                                    args.warmup_max_new_tokens, args.strategy, args.warmup_curve,
-                                   args.warmup_lr_schedule))  # fmt: skip
+                                   args.warmup_lr_schedule, tuple(args.warmup_arg)))  # fmt: skip
+    if args.warmup_only:
+        if drafter is None:
+            ap.error("--warmup-only with --drafter or --fresh-drafter has nothing to do")
+        return 0
 
     def left() -> float:  # what the time limit leaves
         return max(60.0, args.time_limit - (time.time() - t0)) if args.time_limit else float("inf")

@@ -46,3 +46,27 @@ def test_e2e_runs_off_and_auto_and_writes_the_page(tiny, tmp_path, capsys):  # n
 def test_e2e_refuses_too_few_steps(tmp_path):
     with pytest.raises(SystemExit):
         _script().main(["--steps", "2", "--timing-warmup", "2", "--out", str(tmp_path)])
+
+
+def test_e2e_warmup_only_passes_its_arguments_on_and_stops(tmp_path, monkeypatch):
+    script = _script()
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        return script.subprocess.CompletedProcess(cmd, 0, stdout="accept length ... 52% of it\n", stderr="")
+
+    monkeypatch.setattr(script.subprocess, "run", fake_run)
+    monkeypatch.setattr(script, "run", lambda *a, **k: pytest.fail("--warmup-only started an RL run"))
+    rc = script.main(["--config", str(ROOT / "configs" / "smollm2-tail-gpu.yaml"), "--out", str(tmp_path),
+                      "--warmup-only", "--warmup-arg=--hidden-weight=0", "--warmup-arg=--unroll=5"])  # fmt: skip
+    assert rc == 0 and len(seen) == 1
+    cmd = seen[0]
+    assert cmd[2] == "tlt_rt.train.drafter.warmup" and cmd[-2:] == ["--hidden-weight=0", "--unroll=5"]
+    assert "52% of it" in (tmp_path / "warmup.log").read_text()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_e2e_warmup_only_needs_a_warmup(tmp_path):
+    with pytest.raises(SystemExit):
+        _script().main(["--out", str(tmp_path), "--warmup-only", "--fresh-drafter"])

@@ -124,6 +124,7 @@ def warmup(
     epochs: float = 10.0,
     noise_std: float = 0.0,
     token_weight: float = 1.0,
+    hidden_weight: float = 1.0,
     unroll: int = 3,
     eval_temperatures: tuple[float, ...] = (0.0,),
     gen_batch: int = 256,
@@ -142,9 +143,10 @@ def warmup(
     set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
     count, should grow. `unroll` passes feed the drafter its own predictions in training (drafter_loss), which
     lifts the agreement at depth 2+ (benchmarks/drafter_diagnosis.md); `token_weight` is the CE's weight
-    next to the feature regression's 1.0. Accept length is measured at `temperature` and at each of
-    `eval_temperatures` (greedy, 0.0, bounds the drafter alone: at T > 0 even a perfect drafter loses the
-    steps where the target samples a token outside the tree). `gen_batch` caps the generating engine's batch.
+    and `hidden_weight` the feature regression's (0: the token loss alone, as EAGLE-3 trains). Accept length
+    is measured at `temperature` and at each of `eval_temperatures` (greedy, 0.0, bounds the drafter alone: at
+    T > 0 even a perfect drafter loses the steps where the target samples a token outside the tree). `gen_batch`
+    caps the generating engine's batch.
     `unroll_context`, `loss_temperature`, `sampled_weight` and `draft_vocab` are the trainer's (drafter_loss,
     DrafterTrainer); `fc_bias=False` builds a drafter vLLM serves as is; `export_format` picks the engine layout.
     `task` makes the prompts (default: two-step two-digit word problems of `seed`). `lr_schedule="cosine"`
@@ -201,6 +203,7 @@ def warmup(
         seed=seed,
         noise_std=noise_std,
         token_weight=token_weight,
+        hidden_weight=hidden_weight,
         unroll=unroll,
         unroll_context=unroll_context,
         temperature=loss_temperature,
@@ -259,6 +262,7 @@ def warmup(
         "sampled_weight": sampled_weight,
         "draft_vocab": drafter.draft_vocab_size,
         "token_weight": token_weight,
+        "hidden_weight": hidden_weight,
         "train_seconds": train_s,
         "final_loss": metrics.get("loss"),
         "final_top1": metrics.get("top1"),
@@ -311,7 +315,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=None, help="default: --epochs passes over the generated data")
     ap.add_argument("--epochs", type=float, default=10.0)
     ap.add_argument("--noise-std", type=float, default=0.0, help="Gaussian noise on input features")
-    ap.add_argument("--token-weight", type=float, default=1.0, help="CE weight (feature regression: 1.0)")
+    ap.add_argument("--token-weight", type=float, default=1.0, help="CE weight of the next-token loss")
+    ap.add_argument("--hidden-weight", type=float, default=1.0,
+                    help="weight of the feature regression (0 = the token loss alone)")  # fmt: skip
     ap.add_argument("--unroll", type=int, default=3, help="training passes fed the drafter's own predictions")
     ap.add_argument("--unroll-context", choices=("chain", "shifted"), default="chain",
                     help="attention context of unrolled passes (drafter_loss)")  # fmt: skip
@@ -371,6 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         epochs=a.epochs,
         noise_std=a.noise_std,
         token_weight=a.token_weight,
+        hidden_weight=a.hidden_weight,
         unroll=a.unroll,
         eval_temperatures=tuple(a.eval_temperatures),
         gen_batch=a.gen_batch,

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The real-model pass on one 4-GPU machine, every GPU busy at once (Qwen2.5-Coder-1.5B-Instruct):
+#   phase 1  GPUs 0-2: three drafter warm-ups side by side, one objective each (VARIANTS below);
+#            GPU 3:    every `gpu` test, then verl's GRPO with our rollout backend (benchmarks/gpu_verl.sh, the
+#                      0.5B model) when its GGUF and the verl kit are here;
+#   phase 2  the warm-up with the highest accept / ceiling serves both end-to-end comparisons:
+#            GPUs 0-1: SD auto + idle-GPU drafter training against SD off on two workers (qwen2.5-1.5b-math-2gpu),
+#            GPU 2:    the same on one GPU (tail training, qwen2.5-1.5b-math-gpu): what the second GPU buys;
+#            GPU 3:    auto against off by batch size, interleaved rounds (engine_throughput.py), after verl.
+# Each job is its own process group with its own Ray (a private local cluster per driver), pinned by
+# CUDA_VISIBLE_DEVICES. Everything runs in the background; the call returns at once.
+#
+#   benchmarks/gpu_x4.sh OUT QWEN15_GGUF [QWEN05_GGUF]    start it (the logs: OUT/*.log)
+#   benchmarks/gpu_x4.sh --snapshot OUT DEST              progress lines, and the small records so far packed
+#                                                         into DEST/snapshot.tgz
+# Settings: E2E_STEPS (22), E2E_SECONDS (660 per comparison), WARMUP_PROMPTS (384).
+set -u
+if [ "${1:-}" = "--snapshot" ]; then
+  out=${2:?OUT}; dest=${3:?DEST}
+  for f in "$out"/*.log; do [ -f "$f" ] && printf '%s: %s\n' "$(basename "$f")" "$(tail -c 300 "$f" | tail -n 2 | tr '\n' ' ')"; done
+  cat "$out/choice.txt" 2>/dev/null
+  (cd "$out" && find . -maxdepth 5 \( -name '*.log' -o -name '*.jsonl' -o -name '*.md' -o -name '*.png' -o -name '*.txt' \
+      -o -name 'warmup.json' \) -size -4M -print0 | tar czf "$dest/snapshot.tgz" --null -T -)
+  exit 0
+fi
+out=${1:?OUT}; q15=${2:?QWEN15_GGUF}; q05=${3:-}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg2=configs/qwen2.5-1.5b-math-2gpu.yaml
+steps=${E2E_STEPS:-22}; budget=${E2E_SECONDS:-660}; prompts=${WARMUP_PROMPTS:-384}
+# the warm-up objectives compared: today's default (feature regression + token loss, three training-time-test
+# passes), the token loss alone (EAGLE-3), and the token loss alone over five passes
+VARIANTS=("" "--warmup-arg=--hidden-weight=0" "--warmup-arg=--hidden-weight=0 --warmup-arg=--unroll=5")
+# the online objective that goes with each (the RL runs' drafter.* keys)
+ONLINE=("" "drafter.hidden_loss_weight=0" "drafter.hidden_loss_weight=0 drafter.unroll=5")
+
+main() {
+  local t0 i best=-1 ratio top=-1 drafter keys pids=()
+  t0=$(date +%s)
+  python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" "$q15" \
+      > "$out/convert.log" 2>&1
+  echo "converted at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  (   # GPU 3: the tests, then verl
+    export CUDA_VISIBLE_DEVICES=3
+    timeout 420 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1
+    if [ -n "$q05" ] && [ -f /tmp/verl-kit/p01.tar.xz ]; then
+      # verl's packages in a folder of their own, so the other jobs never import them
+      VERL_KIT_SITE=/tmp/site-verl source .verl-kit/unpack.sh > "$out/verl_kit.log" 2>&1 &&
+        VERL_TIMEOUT=600 benchmarks/gpu_verl.sh "$out/verl" "$q05" > "$out/verl.log" 2>&1
+    fi
+    touch "$out/gpu3.done"
+  ) &
+  for i in 0 1 2; do
+    # shellcheck disable=SC2086  # a variant's arguments split on purpose
+    CUDA_VISIBLE_DEVICES=$i python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w$i" --warmup-only \
+        --warmup-prompts "$prompts" --warmup-max-new-tokens 512 --warmup-epochs 4 --warmup-curve 3 ${VARIANTS[$i]} \
+        -- "model.path=$q15" > "$out/warmup$i.log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  echo "warm-ups done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  for i in 0 1 2; do
+    ratio=$(python - "$out/w$i/drafter/warmup.json" <<'EOF'
+import json, sys
+try:
+    rep = json.load(open(sys.argv[1]))
+    acc = rep["accept_length"]["1.0"]
+    print(int(1000 * acc["after"] / acc["ceiling"]))
+except Exception:
+    print(-1)
+EOF
+)
+    echo "variant $i (${VARIANTS[$i]:-default}): accept/ceiling x1000 = $ratio" >> "$out/choice.txt"
+    if [ "$ratio" -gt "$top" ]; then top=$ratio; best=$i; fi
+  done
+  if [ "$best" -lt 0 ]; then echo "no warm-up finished: see warmup*.log" >> "$out/choice.txt"; return 1; fi
+  drafter=$out/w$best/drafter; keys=${ONLINE[$best]}
+  echo "chosen: variant $best, $drafter, online keys: ${keys:-none}" >> "$out/choice.txt"
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=0,1 python benchmarks/e2e_rl.py --config "$cfg2" --drafter "$drafter" --steps "$steps" \
+      --time-limit "$budget" --out "$out/e2e2" -- "model.path=$q15" $keys > "$out/e2e2.log" 2>&1 &
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=2 python benchmarks/e2e_rl.py --config "$cfg1" --drafter "$drafter" --steps "$steps" \
+      --time-limit "$budget" --out "$out/e2e1" -- "model.path=$q15" $keys > "$out/e2e1.log" 2>&1 &
+  while [ ! -f "$out/gpu3.done" ]; do sleep 5; done
+  CUDA_VISIBLE_DEVICES=3 python benchmarks/engine_throughput.py --target "$q15" --temperature 1 \
+      --task-config "$cfg1" --drafter "$drafter" --configs off auto --interleave --learn-rounds 1 --repeats 3 \
+      --max-new-tokens 384 --batch 1 8 32 128 --out "$out/throughput.jsonl" > "$out/throughput.log" 2>&1
+  wait
+  echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+}
+
+setsid nohup bash -c "$(declare -f main); $(declare -p VARIANTS ONLINE out q15 q05 cfg1 cfg2 steps budget prompts); main" \
+    > "$out/main.log" 2>&1 < /dev/null &
+echo "started (pid $!); poll with: benchmarks/gpu_x4.sh --snapshot $out DEST"
