@@ -21,48 +21,7 @@ import torch
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import CausalLM
-
-SHAPES = {
-    "qwen2.5-7b": dict(
-        model_type="qwen2",
-        vocab_size=152064,
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        head_dim=128,
-        rope_theta=1e6,
-        max_position_embeddings=32768,
-    ),
-    "qwen2.5-32b": dict(
-        model_type="qwen2",
-        vocab_size=152064,
-        hidden_size=5120,
-        intermediate_size=27648,
-        num_hidden_layers=64,
-        num_attention_heads=40,
-        num_key_value_heads=8,
-        head_dim=128,
-        rope_theta=1e6,
-        max_position_embeddings=32768,
-    ),
-    # one rank of Llama-3.3-70B at tensor parallelism 8: 64/8 query heads, 8/8 KV heads, 28672/8 MLP
-    # columns and 128256/8 vocabulary rows per rank, full hidden size; its step time is a TP=8 step's
-    # compute and HBM traffic per GPU, without the two all-reduces per layer
-    "llama-70b-tp8-rank": dict(
-        model_type="llama",
-        vocab_size=128256 // 8,
-        hidden_size=8192,
-        intermediate_size=28672 // 8,
-        num_hidden_layers=80,
-        num_attention_heads=64 // 8,
-        num_key_value_heads=8 // 8,
-        head_dim=128,
-        rope_theta=5e5,
-        max_position_embeddings=131072,
-    ),
-}
+from tlt_rt.models.shapes import SHAPES
 
 
 def build_model(name: str, device: str = "cuda") -> CausalLM:
