@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_costs import SHAPES, append_jsonl, hbm_bandwidth, time_replays  # noqa: E402
+from step_costs import append_jsonl, hbm_bandwidth, time_replays  # noqa: E402
 
 from tlt_rt.codegen.kernels.skinny_gemm import SKINNY_META, skinny_linear_triton  # noqa: E402
+from tlt_rt.models.shapes import SHAPES  # noqa: E402
 
 
 def layer_shapes(name: str) -> dict[str, tuple[int, int]]:

@@ -4,7 +4,7 @@ memory peaks against the dry run's forecast, and the learner's tokens/s, model T
     python benchmarks/learner_step.py --config configs/qwen2.5-1.5b-math-gpu.yaml --shape qwen2.5-coder-1.5b \\
         --variants "" "rl.activation_checkpointing=false rl.micro_batch_tokens=8192" [--profile] [-- KEY=VALUE ...]
 
-No checkpoint is read: the model is built from `--shape` (train/__main__.py KNOWN_SHAPES) with random weights,
+No checkpoint is read: the model is built from `--shape` (tlt_rt/models/shapes.py) with random weights,
 so a GPU machine needs nothing but the repository. The engine is the run's (config rollout.*, its steps
 captured, the drafter beside it with its reduced head); it decodes `max_batch` sequences of random prompts for
 `--decode-tokens` tokens (the rollout peak is mostly what the engine allocates up front). The learner then
@@ -32,8 +32,8 @@ from tlt_rt.config import TLTConfig, load_config  # noqa: E402
 from tlt_rt.models.arch import ArchConfig  # noqa: E402
 from tlt_rt.models.drafter import Drafter  # noqa: E402
 from tlt_rt.models.llama import CausalLM  # noqa: E402
+from tlt_rt.models.shapes import KNOWN_SHAPES  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
-from tlt_rt.train.__main__ import KNOWN_SHAPES  # noqa: E402
 from tlt_rt.train.drafter.vocab import DraftVocab  # noqa: E402
 from tlt_rt.train.memory import GIB, forecast  # noqa: E402
 from tlt_rt.train.rl.flops import peak_flops  # noqa: E402

@@ -1,11 +1,17 @@
 """Decode and verify step costs against the HBM floor, on a GPU.
 
-    python benchmarks/step_costs.py --model qwen2.5-7b --batch 1 4 16 64 --ctx 1024 8192 --verify 16 48
+    python benchmarks/step_costs.py --model qwen2.5-coder-1.5b --batch 1 8 32 --ctx 1024 --verify 16 48
+    python benchmarks/step_costs.py --model qwen2.5-coder-1.5b-instruct --batch 1 8 32 --ctx 1024  # fetched
+    python benchmarks/step_costs.py --model qwen2.5-7b --batch 1 4 16 64 --ctx 1024 8192 --profile
 
 For each (batch, context, mode) one paged forward is captured as a CUDA graph and its replays are timed
 with CUDA events (median of --iters). The floor of a step is (weight bytes + KV bytes read) / the HBM
-bandwidth measured in the same run by a large device-to-device copy. Models of known shapes are built with
-random bf16 weights (nothing is downloaded); "smollm2" loads the embedded default model.
+bandwidth measured in the same run by a large device-to-device copy; "% of floor" is floor / measured.
+--model takes a shape of tlt_rt/models/shapes.py (random bf16 weights, nothing is downloaded), "smollm2"
+(the embedded default model), a registered model that `python -m tlt_rt.models.fetch` fetched, a .gguf file
+or a converted model folder (the last four read by the project's loader, in bf16). --profile prints the
+first decode shape's kernels by time, their count per step and per layer, and their summed time against
+the step's replay time (the rest is gaps between kernels inside the graph).
 Prints a table and, with --out, appends JSON lines.
 """
 
@@ -15,67 +21,54 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
+from tlt_rt.models import load_target
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.attention import AttnMetadata
-from tlt_rt.models.llama import CausalLM
+from tlt_rt.models.default import DEFAULT_NAME, fetched_gguf, not_fetched
+from tlt_rt.models.llama import CausalLM, Rotary
+from tlt_rt.models.registry import MODELS
+from tlt_rt.models.shapes import SHAPES
 
-SHAPES = {
-    "qwen2.5-7b": dict(
-        model_type="qwen2",
-        vocab_size=152064,
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        head_dim=128,
-        rope_theta=1e6,
-        max_position_embeddings=32768,
-    ),
-    "qwen2.5-32b": dict(
-        model_type="qwen2",
-        vocab_size=152064,
-        hidden_size=5120,
-        intermediate_size=27648,
-        num_hidden_layers=64,
-        num_attention_heads=40,
-        num_key_value_heads=8,
-        head_dim=128,
-        rope_theta=1e6,
-        max_position_embeddings=32768,
-    ),
-    # one rank of Llama-3.3-70B at tensor parallelism 8: 64/8 query heads, 8/8 KV heads, 28672/8 MLP
-    # columns and 128256/8 vocabulary rows per rank, full hidden size; its step time is a TP=8 step's
-    # compute and HBM traffic per GPU, without the two all-reduces per layer
-    "llama-70b-tp8-rank": dict(
-        model_type="llama",
-        vocab_size=128256 // 8,
-        hidden_size=8192,
-        intermediate_size=28672 // 8,
-        num_hidden_layers=80,
-        num_attention_heads=64 // 8,
-        num_key_value_heads=8 // 8,
-        head_dim=128,
-        rope_theta=5e5,
-        max_position_embeddings=131072,
-    ),
-}
+
+def model_source(name: str) -> str:
+    """What `--model name` is: "shape" for a name of SHAPES (random weights), "checkpoint" for what the loader
+    reads ("smollm2", a fetched registered model, a .gguf file, a model folder or its config.json).
+    ValueError naming what is accepted otherwise, before anything touches the GPU."""
+    if name in SHAPES:
+        return "shape"
+    if name == DEFAULT_NAME:
+        return "checkpoint"
+    if name in MODELS:
+        if not fetched_gguf(name).is_file():
+            raise ValueError(not_fetched(name))
+        return "checkpoint"
+    p = Path(name).expanduser()
+    if (p.is_file() and (p.suffix == ".gguf" or p.name == "config.json")) or (p / "config.json").is_file():
+        return "checkpoint"
+    raise ValueError(
+        f"--model {name}: not a shape ({', '.join(SHAPES)}), {DEFAULT_NAME!r}, a registered model "
+        f"({', '.join(MODELS)}), a .gguf file nor a model folder with config.json"
+    )
 
 
 def build_model(name: str, device: str = "cuda") -> CausalLM:
-    if name == "smollm2":
-        from tlt_rt.models import load_target
+    """The bf16 model `--model name` names: random weights of a shape, or a checkpoint through the loader."""
+    if model_source(name) == "checkpoint":
+        return load_target(name, dtype="bfloat16", device=device)
+    return random_model(ArchConfig(**SHAPES[name]), device)
 
-        return load_target(None, dtype="bfloat16", device=device)
-    arch = ArchConfig(**SHAPES[name])
+
+def random_model(arch: ArchConfig, device: str = "cuda") -> CausalLM:
+    """A bf16 model of `arch` with N(0, 0.02) weights, built on `device` without a CPU copy first."""
     with torch.device("meta"):
         model = CausalLM(arch)
     model = model.to_empty(device=device).to(torch.bfloat16)
-    from tlt_rt.models.llama import Rotary
-
+    if arch.tie_word_embeddings:  # to_empty gives the head its own tensor: the tie is made again, as the loader does
+        model.lm_head.weight = model.model.embed_tokens.weight
     model.rotary = Rotary(arch).to(device)
     with torch.no_grad():
         for p in model.parameters():
@@ -180,34 +173,74 @@ def print_kernel_table(rows: list[tuple[str, float, float]], title: str, top: in
         print(f"  {us:9.1f} us {n:6.1f}x  {name[:100]}")
 
 
+def step_summary(rows: list[tuple[str, float, float]], layers: int, replay_s: float) -> str:
+    """One step's kernel count, per layer and outside the layers, and the kernels' summed time against the
+    graph's replay time. A kernel launched k * layers + r times a step counts k per layer and r outside them
+    (embedding, final norm, LM head); `rows` are `kernel_table`'s per step."""
+    launches = [round(n) for _, _, n in rows]
+    per_layer, outside = sum(n // layers for n in launches), sum(n % layers for n in launches)
+    kernels_ms, replay_ms = sum(r[1] for r in rows) / 1e3, replay_s * 1e3
+    gaps = replay_ms - kernels_ms
+    return (
+        f"{sum(launches)} kernels a step: {per_layer} per layer x {layers} layers + {outside} outside them; "
+        f"kernels {kernels_ms:.3f} ms of a {replay_ms:.3f} ms replay, {gaps:.3f} ms "
+        f"({100 * gaps / replay_ms:.0f}%) between kernels"
+    )
+
+
 def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, top: int = 14) -> None:
-    """Kernel time per decode step by kernel name (torch profiler over graph replays)."""
+    """Kernel time per decode step by kernel name (torch profiler over graph replays), then `step_summary`."""
     from torch.profiler import ProfilerActivity, profile
 
     g, cache = graphed_step(model, batch, ctx)
     g.replay()
     torch.cuda.synchronize()
+    replay_s = time_replays(g, replays)  # outside the profiler, which slows the replays down
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             g.replay()
         torch.cuda.synchronize()
-    print_kernel_table(kernel_table(prof, replays), f"kernel breakdown, batch {batch} ctx {ctx}, per step", top)
+    rows = kernel_table(prof, replays)
+    print_kernel_table(rows, f"kernel breakdown, batch {batch} ctx {ctx}, per step", top)
+    print(step_summary(rows, model.arch.num_hidden_layers, replay_s))
     del g, cache
     torch.cuda.empty_cache()
 
 
-def floor_seconds(model: CausalLM, batch: int, ctx: int, tree: int, bandwidth: float) -> float:
-    a = model.arch
-    # every weight is read once per step, except the embedding table (only the looked-up rows)
+def weight_bytes(model: CausalLM) -> int:
+    """Weight bytes one step reads: every parameter once, except an untied embedding table (only its looked-up
+    rows are read); a tied one is the LM head and counts once (parameters() yields a shared tensor once)."""
     embed = model.model.embed_tokens.weight
-    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed or a.tie_word_embeddings)
+    tied = model.lm_head.weight is embed
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed or tied)
+
+
+def floor_seconds(model: CausalLM, batch: int, ctx: int, tree: int, bandwidth: float) -> float:
+    """(weight bytes + bf16 KV bytes read) / bandwidth, for `tree` tokens per sequence after `ctx` cached ones."""
+    a = model.arch
     kv = batch * (ctx + tree) * a.num_hidden_layers * 2 * a.num_key_value_heads * a.head_dim * 2
-    return (weights + kv) / bandwidth
+    return (weight_bytes(model) + kv) / bandwidth
+
+
+def print_rows(rows: list[dict]) -> None:
+    """The table of `main`'s rows; "% of floor" is floor / measured."""
+    width = max([12, *(len(r["model"]) for r in rows)])
+    print(f"{'model':{width}} {'batch':>5} {'ctx':>6} {'tokens':>6} {'ms':>8} {'floor ms':>8} {'% of floor':>10}")
+    for r in rows:
+        print(
+            f"{r['model']:{width}} {r['batch']:5d} {r['ctx']:6d} {r['tokens']:6d} {r['ms']:8.3f} "
+            f"{r['floor_ms']:8.3f} {100 * r['floor_fraction']:10.1f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="qwen2.5-7b", choices=["smollm2", *SHAPES])
+    ap.add_argument(
+        "--model",
+        default="qwen2.5-7b",
+        help=f"a shape ({', '.join(SHAPES)}), {DEFAULT_NAME}, a registered model ({', '.join(MODELS)}), "
+        "a .gguf file or a converted model folder",
+    )
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--ctx", type=int, nargs="+", default=[1024, 8192])
     ap.add_argument("--verify", type=int, nargs="*", default=[16, 48])
@@ -219,9 +252,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-fused-rope", action="store_true", help="rotary and the KV write as separate kernels")
     ap.add_argument("--separate-merge", action="store_true", help="split-K partials merged by a second kernel")
     ap.add_argument("--decode-meta", default=None, help="JSON file of decode attention meta-parameters to use")
-    ap.add_argument("--profile", action="store_true", help="kernel time breakdown of the first decode shape")
+    ap.add_argument("--profile", action="store_true", help="kernels of the first decode shape: time, count, gaps")
     ap.add_argument("--label", default="", help="tag written into each row (variant under test)")
     args = ap.parse_args(argv)
+    try:
+        model_source(args.model)
+    except ValueError as e:
+        ap.error(str(e))
     from tlt_rt.codegen.backend import select_backend
 
     if args.decode_meta:  # e.g. the best of `bench_attention.py --tune --best-out`
@@ -262,18 +299,14 @@ def main(argv: list[str] | None = None) -> None:
                         ms=sec * 1e3,
                         floor_ms=fl * 1e3,
                         pct_floor=100 * fl / sec,
+                        floor_fraction=fl / sec,
                         hbm_gbs=bw / 1e9,
                         device=torch.cuda.get_device_name(),
                         wall=time.perf_counter() - t0,
                     )
                 )
     print(f"HBM copy bandwidth: {bw / 1e9:.0f} GB/s on {torch.cuda.get_device_name()}")
-    print(f"{'model':12} {'batch':>5} {'ctx':>6} {'tokens':>6} {'ms':>8} {'floor ms':>8} {'% floor':>7}")
-    for r in rows:
-        print(
-            f"{r['model']:12} {r['batch']:5d} {r['ctx']:6d} {r['tokens']:6d} {r['ms']:8.3f} {r['floor_ms']:8.3f} "
-            f"{r['pct_floor']:7.1f}"
-        )
+    print_rows(rows)
     append_jsonl(args.out, rows)
 
 

@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tlt_rt.models.arch import ArchConfig  # noqa: E402
 from tlt_rt.models.llama import CausalLM  # noqa: E402
+from tlt_rt.models.shapes import KNOWN_SHAPES  # noqa: E402
 from tlt_rt.models.tensor_parallel import shard_for_tp  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.rollout.lockstep import lockstep_engine  # noqa: E402
-from tlt_rt.train.__main__ import KNOWN_SHAPES  # noqa: E402
 
 WORLD = 2
 SMOKE = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -20,7 +20,7 @@ from tlt_rt.models.default import convert_gguf, fetched_gguf, resolve_model_path
 from tlt_rt.models.fetch import main as fetch_main
 from tlt_rt.models.gguf_shape import gguf_arch
 from tlt_rt.models.registry import MODELS, RemoteModel
-from tlt_rt.train.__main__ import KNOWN_SHAPES
+from tlt_rt.models.shapes import KNOWN_SHAPES
 from tlt_rt.train.__main__ import main as train_main
 
 VERSION = "0.1.0"

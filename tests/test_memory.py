@@ -8,8 +8,9 @@ import pytest
 
 from tlt_rt.config import TLTConfig, load_config
 from tlt_rt.models.arch import ArchConfig
-from tlt_rt.train.__main__ import KNOWN_SHAPES, resolve_arch
+from tlt_rt.models.shapes import KNOWN_SHAPES
 from tlt_rt.train.__main__ import main as train_main
+from tlt_rt.train.__main__ import resolve_arch
 from tlt_rt.train.memory import GIB, activation_bytes_per_token, describe, forecast
 
 ROOT = Path(__file__).resolve().parents[1]

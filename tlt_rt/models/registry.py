@@ -17,7 +17,7 @@ class RemoteModel:
     parts: int
     size: int  # bytes of the joined GGUF
     sha256: str  # of the joined GGUF
-    shape: str  # key of tlt_rt.train.__main__.KNOWN_SHAPES, for a dry run before the fetch
+    shape: str  # key of tlt_rt.models.shapes.KNOWN_SHAPES, for a dry run before the fetch
     version: str | None = None  # pinned, so the hash above stays the file's; None takes the newest
     make_target: str | None = None  # `make <target>` fetches it
     about: str = ""

@@ -19,37 +19,12 @@ from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.default import converted_dir, fetched_gguf
 from tlt_rt.models.gguf_shape import gguf_arch
 from tlt_rt.models.registry import MODELS, fetch_command
+from tlt_rt.models.shapes import KNOWN_SHAPES
 from tlt_rt.train.cluster.placement import PlacementError, plan_layout
 from tlt_rt.train.memory import describe as describe_memory
 from tlt_rt.train.memory import forecast, param_count
 from tlt_rt.train.preflight import preflight
 from tlt_rt.train.rl.checkpoint import CheckpointError
-
-# Published shapes (each model's config.json), so a plan needs no download.
-KNOWN_SHAPES: dict[str, dict] = {
-    "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                         tie_word_embeddings=True, max_position_embeddings=8192),
-    "qwen2.5-7b": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
-                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, head_dim=128,
-                       qkv_bias=True, max_position_embeddings=32768),
-    "qwen2.5-32b": dict(model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=27648,
-                        num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
-                        qkv_bias=True, max_position_embeddings=32768),
-    "llama3-70b": dict(model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672,
-                       num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
-                       max_position_embeddings=131072),
-    # the GGUFs that `python -m tlt_rt.models.fetch` brings (registry.py), as their headers give them: both
-    # models are published with tied embeddings, but each GGUF carries its own output.weight, so they load untied
-    "qwen2.5-coder-0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                               num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, head_dim=64,
-                               qkv_bias=True, tie_word_embeddings=False, max_position_embeddings=32768,
-                               rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=151643, eos_token_ids=(151645,)),
-    "qwen2.5-coder-1.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                               num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, head_dim=128,
-                               qkv_bias=True, tie_word_embeddings=False, max_position_embeddings=32768,
-                               rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=151643, eos_token_ids=(151645,)),
-}  # fmt: skip
 
 
 def resolve_arch(cfg: TLTConfig) -> tuple[ArchConfig, str]:

@@ -1,0 +1,144 @@
+"""benchmarks/step_costs.py on a CPU: the shape table it shares with the dry run, what `--model` accepts, the
+floor's weight bytes, the printed table and the profile's step summary. The timings themselves need a GPU."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tlt_rt.config import TLTConfig, load_config
+from tlt_rt.models import CausalLM, save_target
+from tlt_rt.models.arch import ArchConfig
+from tlt_rt.models.default import fetched_gguf
+from tlt_rt.models.registry import MODELS
+from tlt_rt.models.shapes import KNOWN_SHAPES, RANK_SHAPES, SHAPES
+from tlt_rt.train.__main__ import resolve_arch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from step_costs import (  # noqa: E402
+    build_model,
+    floor_seconds,
+    main,
+    model_source,
+    print_rows,
+    step_summary,
+    weight_bytes,
+)
+
+TINY = ArchConfig(model_type="qwen2", vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=8, qkv_bias=True,
+                  tie_word_embeddings=True)  # fmt: skip
+
+
+def test_old_names_stay_and_the_rank_shape_is_the_one_it_was():
+    assert {"qwen2.5-7b", "qwen2.5-32b", "llama-70b-tp8-rank"} <= set(SHAPES)
+    assert {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m", "llama3-70b"} <= set(KNOWN_SHAPES)
+    assert set(SHAPES) == set(KNOWN_SHAPES) | set(RANK_SHAPES)
+    assert RANK_SHAPES["llama-70b-tp8-rank"] == dict(
+        model_type="llama", vocab_size=128256 // 8, hidden_size=8192, intermediate_size=28672 // 8,
+        num_hidden_layers=80, num_attention_heads=64 // 8, num_key_value_heads=8 // 8, head_dim=128,
+        rope_theta=5e5, max_position_embeddings=131072,
+    )  # fmt: skip
+    assert all(m.shape in KNOWN_SHAPES for m in MODELS.values())
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_SHAPES))
+def test_step_costs_builds_the_shape_the_dry_run_plans(name):
+    cfg = load_config(TLTConfig, None, [f"model.path=/not/here/{name}", f"model.arch={name}"])
+    planned, source = resolve_arch(cfg)
+    assert source.startswith(f"known shape {name}")
+    assert model_source(name) == "shape"
+    assert build_model(name, device="meta").arch == planned  # meta: the shape without allocating its weights
+
+
+def test_model_argument_resolution(tmp_path, monkeypatch):
+    monkeypatch.setenv("TLT_CACHE", str(tmp_path / "cache"))
+    assert model_source("smollm2") == "checkpoint"
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    for checkpoint in (gguf, folder, folder / "config.json"):
+        assert model_source(str(checkpoint)) == "checkpoint"
+    (tmp_path / "weights.bin").write_bytes(b"")
+    for bad in ("qwen2.5-8b", str(tmp_path / "weights.bin"), str(tmp_path), str(tmp_path / "absent.gguf")):
+        with pytest.raises(ValueError, match="not a shape .*qwen2.5-coder-1.5b.*a .gguf file nor a model folder"):
+            model_source(bad)
+    name = "qwen2.5-coder-1.5b-instruct"
+    with pytest.raises(ValueError, match=f"model {name} is not fetched yet: run `python -m tlt_rt.models.fetch"):
+        model_source(name)
+    fetched_gguf(name).parent.mkdir(parents=True)
+    fetched_gguf(name).write_bytes(b"GGUF")
+    assert model_source(name) == "checkpoint"
+
+
+def test_cli_help_and_an_unknown_model_need_no_gpu(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "qwen2.5-coder-1.5b" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "qwen2.5-8b"])
+    assert e.value.code == 2 and "--model qwen2.5-8b: not a shape" in capsys.readouterr().err
+
+
+def test_floor_counts_the_tied_head_once():
+    v, h = TINY.vocab_size, TINY.hidden_size
+    tied = CausalLM(TINY)
+    untied = CausalLM(replace(TINY, tie_word_embeddings=False))
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    every = sum(p.numel() for p in tied.parameters())  # the shared [V, H] tensor once
+    assert weight_bytes(tied) == 4 * every
+    # untied, the head is read and the embedding only by rows: the same bytes as the tied model
+    assert weight_bytes(untied) == weight_bytes(tied) == 4 * (sum(p.numel() for p in untied.parameters()) - v * h)
+    tied.fuse_projections()  # fused q/k/v and gate/up are views of the same parameters
+    assert weight_bytes(tied) == 4 * every
+    kv = 2 * (10 + 3) * TINY.num_hidden_layers * 2 * TINY.num_key_value_heads * TINY.head_dim * 2
+    assert floor_seconds(tied, 2, 10, 3, bandwidth=2.0) == (4 * every + kv) / 2.0
+
+
+def test_random_and_loaded_tied_models_share_their_head():
+    arch = ArchConfig(**KNOWN_SHAPES["smollm2-135m"])
+    model = build_model("smollm2-135m", device="meta")
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    v, h, i, n = arch.vocab_size, arch.hidden_size, arch.intermediate_size, arch.num_hidden_layers
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+    assert weight_bytes(model) == 2 * (v * h + n * per_layer + h)  # bf16; the embedding once, as the head
+
+
+def test_a_saved_folder_loads_through_the_project_loader(tmp_path):
+    folder = save_target(CausalLM(TINY), tmp_path / "tiny")
+    assert model_source(str(folder)) == "checkpoint"
+    model = build_model(str(folder), device="cpu")
+    assert model.arch == TINY and model.lm_head.weight is model.model.embed_tokens.weight
+    assert weight_bytes(model) == 2 * sum(p.numel() for p in model.parameters())  # bf16, the head once
+
+
+def test_table_has_percent_of_floor(capsys):
+    rows = [
+        dict(model="qwen2.5-coder-1.5b", batch=8, ctx=1024, tokens=1, ms=2.0, floor_ms=1.5, floor_fraction=0.75),
+        dict(model="smollm2", batch=1, ctx=1024, tokens=16, ms=1.0, floor_ms=0.25, floor_fraction=0.25),
+    ]
+    print_rows(rows)
+    header, first, second = capsys.readouterr().out.splitlines()
+    assert header.split()[-3:] == ["%", "of", "floor"] and len(header) == len(first) == len(second)
+    assert first.split() == ["qwen2.5-coder-1.5b", "8", "1024", "1", "2.000", "1.500", "75.0"]
+    assert second.split()[-1] == "25.0"
+
+
+def test_step_summary_counts_kernels_per_layer_and_the_gaps():
+    layers = 4
+    rows = [  # kernel_table rows of one step: (name, us, launches)
+        ("gemm", 600.0, 3 * layers + 1),  # q/k/v, o and down per layer; the LM head once
+        ("rms_norm", 100.0, 2 * layers + 1),
+        ("decode_attention", 200.0, layers),
+        ("embedding", 10.0, 1),
+    ]
+    text = step_summary(rows, layers, replay_s=1.0e-3)
+    assert text.startswith("27 kernels a step: 6 per layer x 4 layers + 3 outside them;")
+    assert text.endswith("kernels 0.910 ms of a 1.000 ms replay, 0.090 ms (9%) between kernels")
