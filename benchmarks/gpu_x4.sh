@@ -5,7 +5,8 @@
 #                      0.5B model) when its GGUF and the verl kit are here;
 #   phase 2  the warm-up with the highest accept / ceiling serves both end-to-end comparisons:
 #            GPUs 0-1: SD auto + idle-GPU drafter training against SD off on two workers (qwen2.5-1.5b-math-2gpu),
-#            GPU 2:    the same on one GPU (tail training, qwen2.5-1.5b-math-gpu): what the second GPU buys;
+#            GPU 2:    the same on one GPU (tail training, qwen2.5-1.5b-math-gpu): what the second GPU buys, then
+#                      the decode step against the HBM floor with its kernels (step_costs.py --profile);
 #            GPU 3:    auto against off by batch size, interleaved rounds (engine_throughput.py), after verl.
 # Each job is its own process group with its own Ray (a private local cluster per driver), pinned by
 # CUDA_VISIBLE_DEVICES. Everything runs in the background; the call returns at once.
@@ -79,9 +80,13 @@ EOF
   # shellcheck disable=SC2086
   CUDA_VISIBLE_DEVICES=0,1 python benchmarks/e2e_rl.py --config "$cfg2" --drafter "$drafter" --steps "$steps" \
       --time-limit "$budget" --out "$out/e2e2" -- "model.path=$q15" $keys > "$out/e2e2.log" 2>&1 &
-  # shellcheck disable=SC2086
-  CUDA_VISIBLE_DEVICES=2 python benchmarks/e2e_rl.py --config "$cfg1" --drafter "$drafter" --steps "$steps" \
-      --time-limit "$budget" --out "$out/e2e1" -- "model.path=$q15" $keys > "$out/e2e1.log" 2>&1 &
+  (  # GPU 2: the one-GPU comparison, then the decode step against the HBM floor with its kernel breakdown
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=2 python benchmarks/e2e_rl.py --config "$cfg1" --drafter "$drafter" --steps "$steps" \
+        --time-limit "$budget" --out "$out/e2e1" -- "model.path=$q15" $keys > "$out/e2e1.log" 2>&1
+    CUDA_VISIBLE_DEVICES=2 timeout 300 python benchmarks/step_costs.py --model "$q15" --batch 1 8 32 --ctx 1024 \
+        --verify 16 48 --profile --out "$out/step_costs.jsonl" > "$out/step_costs.log" 2>&1
+  ) &
   while [ ! -f "$out/gpu3.done" ]; do sleep 5; done
   CUDA_VISIBLE_DEVICES=3 python benchmarks/engine_throughput.py --target "$q15" --temperature 1 \
       --task-config "$cfg1" --drafter "$drafter" --configs off auto --interleave --learn-rounds 1 --repeats 3 \
