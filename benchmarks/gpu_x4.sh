@@ -65,7 +65,7 @@ main() {
 import json, sys
 try:
     rep = json.load(open(sys.argv[1]))
-    acc = rep["accept_length"]["1.0"]
+    acc = next(iter(rep["accept_length"].values()))  # the RL temperature's (keyed as the warm-up wrote it: "1")
     print(int(1000 * acc["after"] / acc["ceiling"]))
 except Exception:
     print(-1)
