@@ -115,7 +115,8 @@ def test_trl_dataset_trains_one_step(ray_cluster, tiny, tmp_path):  # noqa: F811
     data = write_trl(tmp_path / "trl.jsonl")
     records = train(tiny_config(tiny, tmp_path, "trl", "rl.steps=1", "cluster.num_workers=1", f"task.path={data}",
                                 "task.reward=math_verify"))  # fmt: skip
-    assert len(records) == 1 and records[0]["policy_version"] >= 0
+    # the policy moves only when a group's rewards differed (GRPO drops the others)
+    assert len(records) == 1 and records[0]["policy_version"] == int(records[0]["samples_trained"] > 0)
     assert metrics(tmp_path / "trl")[0]["step"] == 0
 
 
