@@ -132,6 +132,11 @@ def test_smollm2_two_steps_train_policy_and_drafter(ray_cluster, tmp_path):
     # the worker with one prompt (of three) finishes early and trains the drafter while the other generates
     assert sum(r["spot_steps"] for r in records) > 0
     assert sum(r["harvested_worker_seconds"] for r in records) > 0
+    for r in records:  # the workers' tail: the first worker done to the last
+        ends = r["worker_rollout_seconds"]
+        assert len(ends) == 2 and r["worker_gap_seconds"] == max(ends) - min(ends)
+        assert max(ends) <= r["rollout_seconds"] + 1e-6
+    assert max(r["worker_gap_seconds"] for r in records) > 0
     assert all(r["drafter_loss"] is not None for r in records if r["spot_steps"])
     assert sum(r["samples_trained"] for r in records) > 0 and records[-1]["policy_version"] >= 1
     for key in ("reward_mean", "accuracy", "response_len_p90", "tail_share", "sd_share", "strategy_use",

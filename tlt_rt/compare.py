@@ -31,6 +31,7 @@ COLUMNS = (
     ("rollout_seconds", "rollout s", ".2f"),
     ("rollout_share", "rollout share", ".0%"),
     ("tail_share", "tail share", ".0%"),
+    ("worker_gap_seconds", "workers' gap s", ".2f"),
     ("learner_seconds", "learner s", ".2f"),
     ("learner_update_seconds", "update s", ".2f"),
     ("learner_tokens_per_second", "learner tok/s", ".0f"),

@@ -29,6 +29,7 @@ def step_record(
     rollout_s = outcome.end - outcome.start
     trainings = list(outcome.trainings.values()) + [res.tail for res in results if res.tail]
     idle = sum(max(0.0, outcome.end - res.end) for res in results)
+    ends = [res.end - outcome.start for res in results]  # each worker's rollout, from the step's start
     # preemption waits for the current drafter micro-step: how long that held the step up
     overrun = max([t.end - outcome.end for t in outcome.trainings.values() if t.steps], default=0.0)
     tokens = sum(x.tokens for x in learn)
@@ -45,6 +46,9 @@ def step_record(
         "groups_dropped": int(drop.sum()),
         "samples_trained": len(samples),
         **rollout_metrics(results, rollout_s),
+        "worker_rollout_seconds": ends,
+        # the workers' tail: from the first worker done to the last (0 with one worker)
+        "worker_gap_seconds": max(ends) - min(ends) if ends else 0.0,
         **spot_metrics(trainings, idle),
         "spot_overrun_seconds": max(0.0, overrun),
         "learner_seconds": t_end - t_rollout,
