@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tlt_rt.config import TLTConfig, load_config
+from tlt_rt.config import ConfigError, TLTConfig, load_config
 from tlt_rt.train.__main__ import main as train_main
-from tlt_rt.train.batching import build_minibatches, share_seed, split_even
+from tlt_rt.train.batching import build_minibatches, share_seed, split_even, work_shares
 from tlt_rt.train.drafter.tail import TAIL_SWITCH_INTERVAL_S, Pacer, TailTrainer, sm_partition, tail_training_on
 from tlt_rt.train.loop import RunExistsError, train
 from tlt_rt.train.rl import checkpoint as ckpt
@@ -329,6 +329,29 @@ def test_split_even_and_share_seed():
     assert split_even(5, 2) == [(0, 3), (3, 5)]
     assert split_even(1, 3) == [(0, 1), (1, 1), (1, 1)]
     assert share_seed(0, 3, 2) == share_seed(0, 3, 2) != share_seed(0, 3, 0)
+
+
+def test_work_shares_by_prompts_and_by_samples():
+    assert work_shares(5, 8, 2) == ([(0, 3), (3, 5)], [(0, 0), (3, 0)], [8, 8])  # today's shares and seeds
+    shares, origins, answers = work_shares(5, 8, 2, "samples")
+    assert shares == [(0, 5), (0, 5)] and answers == [4, 4]  # every prompt, half of each group
+    assert [first for _, first in origins] == [0, 4]
+    keys = [key for key, _ in origins]  # the seed keys: distinct, and never a prompt index
+    assert len({share_seed(0, 1, k) for k in keys}) == 2 and all(k < 0 for k in keys)
+    with pytest.raises(ValueError, match="divide"):
+        work_shares(5, 6, 4, "samples")
+    with pytest.raises(ValueError, match="split"):
+        work_shares(5, 8, 2, "rows")
+
+
+def test_samples_split_fills_every_answer_of_every_group(ray_cluster, tiny, tmp_path):
+    keys = ("rl.steps=1", "cluster.num_workers=2", "cluster.split=samples", "rollout.speculative=off")
+    records = train(tiny_config(tiny, tmp_path, "spread", *keys, "rollout.max_new_tokens=6"))
+    r = records[0]
+    assert len(r["response_lengths"]) == 3 * 4 and min(r["response_lengths"]) > 0  # each slot filled once
+    assert len(r["worker_rollout_seconds"]) == 2
+    with pytest.raises(ConfigError, match="cluster.split"):
+        tiny_config(tiny, tmp_path, "odd", "cluster.num_workers=2", "cluster.split=samples", "rl.group_size=3")
 
 
 def test_build_minibatches_global_counts_and_balance():

@@ -19,6 +19,24 @@ def split_even(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+def work_shares(
+    num_prompts: int, group_size: int, workers: int, split: str = "prompts"
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[int]]:
+    """Per worker: its prompts [lo, hi), (its seed key, the group index of its first answer) and its answers
+    per prompt. 'prompts': contiguous prompt ranges with every answer (seed key: the first prompt);
+    'samples': every prompt, answers w*k .. (w+1)*k-1 of each group for worker w, k = group_size / workers
+    (seed key: -1 - w, never a prompt index, so no two shares draw the same samples)."""
+    if split == "prompts":
+        bounds = split_even(num_prompts, workers)
+        return bounds, [(lo, 0) for lo, _ in bounds], [group_size] * workers
+    if split != "samples":
+        raise ValueError(f"split must be 'prompts' or 'samples', got {split!r}")
+    if group_size % workers:
+        raise ValueError(f"split 'samples': {group_size} answers a prompt do not divide over {workers} workers")
+    k = group_size // workers
+    return [(0, num_prompts)] * workers, [(-1 - w, w * k) for w in range(workers)], [k] * workers
+
+
 def share_seed(seed: int, step: int, first_prompt: int) -> int:
     """Sampling seed of one share: fixed by (run seed, step, the share's first prompt), not by the worker,
     so a redone share draws the same samples."""

@@ -90,6 +90,13 @@ class TLTConfig:
             "name",
             f"must be a non-empty folder name without '/', got {self.name!r}",
         )
+        c, n = self.cluster, self.rl.group_size
+        check(
+            c.split == "prompts" or n % c.num_workers == 0,
+            "cluster.split",
+            f"'samples' spreads each prompt's {n} answers (rl.group_size) over {c.num_workers} workers: "
+            "they must divide evenly",
+        )
         ctx, r = self.model.max_context, self.rollout
         check(
             r.max_new_tokens < ctx,

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from tlt_rt.config import ConfigError, TLTConfig, dump_yaml
 from tlt_rt.models.default import load_tokenizer
 from tlt_rt.train import heldout
-from tlt_rt.train.batching import build_minibatches, share_seed, split_even
+from tlt_rt.train.batching import build_minibatches, share_seed, work_shares
 from tlt_rt.train.cluster import placement
 from tlt_rt.train.cluster.coordinator import Coordinator
 from tlt_rt.train.cluster.pool import WorkerPool, make_pool
@@ -184,21 +184,22 @@ class Trainer:
         problems = self.source.next_batch()
         prompts = [format_prompt(p, self.tokenizer, instruction=cfg.task.instruction or None) for p in problems]
         n = cfg.rl.group_size
-        bounds = split_even(len(prompts), pool.size)
+        shares, origins, answers = work_shares(len(prompts), n, pool.size, cfg.cluster.split)
         r = cfg.rollout
-        params = [dict(n=n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-                       seed=share_seed(cfg.rl.seed, step, lo)) for lo, _ in bounds]  # fmt: skip
+        params = [dict(n=k, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+                       seed=share_seed(cfg.rl.seed, step, key))
+                  for (key, _), k in zip(origins, answers, strict=True)]  # fmt: skip
         self.progress.begin(step, "rollout", len(prompts) * n)
         with tqdm(total=len(prompts) * n, desc=f"step {step} rollout", unit="seq", leave=False, disable=None) as bar:
-            outcome = self.coordinator.rollout(step, [prompts[lo:hi] for lo, hi in bounds], params,
+            outcome = self.coordinator.rollout(step, [prompts[lo:hi] for lo, hi in shares], params,
                                                _Both(bar, self.progress))  # fmt: skip
         self.coordinator.merge(outcome)
         t_rollout = time.time()
 
         responses: list[list[tuple]] = [[()] * n for _ in prompts]
-        for (lo, _), res in zip(bounds, outcome.results, strict=True):
+        for (lo, _), (_, first), res in zip(shares, origins, outcome.results, strict=True):
             for c in res.samples:
-                responses[lo + c.prompt_index][c.sample_index] = (c.token_ids, c.logprobs, c.finish_reason)
+                responses[lo + c.prompt_index][first + c.sample_index] = (c.token_ids, c.logprobs, c.finish_reason)
         texts = [[self.tokenizer.decode(c[0], skip_special_tokens=True) for c in row] for row in responses]
         self.progress.begin(step, "scoring")
         pairs = zip(texts, problems, strict=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from tlt_rt.options import check, check_min, option, register
 
@@ -34,6 +35,13 @@ class ClusterConfig:
     gpu_memory_gb: float = option(80.0, help="Memory of one GPU in GiB, for the placement plan's fit check.")
     collective_timeout_s: float = option(
         600.0, help="Seconds a gradient/drafter all-reduce may wait for a peer before failing the step."
+    )
+    split: Literal["prompts", "samples"] = option(
+        "prompts",
+        help="How a step's work spreads over workers: 'prompts' = each takes a range of prompts with all their "
+        "answers; 'samples' = each takes every prompt with rl.group_size / num_workers of its answers, so every "
+        "worker sees the same mix of short and long prompts and they finish closer together (each prefills "
+        "every prompt). 'samples' needs rl.group_size divisible by num_workers.",
     )
     max_restarts: int = option(3, help="Worker restarts allowed per run; a dead worker's share is redone.")
     debug_fail: str | None = option(
