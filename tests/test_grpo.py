@@ -317,3 +317,17 @@ def test_learner_counts_forward_tokens_and_model_flops():
     dense = 6 * a.num_hidden_layers * layer_matmul_params(a) * 9
     assert update_flops(a, lengths, 6) > dense  # attention and the head come on top
     assert update_flops(a, [8], 0) - update_flops(a, [4, 4], 0) > 0  # attention grows with the square
+
+
+def test_pad_batch_finds_the_response_rows_on_the_host():
+    from tlt_rt.train.rl.learner import LearnSample, pad_batch
+
+    samples = [
+        LearnSample([5, 6, 7], [8, 9], [-0.5, -0.25], 1.0),
+        LearnSample([5], [4, 3, 2], [-1.0, -2.0, -3.0], -1.0),
+    ]
+    ids, targets, mask, old, rows = pad_batch(samples, 0, "cpu", with_rows=True)
+    assert torch.equal(rows, mask.flatten().nonzero().squeeze(1))
+    assert targets.flatten()[rows].tolist() == [8, 9, 4, 3, 2]  # each response token, in order
+    assert old.flatten()[rows].tolist() == [-0.5, -0.25, -1.0, -2.0, -3.0]
+    assert len(pad_batch(samples, 0, "cpu")) == 4

@@ -64,6 +64,7 @@ def policy_loss(
     kl_coef: float = 0.0,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    host_stats: bool = True,
 ) -> tuple[Tensor, LossStats]:
     """Clipped policy-gradient loss with separate low/high clip (DAPO clip-higher).
 
@@ -72,6 +73,8 @@ def policy_loss(
     r = exp(logp - old_logp). Aggregation:
       'token'    sum over all tokens / num_tokens (default: tokens in this batch)
       'sequence' sum over responses of (mean over the response's tokens) / num_seqs (default: B)
+    `host_stats=False` leaves the stats as 0-dim device tensors: reading them as floats waits for the forward,
+    which a learner that sums them on the device over its micro-batches need not do.
     """
     if agg not in ("token", "sequence"):
         raise ValueError(f"agg must be 'token' or 'sequence', got {agg!r}")
@@ -95,13 +98,10 @@ def policy_loss(
         loss = (per_token.sum(dim=1) / lengths).sum() / max(float(denom), 1.0)
     with torch.no_grad():
         m = mask.bool()
-        stats = LossStats(
-            tokens=float(m.sum()),
-            clipped_low=float(((ratio < 1 - clip_low) & (adv < 0) & m).sum()),
-            clipped_high=float(((ratio > 1 + clip_high) & (adv > 0) & m).sum()),
-            ratio_sum=float((ratio * mask).sum()),
-            kl_sum=float((kl * mask).sum()) if kl is not None else 0.0,
-        )
+        low, high = (ratio < 1 - clip_low) & (adv < 0) & m, (ratio > 1 + clip_high) & (adv > 0) & m
+        kl_sum = (kl * mask).sum() if kl is not None else mask.new_zeros(())
+        sums = [m.sum(), low.sum(), high.sum(), (ratio * mask).sum(), kl_sum]
+        stats = LossStats(*(float(x) if host_stats else x.detach().double() for x in sums))
     return loss, stats
 
 

@@ -104,8 +104,21 @@ def unique_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for _, p in model.named_parameters() if p.requires_grad]
 
 
-def pad_batch(samples: list[LearnSample], pad_id: int, device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """-> input_ids [B, L-1], targets [B, L-1], mask [B, L-1], old_logprobs [B, L-1] (right padded).
+def to_device(t: Tensor, device) -> Tensor:
+    """`t` (built on the host) on `device`; to a GPU through pinned memory without waiting: a copy from
+    pageable memory would first wait for everything queued on the stream (the previous backward)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def pad_batch(
+    samples: list[LearnSample], pad_id: int, device, with_rows: bool = False
+) -> tuple[Tensor, Tensor, Tensor, Tensor] | tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """-> input_ids [B, L-1], targets [B, L-1], mask [B, L-1], old_logprobs [B, L-1] (right padded), and with
+    `with_rows` the flat positions [R] of the mask's ones (row-major), found on the host: the response rows
+    the head projects, picked without a device-to-host read.
 
     Row t of the logits predicts token t+1, so response token k of a prompt of length P is scored at
     position P-1+k; the last token is never an input whose prediction is needed.
@@ -121,8 +134,11 @@ def pad_batch(samples: list[LearnSample], pad_id: int, device) -> tuple[Tensor, 
         p, r = len(s.prompt), len(s.response)
         mask[i, p - 1 : p - 1 + r] = 1.0
         old[i, p - 1 : p - 1 + r] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-    ids = ids.to(device)
-    return ids[:, :-1], ids[:, 1:], mask.to(device), old.to(device)
+    ids = to_device(ids, device)
+    out = (ids[:, :-1], ids[:, 1:], to_device(mask, device), to_device(old, device))
+    if with_rows:
+        return *out, to_device(mask.flatten().nonzero().squeeze(1), device)
+    return out
 
 
 class Learner:
@@ -180,10 +196,24 @@ class Learner:
         return self._slow_events()[1] - compiles0
 
     # ----------------------------------------------------------------------------------- log-probs
-    def _logprobs(self, model: nn.Module, ids: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
+    def _logprobs(
+        self, model: nn.Module, ids: Tensor, targets: Tensor, mask: Tensor | None = None, rows: Tensor | None = None
+    ) -> Tensor:
         """[B, T] log-probs of `targets` under the sampling filter; with `mask` and a chunk size, only the
-        masked (response) positions are projected through the head, a chunk of rows at a time."""
+        masked (response) positions are projected through the head, a chunk of rows at a time. `rows` (the
+        mask's flat positions, `pad_batch(with_rows=True)`) picks them without a device-to-host read."""
         chunk = self.cfg.logprob_chunk_tokens
+        if rows is not None and chunk > 0:
+            s = self.sampling
+
+            def head(hidden: Tensor, weight: Tensor) -> Tensor:  # [B, T, H], [V, H] -> [B, T]
+                picked = hidden.flatten(0, 1).index_select(0, rows)
+                lp = chunked_token_logprobs(picked, weight, targets.flatten().index_select(0, rows), s.temperature,
+                                            s.top_k, s.top_p, chunk_tokens=chunk)  # fmt: skip
+                out = torch.zeros(targets.numel(), dtype=lp.dtype, device=lp.device).index_copy(0, rows, lp)
+                return out.view(targets.shape)
+
+            return model(ids, head=head).logits
         if mask is not None and chunk > 0:
             rows, s = mask.bool(), self.sampling
 
@@ -219,13 +249,18 @@ class Learner:
         self.model.train()
         for p in self.params:  # a failed earlier attempt may have left partial sums
             p.grad = None
+        # the loss and its stats summed on the device, read once at the end: a read per micro-batch would make
+        # the host wait for each forward and backward before it queues the next
+        sums = torch.zeros(1 + len(LOSS_STATS), dtype=torch.float64, device=self.device)
         try:
             for mb in minibatches:
-                self._accumulate(mb, totals)
+                sums = self._accumulate(mb, totals, sums)
                 totals.grad_norm = self._step()
                 totals.optimizer_steps += 1
         finally:
             self.model.train(was_training)
+        for k, v in zip(("loss", *LOSS_STATS), sums.tolist(), strict=True):
+            setattr(totals, k, getattr(totals, k) + v)
         totals.seconds = time.perf_counter() - t0
         totals.version = self.version
         retries1, compiles1 = self._slow_events()
@@ -237,33 +272,33 @@ class Learner:
         retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0) if self.device.type == "cuda" else 0
         return retries, torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
-    def _accumulate(self, mb: MiniBatch, totals: LearnResult) -> None:
+    def _accumulate(self, mb: MiniBatch, totals: LearnResult, sums: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of `mb`'s micro-batches; returns `sums` plus their loss and LOSS_STATS."""
         for chunk in self._micro_batches(mb.samples):
             if not chunk:  # lockstep: join the collectives of the others' forward and backward
                 ids, targets, _, _ = pad_batch([self._dummy()], self.pad_id, self.device)
                 (self._logprobs(self.model, ids, targets).sum() * 0.0).backward()
                 continue
-            ids, targets, mask, old = pad_batch(chunk, self.pad_id, self.device)
-            adv = torch.tensor([s.advantage for s in chunk], device=self.device)
+            ids, targets, mask, old, rows = pad_batch(chunk, self.pad_id, self.device, with_rows=True)
+            adv = to_device(torch.tensor([s.advantage for s in chunk]), self.device)
             ref = None
             if self.ref_model is not None and self.cfg.kl_coef > 0:
                 with torch.no_grad():
-                    ref = self._logprobs(self.ref_model, ids, targets, mask)
-            logp = self._logprobs(self.model, ids, targets, mask)
+                    ref = self._logprobs(self.ref_model, ids, targets, mask, rows)
+            logp = self._logprobs(self.model, ids, targets, mask, rows)
             cfg = self.cfg
             loss, st = policy_loss(
                 logp, old, adv, mask, cfg.clip_low, cfg.clip_high, cfg.loss_agg, ref, cfg.kl_coef,
-                num_tokens=mb.num_tokens, num_seqs=mb.num_seqs,
+                num_tokens=mb.num_tokens, num_seqs=mb.num_seqs, host_stats=False,
             )  # fmt: skip
             loss.backward()
-            totals.loss += loss.item()
+            sums = sums + torch.stack([loss.detach().double(), *(getattr(st, k) for k in LOSS_STATS)])
             lengths = [len(x.prompt) + len(x.response) - 1 for x in chunk]
             totals.forward_tokens += sum(lengths)
             arch = getattr(self.model, "arch", None)
             if arch is not None:
                 totals.flops += update_flops(arch, lengths, sum(len(x.response) for x in chunk))
-            for k in LOSS_STATS:
-                setattr(totals, k, getattr(totals, k) + getattr(st, k))
+        return sums
 
     def _micro_batches(self, samples: list[LearnSample]) -> list[list[LearnSample]]:
         """This rank's micro-batches; in lockstep padded with empty ones to the most any rank has."""
