@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # The real-model pass on one 4-GPU machine, every GPU busy at once (Qwen2.5-Coder-1.5B-Instruct):
-#   phase 1  GPUs 0-2: three drafter warm-ups side by side, one objective each (VARIANTS below);
-#            GPU 3:    every `gpu` test, then verl's GRPO with our rollout backend (benchmarks/gpu_verl.sh, the
-#                      0.5B model) when its GGUF and the verl kit are here;
-#   phase 2  the warm-up with the highest accept / ceiling serves both end-to-end comparisons:
-#            GPUs 0-1: SD auto + idle-GPU drafter training against SD off on two workers (qwen2.5-1.5b-math-2gpu),
-#            GPU 2:    the same on one GPU (tail training, qwen2.5-1.5b-math-gpu): what the second GPU buys, then
-#                      the decode step against the HBM floor with its kernels (step_costs.py --profile);
-#            GPU 3:    auto against off by batch size, interleaved rounds (engine_throughput.py), after verl.
+#   phase 1  GPUs 0-1: two drafter warm-ups side by side, one drafter each (VARIANTS below: the one-layer
+#                      drafter on the last layer's feature, and the one that also fuses a low and a middle
+#                      target layer, EAGLE-3's features);
+#            GPU 2:    every `gpu` test, then the decode step against its HBM floor (step_costs.py --profile,
+#                      the projections through cuBLAS and through the skinny Triton matmul);
+#            GPU 3:    verl's GRPO with our rollout backend, its drafter trained whenever the server is idle
+#                      (benchmarks/gpu_verl.sh, the 0.5B model), when its GGUF and the verl kit are here;
+#   phase 2  the warm-up with the highest accept / ceiling serves both two-GPU end-to-end comparisons, SD auto +
+#            idle-GPU drafter training against SD off (configs/qwen2.5-1.5b-math-2gpu.yaml):
+#            GPUs 0-1: cluster.split=prompts (each worker a range of prompts with all their answers), then auto
+#                      against off by batch size in interleaved rounds on GPU 0 (engine_throughput.py);
+#            GPUs 2-3: cluster.split=samples (each worker every prompt, half of its answers).
 # Each job is its own process group with its own Ray (a private local cluster per driver), pinned by
-# CUDA_VISIBLE_DEVICES. Everything runs in the background; the call returns at once.
+# CUDA_VISIBLE_DEVICES. Everything runs in the background; the call returns at once. The pass of 2026-11-26
+# at 0c4301e ran this script as it was then (three warm-up objectives; the two-GPU comparison beside the
+# one-GPU one).
 #
 #   benchmarks/gpu_x4.sh OUT QWEN15_GGUF [QWEN05_GGUF]    start it (the logs: OUT/*.log)
 #   benchmarks/gpu_x4.sh --snapshot OUT DEST              progress lines, and the small records so far packed
@@ -29,11 +35,11 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg2=configs/qwen2.5-1.5b-math-2gpu.yaml
 steps=${E2E_STEPS:-22}; budget=${E2E_SECONDS:-660}; prompts=${WARMUP_PROMPTS:-384}
-# the warm-up objectives compared: today's default (feature regression + token loss, three training-time-test
-# passes), the token loss alone (EAGLE-3), and the token loss alone over five passes
-VARIANTS=("" "--warmup-arg=--hidden-weight=0" "--warmup-arg=--hidden-weight=0 --warmup-arg=--unroll=5")
-# the online objective that goes with each (the RL runs' drafter.* keys)
-ONLINE=("" "drafter.hidden_loss_weight=0" "drafter.hidden_loss_weight=0 drafter.unroll=5")
+# the drafters compared: the one-layer drafter, and one that also fuses target layers 2 and 14 of 28
+# (`warmup --feature-layers auto`; the drafter's folder carries its layers into the RL runs)
+VARIANTS=("" "--warmup-arg=--feature-layers=auto")
+# the RL runs' drafter.* keys that go with each
+ONLINE=("" "")
 
 main() {
   local t0 i best=-1 ratio top=-1 drafter keys pids=()
@@ -41,17 +47,28 @@ main() {
   python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" "$q15" \
       > "$out/convert.log" 2>&1
   echo "converted at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
-  (   # GPU 3: the tests, then verl
-    export CUDA_VISIBLE_DEVICES=3
+  (   # GPU 2: the tests, then the decode step against its floor
+    export CUDA_VISIBLE_DEVICES=2
     timeout 420 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1
+    for v in cublas skinny; do
+      flag=""; [ "$v" = skinny ] && flag=--skinny
+      # shellcheck disable=SC2086
+      timeout 150 python benchmarks/step_costs.py --model "$q15" --batch 1 8 32 --ctx 1024 --verify 16 48 \
+          --profile --label "$v" --out "$out/step_costs.jsonl" $flag >> "$out/step_costs.log" 2>&1
+    done
+    touch "$out/gpu2.done"
+  ) &
+  (   # GPU 3: verl, its drafter trained whenever the server has no request
+    export CUDA_VISIBLE_DEVICES=3
     if [ -n "$q05" ] && [ -f /tmp/verl-kit/p01.tar.xz ]; then
       # verl's packages in a folder of their own, so the other jobs never import them
       VERL_KIT_SITE=/tmp/site-verl source .verl-kit/unpack.sh > "$out/verl_kit.log" 2>&1 &&
-        VERL_TIMEOUT=600 benchmarks/gpu_verl.sh "$out/verl" "$q05" > "$out/verl.log" 2>&1
+        VERL_TIMEOUT=600 benchmarks/gpu_verl.sh "$out/verl" "$q05" \
+          +actor_rollout_ref.rollout.engine_kwargs.tlt_rt.drafter_training=true > "$out/verl.log" 2>&1
     fi
     touch "$out/gpu3.done"
   ) &
-  for i in 0 1 2; do
+  for i in "${!VARIANTS[@]}"; do
     # shellcheck disable=SC2086  # a variant's arguments split on purpose
     CUDA_VISIBLE_DEVICES=$i python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w$i" --warmup-only \
         --warmup-prompts "$prompts" --warmup-max-new-tokens 512 --warmup-epochs 4 --warmup-curve 3 ${VARIANTS[$i]} \
@@ -60,7 +77,7 @@ main() {
   done
   wait "${pids[@]}"
   echo "warm-ups done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
-  for i in 0 1 2; do
+  for i in "${!VARIANTS[@]}"; do
     ratio=$(python - "$out/w$i/drafter/warmup.json" <<'EOF'
 import json, sys
 try:
@@ -77,20 +94,20 @@ EOF
   if [ "$best" -lt 0 ]; then echo "no warm-up finished: see warmup*.log" >> "$out/choice.txt"; return 1; fi
   drafter=$out/w$best/drafter; keys=${ONLINE[$best]}
   echo "chosen: variant $best, $drafter, online keys: ${keys:-none}" >> "$out/choice.txt"
-  # shellcheck disable=SC2086
-  CUDA_VISIBLE_DEVICES=0,1 python benchmarks/e2e_rl.py --config "$cfg2" --drafter "$drafter" --steps "$steps" \
-      --time-limit "$budget" --out "$out/e2e2" -- "model.path=$q15" $keys > "$out/e2e2.log" 2>&1 &
-  (  # GPU 2: the one-GPU comparison, then the decode step against the HBM floor with its kernel breakdown
+  while [ ! -f "$out/gpu2.done" ] || [ ! -f "$out/gpu3.done" ]; do sleep 5; done
+  (   # GPUs 0-1: the prompts split, then auto against off by batch size
     # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=2 python benchmarks/e2e_rl.py --config "$cfg1" --drafter "$drafter" --steps "$steps" \
-        --time-limit "$budget" --out "$out/e2e1" -- "model.path=$q15" $keys > "$out/e2e1.log" 2>&1
-    CUDA_VISIBLE_DEVICES=2 timeout 300 python benchmarks/step_costs.py --model "$q15" --batch 1 8 32 --ctx 1024 \
-        --verify 16 48 --profile --out "$out/step_costs.jsonl" > "$out/step_costs.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0,1 python benchmarks/e2e_rl.py --config "$cfg2" --drafter "$drafter" --steps "$steps" \
+        --time-limit "$budget" --out "$out/e2e2" -- "model.path=$q15" cluster.split=prompts $keys \
+        > "$out/e2e2.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0 python benchmarks/engine_throughput.py --target "$q15" --temperature 1 \
+        --task-config "$cfg1" --drafter "$drafter" --configs off auto --interleave --learn-rounds 1 --repeats 3 \
+        --max-new-tokens 384 --batch 1 8 32 128 --out "$out/throughput.jsonl" > "$out/throughput.log" 2>&1
   ) &
-  while [ ! -f "$out/gpu3.done" ]; do sleep 5; done
-  CUDA_VISIBLE_DEVICES=3 python benchmarks/engine_throughput.py --target "$q15" --temperature 1 \
-      --task-config "$cfg1" --drafter "$drafter" --configs off auto --interleave --learn-rounds 1 --repeats 3 \
-      --max-new-tokens 384 --batch 1 8 32 128 --out "$out/throughput.jsonl" > "$out/throughput.log" 2>&1
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=2,3 python benchmarks/e2e_rl.py --config "$cfg2" --drafter "$drafter" --steps "$steps" \
+      --time-limit "$budget" --out "$out/e2e2s" -- "model.path=$q15" cluster.split=samples $keys \
+      > "$out/e2e2s.log" 2>&1 &
   wait
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
