@@ -64,6 +64,8 @@ def warm_drafter(
         cmd += ["--target", str(cfg.model.path)]
     if cfg.drafter.draft_vocab:  # the run's reduced head from the start: its captured steps keep that size
         cmd += ["--draft-vocab", str(cfg.drafter.draft_vocab)]
+    if cfg.drafter.feature_layers:  # EAGLE-3 features: the run's drafter fuses these target layers
+        cmd += ["--feature-layers", *map(str, cfg.drafter.feature_layers)]
     cmd += extra  # last: an argument given twice takes its last value
     print(f"== drafter warm-up: {' '.join(cmd[2:])}", flush=True)
     t0 = time.time()

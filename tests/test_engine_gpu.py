@@ -183,3 +183,29 @@ def test_returned_hidden_outlive_graph_replays(speculative):
         with torch.no_grad():
             dense = graphed.target(torch.tensor([[1, 2, 3] + o.token_ids], device="cuda"))
         torch.testing.assert_close(o.hidden, dense.hidden[0, :-1], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("speculative", ["on", "auto"])
+def test_a_fused_drafter_under_graphs_keeps_greedy_and_the_fused_hidden(speculative):
+    """EAGLE-3 features: every hidden buffer of the captured steps is the fused width, and greedy stays plain."""
+    arch = replace(GPU_TINY, num_hidden_layers=4)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=32, stop_token_ids=[], return_hidden=True)
+    got = {}
+    for mode in ("off", speculative):
+        torch.manual_seed(0)
+        target = CausalLM(arch).eval()
+        with torch.no_grad():
+            target.lm_head.weight.mul_(4.0)
+        drafter = Drafter(arch, target, feature_layers=(0, 2)).eval()
+        with torch.no_grad():
+            drafter.fuse.weight.add_(torch.randn_like(drafter.fuse.weight) * 0.05)
+        target, drafter = target.cuda(), drafter.cuda()
+        eng = Engine(target, drafter=drafter if mode != "off" else None, speculative=mode,
+                     strategies=("3_3_8", "4_2_6"), block_size=16)  # fmt: skip
+        got[mode] = eng.generate(PROMPTS, params)
+        if mode != "off":
+            assert target.feature_size == 3 * arch.hidden_size and eng.graph_memory()["graphs"] > 0
+            assert all(o.hidden.shape[-1] == 3 * arch.hidden_size for o in got[mode])
+            if mode == "on":
+                assert eng.stats()["sd_steps"] > 0
+    assert [o.token_ids for o in got[speculative]] == [o.token_ids for o in got["off"]]

@@ -27,7 +27,8 @@ class SpotDrafter:
         if engine.drafter_runner is None:
             raise ValueError("drafter training needs speculation on: set engine_kwargs.tlt_rt.speculative")
         self.serving: Drafter = engine.drafter_runner.drafter
-        self.drafter = Drafter(self.serving.arch, self.serving.target).to(engine.device, torch.float32)
+        self.drafter = Drafter(self.serving.arch, self.serving.target, feature_layers=self.serving.feature_layers)
+        self.drafter = self.drafter.to(engine.device, torch.float32)
         self.drafter.set_draft_vocab(self.serving.d2t)
         self.drafter.load_state_dict(self.serving.state_dict())
         self.buffer = DrafterBuffer(max_steps=buffer_steps, seed=seed)

@@ -29,6 +29,15 @@ as SGLang's `--speculative-token-map` file does (EAGLE-3's `d2t` holds offsets i
 adopts the `d2t` of the state it loads (another size, or none), so copying a trainer's weights into a
 serving drafter also carries a rebuilt vocabulary across.
 
+Fused features (EAGLE-3's low, middle and high layers; off by default): `Drafter(..., feature_layers=(i, j))`
+reads the outputs of target layers i and j beside the last one (`CausalLM.set_feature_layers`, which the
+engine sets from the drafter): the target's `hidden` is then [..., (k+1) H], and `features` maps it to the
+drafter's H-wide input through `fuse`, a Linear (k+1) H -> H over the low layers' RMS-normalised outputs and
+the final-norm feature. `fuse` starts as the identity on that last part, so a fresh fused drafter begins
+where the one-layer drafter does; `target_features` is always the final-norm feature of the last layer (the
+target's own logits, the regression target). The drafter's own outputs are fed back H wide, as before.
+Serving engines' EAGLE loaders do not know `fuse`: a fused drafter serves in tlt_rt.
+
 Training-time test (`forward_unrolled`, EAGLE-3 / HASS): pass k of a dense batch feeds row t the previous
 pass's prediction at row t-1, and row t attends to what the engine's depth-(k+1) draft from root r = t-k
 sees: the true rows up to r, then its own chain (pass m's row r+m for m = 1..k), never other chains.
@@ -146,13 +155,26 @@ class Drafter(nn.Module):
     """
 
     def __init__(
-        self, arch: ArchConfig, target: CausalLM, draft_vocab: torch.Tensor | None = None, fc_bias: bool = True
+        self,
+        arch: ArchConfig,
+        target: CausalLM,
+        draft_vocab: torch.Tensor | None = None,
+        fc_bias: bool = True,
+        feature_layers=(),
     ):
         super().__init__()
         if arch.hidden_size != target.arch.hidden_size:
             raise ValueError(f"drafter hidden_size {arch.hidden_size} != target hidden_size {target.arch.hidden_size}")
         self.arch = arch
         h = arch.hidden_size
+        self.feature_layers = tuple(sorted(int(i) for i in feature_layers or ()))
+        last = target.arch.num_hidden_layers - 1
+        if any(not 0 <= i < last for i in self.feature_layers) or len(set(self.feature_layers)) != len(
+            self.feature_layers
+        ):
+            raise ValueError(f"feature_layers must be distinct target layers in [0, {last}), got {feature_layers}")
+        # EAGLE-3's fusion of several target layers into the drafter's input (None: the final-norm feature alone)
+        self.fuse = nn.Linear(self.feature_size, h, bias=False) if self.feature_layers else None
         # SGLang's EAGLE models register fc.bias, vLLM's EagleLlamaForCausalLM does not (fc_bias=False serves there)
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         self.layers = nn.ModuleList([DecoderLayer(arch)])
@@ -163,9 +185,18 @@ class Drafter(nn.Module):
         self.register_buffer("d2t", None)
         self.register_buffer("draft_head", None, persistent=False)
         self._init_weights()
+        if self.fuse is not None:  # the identity on the final-norm feature: a fresh fused drafter is today's
+            with torch.no_grad():
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -h:].copy_(torch.eye(h))
         self.bind(target)
         if draft_vocab is not None:
             self.set_draft_vocab(draft_vocab)
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the target hidden this drafter reads: H times (1 + len(feature_layers))."""
+        return self.arch.hidden_size * (1 + len(self.feature_layers))
 
     def _init_weights(self, std: float = 0.02) -> None:
         for m in self.modules():
@@ -266,12 +297,25 @@ class Drafter(nn.Module):
             self.draft_head = rows.clone()
 
     # -- the maths --
-    def features(self, target_hidden: torch.Tensor) -> torch.Tensor:
-        """Target hidden before the final norm [..., H] -> drafter input feature (the final norm's output)."""
+    def target_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """Target hidden [..., F] (before the final norm; F = feature_size) -> the final norm's output of its
+        last layer [..., H]: what the target's LM head reads."""
         n = self.norm
-        x = target_hidden.float()
+        x = target_hidden[..., -self.arch.hidden_size :].float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + n.eps)
         return n.weight.detach() * x.to(target_hidden.dtype)
+
+    def features(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """Target hidden before the final norm [..., F] -> the drafter's input feature [..., H]: the final
+        norm's output, or with `feature_layers` `fuse` over every layer's part (module docstring)."""
+        last = self.target_features(target_hidden)
+        if self.fuse is None:
+            return last
+        h, k = self.arch.hidden_size, len(self.feature_layers)
+        low = target_hidden[..., :-h].float().unflatten(-1, (k, h))
+        low = low * torch.rsqrt(low.pow(2).mean(-1, keepdim=True) + self.norm.eps)  # each layer's part, unscaled
+        x = torch.cat([low.flatten(-2).to(last.dtype), last], -1)
+        return apply_linear(self.layer.mlp.glue, self.fuse, x.to(self.fuse.weight.dtype))
 
     def head_weight(self) -> torch.Tensor:
         """[Vd, H] the LM head rows the drafter scores (the target's own weight when the vocab is full)."""

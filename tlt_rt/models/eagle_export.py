@@ -57,6 +57,7 @@ TOKEN_MAP = "hot_token_map.pt"
 _SHARED = ("embed_tokens.weight", "lm_head.weight")
 CHECKPOINT_WEIGHTS = "drafter.safetensors"  # DrafterTrainer.save_checkpoint's files
 CHECKPOINT_INFO = "info.json"
+FEATURE_LAYERS_KEY = "tlt_feature_layers"  # config.json / info.json: a fused drafter's target layers
 
 
 class ExportError(ValueError):
@@ -95,6 +96,11 @@ def export_eagle(
     Raises ExportError where that engine would not load it as the same drafter."""
     if format not in FORMATS:
         raise ExportError(f"unknown format {format!r}; choose one of {FORMATS}")
+    if drafter.feature_layers and format != "sglang":
+        raise ExportError(
+            f"this drafter fuses target layers {list(drafter.feature_layers)} (EAGLE-3 features), which vLLM's "
+            "EAGLE-1 draft model cannot read: it serves in tlt_rt (the sglang-layout folder it writes)"
+        )
     folder = Path(folder)
     arch = drafter.arch
     dtype = dtype or drafter.fc.weight.dtype
@@ -125,6 +131,8 @@ def export_eagle(
             )
     cfg.pop("torch_dtype", None)  # transformers 5 reads "dtype"; the deprecated name is not written
     cfg.update(num_hidden_layers=1, dtype=str(dtype).removeprefix("torch."))
+    if drafter.feature_layers:  # tlt_rt's own key: the target layers `fuse` reads beside the last one
+        cfg[FEATURE_LAYERS_KEY] = list(drafter.feature_layers)
     folder.mkdir(parents=True, exist_ok=True)
     if include_embed:
         state["embed_tokens.weight"] = drafter.embed_tokens.weight
@@ -171,10 +179,12 @@ def _load_checkpoint(folder: Path, target: CausalLM, dtype, device) -> Drafter:
     info_path = folder / CHECKPOINT_INFO
     if not info_path.is_file():
         raise FileNotFoundError(f"{folder}: no {CHECKPOINT_INFO} (the drafter's shape) beside {CHECKPOINT_WEIGHTS}")
-    arch = ArchConfig.from_hf(json.loads(info_path.read_text())["arch"], source=str(info_path))
+    info = json.loads(info_path.read_text())
+    arch = ArchConfig.from_hf(info["arch"], source=str(info_path))
     _check_fits(arch, target, info_path)
     weights = load_file(str(folder / CHECKPOINT_WEIGHTS))
-    drafter = Drafter(arch, target, fc_bias="fc.bias" in weights).to(device, dtype)
+    layers = info.get(FEATURE_LAYERS_KEY, [])
+    drafter = Drafter(arch, target, fc_bias="fc.bias" in weights, feature_layers=layers).to(device, dtype)
     drafter.load_state_dict(weights, strict=True)  # adopts the checkpoint's d2t, if any
     return drafter.eval()
 
@@ -219,7 +229,8 @@ def load_eagle(
         raise FileNotFoundError(f"{folder}: no model.safetensors")
     with safe_open(str(weights), framework="pt") as st:
         names = {n.removeprefix("model.") for n in st.keys()}
-    drafter = Drafter(arch, target, fc_bias="fc.bias" in names).to(device, dtype)
+    layers = cfg.get(FEATURE_LAYERS_KEY, [])
+    drafter = Drafter(arch, target, fc_bias="fc.bias" in names, feature_layers=layers).to(device, dtype)
     params = drafter.state_dict()
     seen = set()
     with safe_open(str(weights), framework="pt") as st:

@@ -33,7 +33,9 @@ from tlt_rt.models.attention import (
 @dataclass
 class ModelOutput:
     logits: torch.Tensor  # [B, T, V] (dense) or [N, V] (paged); what `head` returns when one is given
-    hidden: torch.Tensor  # last decoder layer output before the final norm, [B, T, H] or [N, H]
+    # the drafter's view of the target: the last decoder layer's output before the final norm, [B, T, H] or
+    # [N, H]; with `CausalLM.feature_layers` the outputs of those layers first, concatenated: [..., F]
+    hidden: torch.Tensor
 
 
 class KVCache:
@@ -429,7 +431,12 @@ class LlamaBackbone(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """The target model. `hidden` is the last layer's output before the final norm (the drafter's input)."""
+    """The target model. `hidden` is the last layer's output before the final norm (the drafter's input).
+
+    `feature_layers` (empty by default) names decoder layers (0-based, below the last) whose outputs are
+    handed to the drafter too, as EAGLE-3 fuses low, middle and high features: `hidden` is then their
+    outputs followed by the last layer's, concatenated, `feature_size` = (len(feature_layers) + 1) x H wide.
+    """
 
     def __init__(self, arch: ArchConfig):
         super().__init__()
@@ -442,14 +449,31 @@ class CausalLM(nn.Module):
         self.attn_backend: AttentionBackend = TorchAttention()
         # while training, keep only each layer's input and recompute its insides in the backward
         self.checkpoint_layers = False
+        self.feature_layers: tuple[int, ...] = ()
 
-    def _layers(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        for layer in self.model.layers:
+    @property
+    def feature_size(self) -> int:
+        """Width of `ModelOutput.hidden`: the hidden size times (1 + len(feature_layers))."""
+        return self.arch.hidden_size * (1 + len(self.feature_layers))
+
+    def set_feature_layers(self, layers) -> None:
+        """Hand the outputs of these decoder layers (0-based, distinct, below the last) to the drafter too."""
+        layers = tuple(int(i) for i in layers or ())
+        last = self.arch.num_hidden_layers - 1
+        if any(not 0 <= i < last for i in layers) or len(set(layers)) != len(layers):
+            raise ValueError(f"feature_layers must be distinct layers in [0, {last}), got {list(layers)}")
+        self.feature_layers = tuple(sorted(layers))
+
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        taps = []
+        for i, layer in enumerate(self.model.layers):
             if self.checkpoint_layers and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, x, positions, self.rotary, use_reentrant=False)
             else:
                 x = layer(x, positions, self.rotary)
-        return x
+            if i in self.feature_layers:
+                taps.append(x)
+        return x, taps
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, head: Callable | None = None
@@ -461,10 +485,11 @@ class CausalLM(nn.Module):
         (train/rl/logprobs.py). Inside forward, so a sharded (FSDP) head is whole while it is read."""
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
-        x = self._layers(self.model.embed_tokens(input_ids), positions)
+        x, taps = self._layers(self.model.embed_tokens(input_ids), positions)
+        hidden = torch.cat([*taps, x], -1) if taps else x
         if head is not None:
-            return ModelOutput(logits=head(self.model.norm(x), self.lm_head.weight), hidden=x)
-        return ModelOutput(logits=self.lm_head(self.model.norm(x)), hidden=x)
+            return ModelOutput(logits=head(self.model.norm(x), self.lm_head.weight), hidden=hidden)
+        return ModelOutput(logits=self.lm_head(self.model.norm(x)), hidden=hidden)
 
     def forward_paged(
         self,
@@ -481,15 +506,18 @@ class CausalLM(nn.Module):
         """
         meta.validate(input_ids.shape[0])
         meta = with_resolved_slots(meta, cache.num_blocks * cache.block_size)
-        x, pending = self.model.embed_tokens(input_ids), None
+        x, pending, taps = self.model.embed_tokens(input_ids), None, []
         for i, layer in enumerate(self.model.layers):
             x, pending = layer.forward_paged(
                 x, pending, positions, self.rotary, (cache.k[i], cache.v[i], meta, self.attn_backend)
             )
+            if i in self.feature_layers:  # the layer's output; its last residual add is left to the next layer
+                taps.append(x + pending)
         x = x + pending
         rows = x if logits_indices is None else x[logits_indices]
         norm = self.model.norm
-        return ModelOutput(logits=apply_linear(norm.glue, self.lm_head, norm(rows)), hidden=x)
+        hidden = torch.cat([*taps, x], -1) if taps else x
+        return ModelOutput(logits=apply_linear(norm.glue, self.lm_head, norm(rows)), hidden=hidden)
 
     def fuse_projections(self) -> int:
         """Fuse q/k/v and gate/up of every layer into single matmuls for inference; returns how many

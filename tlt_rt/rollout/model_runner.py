@@ -40,6 +40,9 @@ def engine_drafter(drafter: Drafter | None, target: CausalLM, glue) -> Drafter:
         warnings.warn("no drafter given: using a freshly initialised one (accept lengths will be low)", stacklevel=3)
         w = target.lm_head.weight
         drafter = Drafter(target.arch, target).to(w.device, w.dtype).eval()
+    # the target hands over the layers the drafter fuses (EAGLE-3 features): every hidden buffer of the
+    # engine is `target.feature_size` wide from here on
+    target.set_feature_layers(drafter.feature_layers)
     drafter.attn_backend = target.attn_backend
     fuse_projections(drafter)
     if glue is not None:
@@ -228,7 +231,7 @@ class ModelRunner:
         floats[:, -3:] = torch.tensor([1.0, -1.0, 1.0])
         window = None
         if strategy is not None:
-            h = self.target.model.arch.hidden_size
+            h = self.target.model.feature_size
             window = torch.zeros(batch, r, h, dtype=self.target.model.lm_head.weight.dtype, device=self.device)
         args = StepArgs(torch.cat([lead, tables], 1), floats, window)
         return lambda: self.run_args(option, mode, args).host.cpu()

@@ -65,7 +65,7 @@ def warm_up(engine) -> None:
         # one row (a sequence just past the catch-up window after a plain stretch: only `auto` makes it, and
         # a dimension of 1 compiles apart) and several
         for rows in sorted({1, min(3, engine.block_size)}):
-            h = torch.zeros(rows, a.hidden_size, dtype=w.dtype, device=dev)
+            h = torch.zeros(rows, engine.target.feature_size, dtype=w.dtype, device=dev)
             fake = Sequence(-1, -1, -1, [0] * (rows + 1), 0, 1, num_cached=rows, hidden_chunks=[h])
             engine.runner.drafter.catch_up([fake], [[trash]])
     if dev.type == "cuda":

@@ -176,7 +176,7 @@ class StepGraphs:
         if key not in self._lowered:
             r, s = self.runner, parse_option(option)
             a = r.target.model.arch
-            bucket = Bucket(batch, s, r.width, r.block_size, a.vocab_size, a.hidden_size)
+            bucket = Bucket(batch, s, r.width, r.block_size, a.vocab_size, r.target.model.feature_size)
             self._lowered[key] = lower(mode_program(s, mode), bucket, r.device)
         return self._lowered[key]
 
@@ -200,7 +200,7 @@ class StepGraphs:
         _, b, option, _ = key
         run = self.runner
         r, dlen = layout(run, option)
-        dev, h = run.device, run.target.model.arch.hidden_size
+        dev, h = run.device, run.target.model.feature_size  # the target hidden the drafter reads
         dtype = run.target.model.lm_head.weight.dtype
         ins = {
             "ints": torch.zeros(b, 2 + r + run.width, dtype=torch.long, device=dev),

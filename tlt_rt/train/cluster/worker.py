@@ -74,7 +74,7 @@ class Worker:
         if c.drafter.path:
             serving = load_eagle(c.drafter.path, heads)
         else:
-            serving = Drafter(heads.arch, heads).to(self.device, dtype)
+            serving = Drafter(heads.arch, heads, feature_layers=c.drafter.feature_layers).to(self.device, dtype)
         self.serving_drafter = serving.eval()
         self._size_draft_vocab(serving)
         # the drafter the run started from, kept as it is for logging.drafter_curve (before any checkpoint loads)
@@ -84,7 +84,8 @@ class Worker:
         if self.engine is not None and self.device.type == "cuda":
             self.engine.capture()  # every graph now: no capture later beside a spot-training thread
         # the trained replica is fp32: AdamW steps of 1e-4-sized updates vanish in bf16
-        self.drafter = Drafter(serving.arch, heads).to(self.device, torch.float32)
+        self.drafter = Drafter(serving.arch, heads, feature_layers=serving.feature_layers)
+        self.drafter = self.drafter.to(self.device, torch.float32)
         self.drafter.set_draft_vocab(serving.d2t)
         self.drafter.load_state_dict(serving.state_dict())
         self.buffer = DrafterBuffer(max_steps=c.drafter.buffer_steps, seed=c.rl.seed * 1009 + rank)

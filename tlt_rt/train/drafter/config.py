@@ -56,6 +56,12 @@ class DrafterConfig:
     sampled_token_weight: float = option(
         0.0, help="Weight of an extra cross-entropy on the token the rollout actually sampled next."
     )
+    feature_layers: list[int] = option(
+        [],
+        help="Target decoder layers (0-based, below the last) whose outputs the drafter fuses with the last "
+        "layer's, as EAGLE-3 does with low, middle and high features (e.g. [2, 14] of Qwen2.5-1.5B's 28); "
+        "[] = the last layer's feature alone. A drafter loaded from drafter.path keeps its own.",
+    )
     draft_vocab: int = option(
         0,
         help="Reduced draft vocabulary: the drafter's head covers this many of the rollouts' most frequent "

@@ -56,7 +56,8 @@ def oracle_counts_by_shape(
     once per distinct k (a top-k of its own, not a prefix of a larger one, so tied logits pick the same ids)."""
     counts = {name: [0, 0] for name in shapes}
     for s in samples:
-        logits = restrict(F.linear(target.model.norm(s["hidden"]), target.lm_head.weight), vocab)
+        last = s["hidden"][..., -target.lm_head.weight.shape[1] :]  # the last layer's part of fused features
+        logits = restrict(F.linear(target.model.norm(last), target.lm_head.weight), vocab)
         if temperature > 0:
             logits = logits / temperature
         nxt = s["ids"].to(logits.device)[1:, None]
@@ -121,10 +122,9 @@ def chain_agreement(drafter: Drafter, s: dict, depth: int, chunk: int = 256) -> 
     """[depth, R] bool: drafter top-1 == target top-1 at depth j for root rows r = P-1 .. L-2 (False past the end).
 
     Depth j's row r+j-1 predicts x_{r+j+1} (`_path_logits`), compared with argmax lm_head(f_{r+j})."""
-    f = drafter.features(s["hidden"])
-    n = f.shape[0] - 1
-    target_top1 = F.linear(f, drafter.lm_head.weight).argmax(-1)  # [L], row t predicts x_{t+1}
-    ok = torch.zeros(depth, n - s["prompt_len"] + 1, dtype=torch.bool, device=f.device)
+    n = s["hidden"].shape[0] - 1
+    target_top1 = F.linear(drafter.target_features(s["hidden"]), drafter.lm_head.weight).argmax(-1)  # row t: x_{t+1}
+    ok = torch.zeros(depth, n - s["prompt_len"] + 1, dtype=torch.bool, device=target_top1.device)
     for roots, j, row, logits in _path_logits(drafter, s, depth, chunk):
         pred = drafter.to_target_vocab(logits).argmax(-1)
         ok[j - 1, roots] = (row < n) & (pred == target_top1[(row + 1).clamp(max=n)])
@@ -324,7 +324,8 @@ def frozen_copy(drafter: Drafter) -> Drafter:
     copy samples as one that does not."""
     w = drafter.fc.weight
     with torch.random.fork_rng(devices=[]):  # the module is built on the CPU, then moved
-        copy = Drafter(drafter.arch, drafter.target, fc_bias=drafter.fc.bias is not None)
+        copy = Drafter(drafter.arch, drafter.target, fc_bias=drafter.fc.bias is not None,
+                       feature_layers=drafter.feature_layers)  # fmt: skip
     copy = copy.to(w.device, w.dtype)
     copy.load_state_dict(drafter.state_dict())
     return copy.eval().requires_grad_(False)

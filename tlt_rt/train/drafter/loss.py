@@ -169,9 +169,11 @@ def batch_loss(
     (`unroll` passes, each fed the previous pass's predictions shifted by one row; module docstring)."""
     if unroll_context not in UNROLL_CONTEXTS:
         raise ValueError(f"unroll_context must be one of {UNROLL_CONTEXTS}, got {unroll_context!r}")
-    with torch.no_grad():
+    # the input features carry gradients when the drafter fuses several target layers (its `fuse` trains)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and drafter.fuse is not None):
         inp = drafter.features(batch.hidden)
-        tgt = drafter.features(batch.target_hidden)
+    with torch.no_grad():
+        tgt = drafter.target_features(batch.target_hidden)
         target_logits = drafter.logits(tgt)
         target_top1 = None
         if drafter.d2t is not None:  # the metric compares with the target's argmax over its whole vocabulary

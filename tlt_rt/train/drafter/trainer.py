@@ -259,6 +259,8 @@ class DrafterTrainer:
             "arch": self.drafter.arch.to_hf(),
             "draft_vocab_size": self.drafter.draft_vocab_size,
         }
+        if self.drafter.feature_layers:
+            info["tlt_feature_layers"] = list(self.drafter.feature_layers)  # eagle_export.FEATURE_LAYERS_KEY
 
         def write() -> None:
             tmp = folder.with_name(folder.name + ".tmp")

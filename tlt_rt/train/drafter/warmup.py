@@ -96,6 +96,11 @@ def ceiling(target, answers: list[dict], temperature: float, strategy: str) -> f
 BASE_LR, BASE_WIDTH = 9e-4, 576  # the warm-up's learning rate at SmolLM2's width, where it was tuned
 
 
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low and middle layers beside the last: the third and the middle one of `num_layers`."""
+    return tuple(sorted({min(2, num_layers - 2), num_layers // 2})) if num_layers > 2 else ()
+
+
 def default_lr(hidden_size: int) -> float:
     """The warm-up's learning rate for a target `hidden_size` wide: BASE_LR up to BASE_WIDTH, falling as
     1 / width above it. Adam moves every weight by about lr a step, and a wider layer sums more of those
@@ -138,6 +143,7 @@ def warmup(
     lr_schedule: str = "constant",
     greedy_answers: bool = True,
     curve_points: int = 0,
+    feature_layers=(),
 ) -> dict:
     """steps=None trains for `epochs` passes over the generated tokens: a one-layer drafter over-fits a small
     set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
@@ -157,7 +163,8 @@ def warmup(
     paths greedy decoding takes, which samples at T=1 visit rarely. `curve_points` > 1 measures the held-out
     accept length at `temperature` and its ceiling at that many evenly spaced points of training (the last
     is the final measure) and plots them against the training tokens seen (`curve.png` beside the drafter):
-    how much warm-up a workload needs."""
+    how much warm-up a workload needs. `feature_layers` (target layers below the last) makes a drafter that
+    fuses those layers' outputs with the last one's (EAGLE-3 features; "auto": `default_feature_layers`)."""
     temps = list(dict.fromkeys([temperature, *eval_temperatures]))
     if any(t < 0 for t in temps):
         raise ValueError(f"warmup: temperatures must be >= 0, got {temps}")
@@ -173,6 +180,9 @@ def warmup(
     evals = {t: SamplingParams(n=1, temperature=t, max_new_tokens=max_new_tokens, seed=seed + 1) for t in temps}
 
     plain = Engine.from_pretrained(target_path, speculative="off", dtype=dtype, device=device, max_batch=gen_batch)
+    if feature_layers == "auto":
+        feature_layers = default_feature_layers(plain.target.arch.num_hidden_layers)
+    plain.target.set_feature_layers(feature_layers)  # the answers' hidden states carry the fused layers' too
     t0 = time.perf_counter()
     buffer = DrafterBuffer(max_steps=1)
     n_tokens = generate_data(plain, train_prompts, params, buffer)
@@ -184,7 +194,7 @@ def warmup(
     target = plain.target
     with torch.random.fork_rng(devices=[]):  # the drafter's initial weights follow `seed`: a warm-up repeats
         torch.manual_seed(seed)
-        drafter = Drafter(target.arch, target, fc_bias=fc_bias).to(device)
+        drafter = Drafter(target.arch, target, fc_bias=fc_bias, feature_layers=target.feature_layers).to(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spec = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,))
@@ -263,6 +273,7 @@ def warmup(
         "draft_vocab": drafter.draft_vocab_size,
         "token_weight": token_weight,
         "hidden_weight": hidden_weight,
+        "feature_layers": list(target.feature_layers),
         "train_seconds": train_s,
         "final_loss": metrics.get("loss"),
         "final_top1": metrics.get("top1"),
@@ -324,6 +335,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--loss-temperature", type=float, default=1.0, help="temperature of the soft targets (0: argmax)")
     ap.add_argument("--sampled-weight", type=float, default=0.0, help="CE weight on the sampled next token")
     ap.add_argument("--draft-vocab", type=int, default=0, help="reduced draft vocabulary size (0 = full)")
+    ap.add_argument("--feature-layers", nargs="*", default=[],
+                    help="target layers whose outputs the drafter fuses with the last one's (EAGLE-3), or 'auto' "
+                    "(the third and the middle layer); none = the last layer's feature alone")  # fmt: skip
     ap.add_argument("--no-fc-bias", action="store_true", help="a drafter without fc bias (vLLM serves it as is)")
     ap.add_argument("--format", default="sglang", choices=("sglang", "vllm"), help="layout of the exported drafter")
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -391,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
         lr_schedule=a.lr_schedule,
         greedy_answers=a.greedy_answers,
         curve_points=a.curve,
+        feature_layers="auto" if a.feature_layers == ["auto"] else [int(i) for i in a.feature_layers],
     )
     print(
         f"{rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
