@@ -95,12 +95,13 @@ class Fixed:
 
     def __init__(self, option: Strategy | None, mix: int = 0):
         self.option, self.mix, self.calls = option, mix, 0
+        self.chosen: list[Strategy | None] = []
 
     def decide(self, batch_size: int, behind: int = 0):
         self.calls += 1
-        if self.mix and (self.calls // self.mix) % 2 == 0:
-            return None
-        return self.option
+        choice = None if self.mix and (self.calls // self.mix) % 2 == 0 else self.option
+        self.chosen.append(choice)
+        return choice
 
     def observe(self, *args, **kwargs) -> None:
         pass
@@ -120,9 +121,10 @@ def build(batch: int, strategies: list[str], keep_hidden: bool, steps: int) -> E
 
 def time_steps(
     batch: int, option: str, strategies: list[str], keep_hidden: bool, steps: int, params, profile: bool, mix: int = 0
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], list[float], list[str]]:
     """Microseconds of host work per decode step, `steps` of them after a few warm-up steps: in all, and
-    without the work done while the device runs (between the launch and the wait for the results)."""
+    without the work done while the device runs (between the launch and the wait for the results); and each
+    step's kind: "sd", "plain" or "plain 1st" (a plain step right after a speculative one)."""
     eng = build(batch, strategies, keep_hidden, steps)
     rng = random.Random(batch)
     sched = eng.scheduler(set(ARCH.eos_token_ids))
@@ -139,9 +141,9 @@ def time_steps(
     overlap = [0]
     prefetch = getattr(eng.runner, "uniforms", None) and eng.runner.uniforms.prefetch
 
-    def timed_prefetch(seqs) -> None:  # host work done while the device runs: timed apart
+    def timed_prefetch(seqs, *args) -> None:  # host work done while the device runs: timed apart
         t = time.perf_counter_ns()
-        prefetch(seqs)
+        prefetch(seqs, *args)
         overlap[0] += time.perf_counter_ns() - t
 
     if prefetch:
@@ -163,7 +165,9 @@ def time_steps(
     if prof is not None:
         print(f"--- cProfile: batch {batch}, {option}, keep_hidden {'on' if keep_hidden else 'off'}")
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
-    return times, serial
+    chosen = eng.policy.chosen[-steps - 1 :]
+    kinds = ["sd" if c else "plain 1st" if p else "plain" for p, c in zip(chosen[:-1], chosen[1:], strict=True)]
+    return times, serial, kinds
 
 
 def main(argv=None) -> None:
@@ -175,7 +179,9 @@ def main(argv=None) -> None:
     ap.add_argument("--greedy", action="store_true", help="greedy sampling (no uniforms); default T=0.9")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--mix", type=int, default=0,
-                    help="alternate N plain and N speculative steps (as auto mixes them); 0: never")  # fmt: skip
+                    help="alternate N plain and N speculative steps (as auto mixes them); 0: never. Each such "
+                         "option also gets a row of its plain steps right after speculative ones ('+plain1') "
+                         "and one of its other plain steps ('+plain')")  # fmt: skip
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -192,11 +198,19 @@ def main(argv=None) -> None:
     for b in args.batch:
         for kh in hidden:
             for option in ["off", *(args.strategies if kh else [])]:
-                t, ser = time_steps(b, option, args.strategies, kh, args.steps, params, args.profile, args.mix)
-                q = statistics.quantiles(t, n=5)
-                med, kh_name = statistics.median(t), "on" if kh else "off"
-                row = f"{b:>5}  {option:>8}  {kh_name:>11}  {med:8.1f}  {q[0]:8.1f}  {q[3]:8.1f}"
-                print(f"{row}  {statistics.median(ser):8.1f}  {statistics.mean(t):8.1f}", flush=True)
+                t, ser, kinds = time_steps(b, option, args.strategies, kh, args.steps, params, args.profile, args.mix)
+                rows = [(option, t, ser)]
+                if args.mix and option != "off":
+                    for kind, name in (("plain 1st", "+plain1"), ("plain", "+plain")):
+                        pick = [i for i, k in enumerate(kinds) if k == kind]
+                        rows.append((name, [t[i] for i in pick], [ser[i] for i in pick]))
+                for name, t, ser in rows:
+                    if len(t) < 2:
+                        continue
+                    q = statistics.quantiles(t, n=5)
+                    med, kh_name = statistics.median(t), "on" if kh else "off"
+                    row = f"{b:>5}  {name:>8}  {kh_name:>11}  {med:8.1f}  {q[0]:8.1f}  {q[3]:8.1f}"
+                    print(f"{row}  {statistics.median(ser):8.1f}  {statistics.mean(t):8.1f}", flush=True)
 
 
 if __name__ == "__main__":

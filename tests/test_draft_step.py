@@ -150,6 +150,7 @@ def test_engine_windows_are_the_last_target_hidden_rows(speculative):
     options = []
 
     def checked(seqs, tables, rows):
+        runner.settle_windows()  # the plain steps' rows since the last step (prepare's own settle then has none)
         recent = runner._recent
         window = prepare(seqs, tables, rows)
         reused.append(recent is not None and window is recent[1])
@@ -180,6 +181,57 @@ def test_engine_windows_are_the_last_target_hidden_rows(speculative):
     if speculative == "auto":  # moved by the plain steps: after them no history is read
         assert any(after_plain)
         assert all(r or sh for r, sh, a in zip(reused, shrunk, after_plain, strict=True) if a)
+
+
+@pytest.mark.parametrize("plain", [1, 3, 8])
+def test_plain_steps_leave_the_window_move_to_the_next_speculative_step(plain):
+    """In auto mode a plain step moves no window: it notes its hidden rows, and only the first plain step over a
+    batch (after a speculative step, a finish) looks at the windows. The next speculative step moves them by
+    every plain step's rows at once (stretches shorter and longer than the window), as the rows the sequences
+    keep say, and reads no history where the batch stayed the same."""
+    eng = make_engine("auto", ("3_3_8", "4_2_6"))
+    runner, strategy = eng.drafter_runner, eng.strategies[1]
+    assert runner.window_rows == 6
+    options, batches, work = [], [], []
+
+    def scripted(batch, behind=0):
+        options.append(None if len(options) % (plain + 1) else strategy)
+        return options[-1]
+
+    eng.policy.decide = scripted
+    step, current, prepare, window = eng.runner.step, runner._current_windows, runner.prepare, runner._window
+
+    def step_(seqs, *a, **k):
+        batches.append([s.seq_id for s in seqs])
+        return step(seqs, *a, **k)
+
+    def current_(*a, **k):
+        work.append(len(batches) - 1)  # the step it ran in
+        return current(*a, **k)
+
+    def prepare_(seqs, tables, rows):
+        w = prepare(seqs, tables, rows)
+        for s, x in zip(seqs, w, strict=True):
+            L = s.num_cached
+            rows_ = s.hidden()[max(0, L - x.shape[0]) : L]
+            assert torch.equal(x[x.shape[0] - rows_.shape[0] :], rows_) and not x[: x.shape[0] - rows_.shape[0]].any()
+        return w
+
+    history = []
+    eng.runner.step, runner._current_windows, runner.prepare = step_, current_, prepare_
+    runner._window = lambda *a, **k: (history.append(len(batches) - 1), window(*a, **k))[1]
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=24, stop_token_ids=[])
+    outs = eng.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in make_engine("off").generate(PROMPTS, params)]
+    firsts = {
+        i for i in range(1, len(batches)) if options[i] is None and (options[i - 1] or batches[i] != batches[i - 1])
+    }
+    plain_steps = [i for i, o in enumerate(options) if o is None]
+    assert len(firsts) > 0 and (plain == 1 or len(plain_steps) > len(firsts))
+    assert {i for i in work if options[i] is None} <= firsts  # the other plain steps touched no window
+    # a speculative step after a stretch over one batch (since the speculative step before) reads no history
+    clean = [i for i in range(plain + 1, len(batches)) if options[i] and batches[i - plain - 1] == batches[i]]
+    assert clean and not set(history) & set(clean)
 
 
 def test_sequence_hidden_chunks_merge_and_tail_tokens():

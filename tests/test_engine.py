@@ -277,9 +277,9 @@ def test_auto_tells_the_policy_how_far_the_drafter_is_behind():
         decide(batch, behind)
         return None if next(calls) < 12 else strategy  # 12 plain steps, then speculation
 
-    def spy(batch, strat, seconds, tokens, behind=0):
+    def spy(batch, strat, seconds, tokens, behind=0, switched=False):
         seen.append((strat, behind))
-        observe(batch, strat, seconds, tokens, behind)
+        observe(batch, strat, seconds, tokens, behind, switched)
 
     eng.policy.decide, eng.policy.observe = scripted, spy
     params = SamplingParams(temperature=0.0, max_new_tokens=20, stop_token_ids=[])
@@ -295,6 +295,33 @@ def test_auto_tells_the_policy_how_far_the_drafter_is_behind():
     # the step timeline records the same rows (what benchmarks show beside a dear step)
     decode = [e for e in eng.timeline if e["kind"] != "prefill"]
     assert [(e["strategy"], e["behind"]) for e in decode] == [(s and str(s), b) for s, b in seen]
+
+
+def test_auto_tells_the_policy_which_plain_steps_follow_another_kind_of_step():
+    """A decode step's reading says whether the step before it was of another kind (a prefill, or a step of
+    another option): the policy keeps such a plain step out of plain decoding's price, and the price it keeps
+    is a mean of the plain steps that followed plain steps."""
+    eng = make_engine("auto", strategies=("3_3_8",))
+    strategy, seen = eng.strategies[0], []
+    observe = eng.policy.observe
+    calls = iter(range(10_000))
+    eng.policy.costs.set(eng.policy.bucket(2), None, 1.0)  # a profiled price: the first online reading replaces it
+
+    def spy(batch, strat, seconds, tokens, behind=0, switched=False):
+        seen.append((strat, switched, seconds))
+        observe(batch, strat, seconds, tokens, behind, switched)
+
+    # SD, plain, plain, plain, SD, ...
+    eng.policy.decide = lambda batch, behind=0: strategy if next(calls) % 4 == 0 else None
+    eng.policy.observe = spy
+    params = SamplingParams(temperature=0.0, max_new_tokens=30, stop_token_ids=[])
+    eng.generate([[1, 2, 3], [4, 5, 6, 7]], params)
+    kinds = [e["strategy"] or e["kind"] for e in eng.timeline]
+    want = [kinds[i] != kinds[i - 1] for i in range(len(kinds)) if kinds[i] != "prefill"]
+    assert [sw for _, sw, _ in seen] == want and want[0]  # the first decode step follows the prefill
+    clean = [t for s, sw, t in seen if s is None and not sw]
+    assert len(clean) > 2 and eng.policy.stats()["switch_readings"] == sum(s is None and sw for s, sw, _ in seen)
+    assert min(clean) <= eng.policy.costs.get(eng.policy.bucket(2), None) <= max(clean)
 
 
 def test_speculative_steps_log_the_rows_each_sequence_kept():
@@ -381,9 +408,9 @@ def test_one_plain_step_between_speculative_ones_needs_no_catch_up(slack):
     calls = iter(range(10_000))
     observe = eng.policy.observe
 
-    def spy(batch, strat, seconds, tokens, behind=0):
+    def spy(batch, strat, seconds, tokens, behind=0, switched=False):
         seen.append((strat, behind, tokens))
-        observe(batch, strat, seconds, tokens, behind)
+        observe(batch, strat, seconds, tokens, behind, switched)
 
     eng.policy.decide = lambda batch, behind=0: None if next(calls) % 3 == 2 else strategy  # SD, SD, plain, ...
     eng.policy.observe = spy

@@ -588,3 +588,31 @@ def test_plain_refresh_counts_survive_a_state_round_trip():
         p.observe(8, a, 0.010 if a is None else 0.012, 1.0 if a is None else 3.0)
         q.observe(8, b, 0.010 if b is None else 0.012, 1.0 if b is None else 3.0)
     assert all(ahead) and p.stats()["plain_timing_steps"] > 3
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_plain_step_right_after_speculation_does_not_price_plain_decoding(told):
+    """Plain decoding's first readings ran high (0.03 s; it truly takes 0.01 s), so a strategy that is truly
+    slower (2.5 tokens in 0.028 s) is chosen. The plain timing steps between speculative ones carry the
+    switch: the first plain step after a speculative one costs 0.03 s in this model. Told so (`switched`),
+    the policy times the plain step after it instead, learns plain decoding's true price and leaves the
+    strategy; untold, each timing step charges the switch to plain decoding and the strategy stays chosen."""
+    p = SDPolicy([S[4]], [64], epsilon=0.0, plain_refresh=16)
+    p.costs.set(64, S[4], 0.028)
+    p.accept.observe(64, S[4], 2.5)
+    for _ in range(3):
+        p.observe(64, None, 0.030, 1.0)
+    last, chosen = S[4], []
+    for _ in range(400):
+        s = p.decide(64)
+        switched = s is None and last is not None
+        cost = (0.030 if switched else 0.010) if s is None else 0.028
+        p.observe(64, s, cost, 1.0 if s is None else 2.5, switched=switched and told)
+        chosen.append(option_name(s))
+        last = s
+    assert chosen[:16].count(str(S[4])) == 16  # speculating on the plain estimate that started high
+    if told:
+        assert p.costs.get(64, None) < 0.012 and p.stats()["switch_readings"] >= 1
+        assert chosen[-100:].count(OFF) == 100
+    else:
+        assert p.costs.get(64, None) > 0.025 and chosen[-100:].count(str(S[4])) > 90

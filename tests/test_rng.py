@@ -87,3 +87,11 @@ def test_prefetched_uniforms_are_the_uniforms_of_the_next_step():
     assert np.array_equal(
         u.get(seqs[1:], 3), host_uniforms([s.seed for s in seqs[1:]], [s.counter for s in seqs[1:]], 3)
     )
+    # a narrower prefetch (after a plain step) serves a step of that width, and a wider step draws its own
+    for n in (2, 8):
+        u.prefetch(seqs, 2)
+        assert u._ahead[2].shape == (3, 2)
+        for s in seqs:
+            s.counter += 1
+        want = host_uniforms([s.seed for s in seqs], [s.counter for s in seqs], n)
+        assert np.array_equal(u.get(seqs, n), want)

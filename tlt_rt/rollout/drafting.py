@@ -24,6 +24,8 @@ has shapes fixed by (B, strategy): it is the DRAFT node of the captured step (ro
 
 from __future__ import annotations
 
+import operator
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -182,6 +184,7 @@ class DrafterRunner:
         self.device = drafter.fc.weight.device
         self.window_rows = window_rows
         self._recent: tuple[tuple[int, ...], Tensor] | None = None  # (sequence ids, their windows) of the last step
+        self._plain: PlainRun | None = None  # plain steps since, whose rows the windows have not taken yet
 
     def rows_behind(self, seqs: list[Sequence]) -> int:
         """Drafter rows of `seqs` a speculative step would catch up eagerly before its block (beyond the window)."""
@@ -219,6 +222,7 @@ class DrafterRunner:
         return the target hidden windows [B, max(rows, window_rows), H] ending at each num_cached. Marks the
         drafter rows as cached: the caller runs the block. `tables[i]`: sequence i's block table (a list of
         lists or a `block_manager.Tables`)."""
+        self.settle_windows()
         behind = [i for i, s in enumerate(seqs) if s.num_cached - s.draft_cached > rows]
         if behind:
             flush_hidden(seqs)
@@ -249,15 +253,36 @@ class DrafterRunner:
         return src.index_select(0, rows)
 
     def move_windows(self, seqs: list[Sequence], hidden: Tensor) -> None:
-        """After a plain step (hidden [B, 1, H]: each sequence's row of position num_cached): the windows
-        moved on by that row on the device, as a speculative step moves them, so that the next speculative
-        step after plain ones reads no history. Nothing happens unless every window is current."""
-        current = self._current_windows(seqs, self.window_rows)
-        if current is None:
+        """After a plain step (hidden [B, 1, H]: each sequence's row of position num_cached): the windows move
+        on by that row, so that the next speculative step after plain ones reads no history. The move waits
+        for that step (`settle_windows`): a plain step only notes its rows, and a stretch of plain steps over
+        one batch moves the windows once, by all of its rows, in one concatenation; a plain step thus costs
+        what it costs without a drafter but for the rows it logs. Nothing moves unless every window was
+        current when the stretch began (as a speculative step leaves them)."""
+        run = self._plain
+        if run is not None and len(seqs) == len(run.seqs) and all(map(operator.is_, seqs, run.seqs)):
+            run.rows.append(hidden)
+            run.steps += 1
             return
-        b = len(seqs)
-        moved = torch.cat([current[:b, 1:], hidden[:b, :1].to(current.dtype)], 1)
-        self.keep_windows(seqs, moved, [s.num_cached + 1 for s in seqs])
+        self.settle_windows()  # the batch changed (a finish, a preemption): the last stretch ends here
+        current = self._current_windows(seqs, self.window_rows)
+        if current is not None:
+            self._plain = PlainRun(seqs, current, deque([hidden], maxlen=current.shape[1]))
+
+    def settle_windows(self) -> None:
+        """Move the windows on by the rows of the plain steps noted since they were last kept (`move_windows`):
+        row i of the result is sequence i's window, as many steps later (its last W rows of window ++ rows).
+        A sequence preempted meanwhile (its window dropped) keeps none."""
+        run, self._plain = self._plain, None
+        if run is None:
+            return
+        w = run.windows
+        m = len(run.rows)  # min(steps, W): older rows fall out of every window
+        moved = torch.cat([w[:, m:], *(h[:, :1].to(w.dtype) for h in run.rows)], 1)
+        for i, s in enumerate(run.seqs):
+            if s.window_src is not None:
+                s.window_src, s.window_row, s.window_end = moved, i, s.window_end + run.steps
+        self._recent = (tuple(s.seq_id for s in run.seqs), moved)
 
     def _window(self, s: Sequence, width: int) -> Tensor:
         if s.window is not None and s.window_end == s.num_cached and s.window.shape[0] >= width:
@@ -290,6 +315,16 @@ class DrafterRunner:
         rows = [[s.num_cached, min(s.num_cached, r), *s.last_tokens(r)] for s in seqs]
         (lens, valid), tokens = upload(rows, 2, self.device)
         return DraftInputs(tokens, window[:, -r:], valid, lens, table_t)
+
+
+@dataclass
+class PlainRun:
+    """Plain steps over one batch whose rows the drafter's windows have not taken yet (`DrafterRunner.move_windows`)."""
+
+    seqs: list[Sequence]  # the batch, the same sequences every step
+    windows: Tensor  # [B, W, H] their windows when the stretch began, each ending at its num_cached then
+    rows: deque  # the last (at most W) steps' hidden rows, each [B, 1, H]
+    steps: int = 1
 
 
 def upload(rows: list[list[int]], scalars: int, device) -> tuple[list[Tensor], Tensor]:

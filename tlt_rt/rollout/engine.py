@@ -27,6 +27,7 @@ from tlt_rt.rollout import prepare
 from tlt_rt.rollout.block_manager import BlockManager, auto_num_blocks, blocks_per_sequence
 from tlt_rt.rollout.catchup import rows_once
 from tlt_rt.rollout.config import EngineConfig, engine_config
+from tlt_rt.rollout.costs import option_name
 from tlt_rt.rollout.model_runner import ModelRunner, engine_drafter, on_stream
 from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
 from tlt_rt.rollout.policy import SDPolicy
@@ -97,6 +98,7 @@ class Engine:
         self._stats = EngineStats()
         self.timeline = self._stats.timeline  # read by benchmarks, the tail trainer and the RL records
         self._next_id = 0
+        self._last_step: str | None = None  # what the last step ran: "prefill" or a decode option's name
 
     @property
     def drafter_runner(self):
@@ -191,6 +193,7 @@ class Engine:
             t0 = time.perf_counter()
             n = prefill(self.runner, sched, jobs, params, keep_hidden)
             self._stats.record("prefill", None, len(jobs), n, t0, len(sched.running))
+            self._last_step = "prefill"
         elif sched.running:
             self._decode_step(sched, params, keep_hidden)
         else:
@@ -214,7 +217,11 @@ class Engine:
         emitted = sched.postprocess(seqs, out)
         dt = time.perf_counter() - t0
         b = len(seqs)
-        self.policy.observe(b, strategy, dt, emitted / b, behind)
+        # a step after another kind of step may carry that one's leftovers (a sync, cold caches): the policy
+        # keeps such a plain step out of plain decoding's price
+        option, last = option_name(strategy), self._last_step
+        self._last_step = option
+        self.policy.observe(b, strategy, dt, emitted / b, behind, switched=last != option)
         self._stats.decode_step(strategy, out.accept_len)
         self._stats.record("sd" if strategy else "decode", strategy, b, emitted, t0, len(sched.running), dt, behind)
 

@@ -54,8 +54,10 @@ class LockstepPolicy:
         dist.broadcast(code, src=self.src, group=self.group)
         return inner.options[int(code.item())]
 
-    def observe(self, batch_size: int, strategy, seconds: float, tokens_per_seq: float, behind: int = 0) -> None:
-        self.inner.observe(batch_size, strategy, seconds, tokens_per_seq, behind)
+    def observe(
+        self, batch_size: int, strategy, seconds: float, tokens_per_seq: float, behind: int = 0, switched: bool = False
+    ) -> None:
+        self.inner.observe(batch_size, strategy, seconds, tokens_per_seq, behind, switched)
 
     def __getattr__(self, name: str) -> Any:  # stats, state_dict, load_state_dict, costs, ...
         if name == "inner":  # not set yet (unpickling): do not recurse

@@ -156,8 +156,10 @@ class ModelRunner:
         out = self.run_args(option_name(strategy), mode, self.step_args(seqs, tables, strategy, rows))
         # a replayed graph's outputs are overwritten by its next replay: keep a copy, queued before the wait
         hidden = out.hidden.clone() if keep_hidden else None
-        if mode != "greedy":  # host work that needs no result, while the device runs
-            self.uniforms.prefetch(seqs)
+        if mode != "greedy":  # host work that needs no result, while the device runs; after a plain step, a
+            # plain step's two (the plain step beside a drafter draws what it draws without one; a switch to
+            # speculation draws its own)
+            self.uniforms.prefetch(seqs, 2 if strategy is None else None)
         host = out.host.cpu().numpy()  # the one device-to-host copy; waits for this stream alone
         accept_len, tokens, logprobs = parse_host(host, 0 if strategy is None else strategy.depth)
         if strategy is not None:

@@ -49,23 +49,24 @@ class SDPolicy:
     mode "off": always None. "auto": the option with the highest expected tokens/s among plain decoding
     and every strategy. "on": the same choice restricted to the strategies, so always speculative and with
     the best strategy by the cost model (the first configured one wins ties).
-    Per bucket in "auto" mode, plain decoding is timed online PLAIN_READINGS times before any strategy runs
-    (a profiled cost sees the graph alone, and one reading can be an outlier), and again every
-    `plain_refresh` decisions while a strategy is chosen there: once speculation runs, plain steps would
-    otherwise never be timed again, and an estimate that started high (in an RL rollout on Qwen2.5-1.5B the
-    48-64 buckets' stayed ~1.5x what SD-off decoding took there) keeps a losing strategy chosen. Per bucket:
-    an option without
-    a usable cost (none, not even interpolated, or only a provisional first
+    Per bucket in "auto" mode, plain decoding is timed online PLAIN_READINGS times before any strategy runs (a
+    profiled cost sees the graph alone, and one reading can be an outlier), and again every `plain_refresh`
+    decisions while a strategy is chosen there: once speculation runs, plain steps would otherwise never be
+    timed again, and an estimate that started high (in an RL rollout on Qwen2.5-1.5B the 48-64 buckets' stayed
+    ~1.5x what SD-off decoding took there) keeps a losing strategy chosen. Only a plain step that follows a
+    plain step prices plain decoding once a bucket has a cost (`observe`): the first one after a speculative
+    step carries that step's leftovers, so a timing step between speculative ones is two plain steps, the second
+    timed. Per bucket: an option without a usable cost (none, not even interpolated, or only a provisional first
     reading here) is measured first; otherwise with probability `epsilon` a uniformly drawn other option is
-    explored; otherwise the current choice is kept unless the best option's expected tokens/s beats it by
-    more than `hysteresis` (relative). `explore_budget` caps what exploring costs: an exploration step of an
-    option dearer than the incumbent goes ahead only with a probability that keeps the expected extra time
-    below that share of the incumbent's step time (an untrained drafter at batch 1, whose SD step costs
-    ~2.7 plain steps and emits ~1 token, would otherwise cost epsilon * 1.7 = 8.5% of throughput), and the
-    same budget bounds the summed regret of speculative steps (module docstring), over a window of the last
-    `horizon` steps or so (older steps fade), so a lucky start does not license a long loss later.
-    Estimates lean optimistic (interpolated costs err low, the accept prior is generous), so an untried
-    option gets tried rather than shut out. A batch above the largest bucket is decided as the largest bucket.
+    explored; otherwise the current choice is kept unless the best option's expected tokens/s beats it by more
+    than `hysteresis` (relative). `explore_budget` caps what exploring costs: an exploration step of an option
+    dearer than the incumbent goes ahead only with a probability that keeps the expected extra time below that
+    share of the incumbent's step time (an untrained drafter at batch 1, whose SD step costs ~2.7 plain steps
+    and emits ~1 token, would otherwise cost epsilon * 1.7 = 8.5% of throughput), and the same budget bounds the
+    summed regret of speculative steps (module docstring), over a window of the last `horizon` steps or so
+    (older steps fade), so a lucky start does not license a long loss later. Estimates lean optimistic
+    (interpolated costs err low, the accept prior is generous), so an untried option gets tried rather than shut
+    out. A batch above the largest bucket is decided as the largest bucket.
     """
 
     def __init__(
@@ -246,21 +247,38 @@ class SDPolicy:
         return option
 
     def observe(
-        self, batch_size: int, strategy: Strategy | None, seconds: float, tokens_per_seq: float, behind: int = 0
+        self,
+        batch_size: int,
+        strategy: Strategy | None,
+        seconds: float,
+        tokens_per_seq: float,
+        behind: int = 0,
+        switched: bool = False,
     ) -> None:
-        """Record one executed step: its wall time, the tokens it emitted per sequence and the drafter rows
-        it caught up first (`behind`, as given to `decide`)."""
+        """Record one executed step: its wall time, the tokens it emitted per sequence, the drafter rows
+        it caught up first (`behind`, as given to `decide`) and whether the step before it was of another
+        kind (`switched`: a speculative step or a prefill before a plain one).
+
+        A plain step right after another kind carries that step's leftovers into its time (device work it
+        left queued, the host's caches cold after a speculative step's host work), so it does not price plain
+        decoding (`switch_readings` in `stats`) once the bucket has a cost: a plain timing step between
+        speculative ones (`plain_refresh`, the first PLAIN_READINGS) stays due, and the next plain step,
+        which follows a plain one, is timed instead."""
         b = self.bucket(batch_size)
-        if strategy is None:
+        if strategy is None and switched and self.costs.get(b, None) is not None:
+            self._counts["switch_readings"] += 1
+        elif strategy is None:
             self._plain_at[b] = self._calls[b]
+            self.costs.observe(b, None, seconds)
         plain = self.costs.interpolate(b, None)
-        steady = None
-        if strategy is not None and behind > 0 and not self.costs.is_provisional(b, strategy):
-            steady = self.costs.interpolate(b, strategy)
-        if steady is None:
-            self.costs.observe(b, strategy, seconds)
-        else:  # a catch-up step: its excess over the steady cost teaches the per-row catch-up cost only
-            self.catchup.observe(b, seconds - steady, behind)
+        if strategy is not None:
+            steady = None
+            if behind > 0 and not self.costs.is_provisional(b, strategy):
+                steady = self.costs.interpolate(b, strategy)
+            if steady is None:
+                self.costs.observe(b, strategy, seconds)
+            else:  # a catch-up step: its excess over the steady cost teaches the per-row catch-up cost only
+                self.catchup.observe(b, seconds - steady, behind)
         acc = self._regret.setdefault(b, [0.0, 0.0])
         acc[0] *= self._fade
         acc[1] = acc[1] * self._fade + seconds
@@ -276,6 +294,7 @@ class SDPolicy:
             "explore_steps": self._counts["explore"],
             "measure_steps": self._counts["measure"],
             "plain_timing_steps": self._counts["plain_timing"],
+            "switch_readings": self._counts["switch_readings"],
             "switches": self._counts["switches"],
             "held_back_steps": self._counts["held_back"],
             "regret_share": {b: r / e for b, (r, e) in sorted(self._regret.items()) if e > 0},

@@ -45,8 +45,9 @@ class StepOut:
 class Uniforms:
     """The acceptance walks' uniforms of a step, [B, n] float32; the next step's drawn ahead.
 
-    width: the most a step reads (2 x (deepest depth + 1)); a prefetch draws that many, and a step reads
-    the first n (each uniform depends on its index alone, so a prefix is the same numbers bit for bit).
+    width: the most a step reads (2 x (deepest depth + 1)); a prefetch draws that many, or as many as it is
+    told, and a step reads the first n (each uniform depends on its index alone, so a prefix is the same
+    numbers bit for bit); a step that needs more than were drawn draws its own.
     """
 
     def __init__(self, width: int):
@@ -56,16 +57,16 @@ class Uniforms:
     def get(self, seqs: list[Sequence], n: int) -> np.ndarray:
         counters = [s.counter for s in seqs]
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and n <= self.width and ahead[1] == counters:
+        if ahead is not None and n <= ahead[2].shape[1] and ahead[1] == counters:
             if ahead[0] == tuple(s.seq_id for s in seqs):
                 return ahead[2][:, :n]
         return host_uniforms([s.seed for s in seqs], counters, n)
 
-    def prefetch(self, seqs: list[Sequence]) -> None:
-        """Draw the uniforms of the same batch's next step (every counter one on): the host does it while
-        the device runs, and a batch that changed meanwhile draws its own in `get`."""
+    def prefetch(self, seqs: list[Sequence], n: int | None = None) -> None:
+        """Draw the first `n` (None: width) uniforms of the same batch's next step (every counter one on): the
+        host does it while the device runs, and a batch that changed meanwhile draws its own in `get`."""
         counters = [s.counter + 1 for s in seqs]
-        drawn = host_uniforms([s.seed for s in seqs], counters, self.width)
+        drawn = host_uniforms([s.seed for s in seqs], counters, self.width if n is None else min(n, self.width))
         self._ahead = (tuple(s.seq_id for s in seqs), counters, drawn)
 
 
