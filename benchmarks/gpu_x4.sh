@@ -11,7 +11,8 @@
 #            idle-GPU drafter training against SD off (configs/qwen2.5-1.5b-math-2gpu.yaml):
 #            GPUs 0-1: cluster.split=prompts (each worker a range of prompts with all their answers), then auto
 #                      against off by batch size in interleaved rounds on GPU 0 (engine_throughput.py);
-#            GPUs 2-3: cluster.split=samples (each worker every prompt, half of its answers).
+#            GPUs 2-3: cluster.split=samples (each worker every prompt, half of its answers), then a worker
+#                      killed mid-rollout (SmolLM2, cluster.debug_fail): the step completes, nothing lost.
 # Each job is its own process group with its own Ray (a private local cluster per driver), pinned by
 # CUDA_VISIBLE_DEVICES. Everything runs in the background; the call returns at once. The pass of 2026-11-26
 # at 0c4301e ran this script as it was then (three warm-up objectives; the two-GPU comparison beside the
@@ -104,10 +105,24 @@ EOF
         --task-config "$cfg1" --drafter "$drafter" --configs off auto --interleave --learn-rounds 1 --repeats 3 \
         --max-new-tokens 384 --batch 1 8 32 128 --out "$out/throughput.jsonl" > "$out/throughput.log" 2>&1
   ) &
-  # shellcheck disable=SC2086
-  CUDA_VISIBLE_DEVICES=2,3 python benchmarks/e2e_rl.py --config "$cfg2" --drafter "$drafter" --steps "$steps" \
-      --time-limit "$budget" --out "$out/e2e2s" -- "model.path=$q15" cluster.split=samples $keys \
-      > "$out/e2e2s.log" 2>&1 &
+  (   # GPUs 2-3: the samples split, then a worker killed mid-rollout (SmolLM2, 3 steps, two GPU workers)
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=2,3 python benchmarks/e2e_rl.py --config "$cfg2" --drafter "$drafter" --steps "$steps" \
+        --time-limit "$budget" --out "$out/e2e2s" -- "model.path=$q15" cluster.split=samples $keys \
+        > "$out/e2e2s.log" 2>&1
+    CUDA_VISIBLE_DEVICES=2,3 timeout 420 python -m tlt_rt.train configs/smollm2-tail-gpu.yaml name=kill \
+        "output_dir=$out/kill" rl.steps=3 cluster.num_workers=2 cluster.debug_fail=rollout:1:1 \
+        rl.checkpoint_every=0 logging.eval_every=0 > "$out/kill.log" 2>&1
+    python - "$out/kill/kill" >> "$out/kill.log" 2>&1 <<'EOF'
+import json, pathlib, sys
+run = pathlib.Path(sys.argv[1])
+recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"step"' in x]
+died = (run / ".debug_fail.rollout.1.1").is_file()
+full = [len(r["response_lengths"]) for r in recs]
+print(f"kill check: worker 1 died in step 1: {died}; steps {[r['step'] for r in recs]}; answers per step {full}; "
+      f"restarts {recs[-1]['worker_restarts'] if recs else None}")
+EOF
+  ) &
   wait
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
