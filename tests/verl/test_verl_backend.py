@@ -122,3 +122,18 @@ def test_verl_drives_tlt_rt_backend(ray_cluster, tmp_path):
     assert [o.extra_fields["global_steps"] for o in outs] == [None] * 3
     assert [o.extra_fields["global_steps"] for o in after] == [7] * 3
     assert aborted.stop_reason in ("aborted", "completed")
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_a_server_keeps_its_cache_over_sleep_when_told(tmp_path, release):
+    """verl sleeps every replica after each generation; release_on_sleep=false keeps the cache and the steps."""
+    model = tiny_model(tmp_path / "policy", seed=0)
+    kw = {"num_blocks": 32, "block_size": 16, "max_batch": 4, "release_on_sleep": release}
+    server = backend.TltServer({"engine_kwargs": {"tlt_rt": kw}}, {"path": str(model)})
+    cache = server.engine.runner.target.cache.k
+    before = cache.untyped_storage().size()
+    asyncio.run(server.sleep())
+    assert (cache.untyped_storage().size() == 0) == release
+    asyncio.run(server.wake_up())
+    assert cache.untyped_storage().size() == before
+    server.aengine.shutdown()

@@ -15,7 +15,7 @@ installed.) Importing this module registers three things with verl:
   (`tlt_rt.integrations.drafter_hook.SpotDrafter`), so a verl run gets spot drafter training too.
 
 Engine options come from `actor_rollout_ref.rollout.engine_kwargs.tlt_rt` (any `Engine` keyword, plus
-`drafter_path`, `speculative`, `device` and `drafter_training`).
+`drafter_path`, `speculative`, `device`, `drafter_training` and `release_on_sleep`).
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ class TltServer:
         kw = dict(_option(_option(config, "engine_kwargs", {}) or {}, NAME, {}) or {})
         path = _option(model_config, "local_path", None) or _option(model_config, "path")
         drafter_training = kw.pop("drafter_training", None)
+        # verl puts every replica to sleep after each generation and wakes it before the weight update: a sleep
+        # frees the KV cache and the captured steps, and the wake-up captures those steps again (seconds each
+        # RL step). release_on_sleep=false keeps both, for a policy and optimizer that fit beside the cache.
+        self.release_on_sleep = bool(kw.pop("release_on_sleep", True))
         dtype = "float32" if not torch.cuda.is_available() else _option(config, "dtype", "auto")
         self.engine = Engine.from_pretrained(
             path,
@@ -125,10 +129,12 @@ class TltServer:
         await self.aengine.wake_up()
 
     async def sleep(self) -> None:
-        await self.aengine.sleep()
+        if self.release_on_sleep:
+            await self.aengine.sleep()
 
     async def release_kv_cache(self) -> None:
-        await self.aengine.sleep()
+        if self.release_on_sleep:
+            await self.aengine.sleep()
 
     async def resume_kv_cache(self) -> None:
         await self.aengine.wake_up()
