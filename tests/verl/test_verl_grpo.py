@@ -60,8 +60,12 @@ def test_recipe_config_composes_and_passes_verl_checks(recipe):
     assert not need_reference_policy(cfg) and not need_critic(cfg)
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
     assert (rollout.name, rollout.mode, rollout.n, rollout.tensor_model_parallel_size) == ("tlt_rt", "async", 4, 1)
-    assert rollout.engine_kwargs["tlt_rt"] == {"speculative": "auto", "max_context": 1024, "num_blocks": 3072,
-                                               "release_on_sleep": False}
+    assert rollout.engine_kwargs["tlt_rt"] == {
+        "speculative": "auto",
+        "max_context": 1024,
+        "num_blocks": 3072,
+        "release_on_sleep": False,
+    }
     assert (rollout.prompt_length, rollout.response_length) == (256, 512)
     hf = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
     assert hf.hf_config._attn_implementation == "sdpa" and hf.tokenizer.chat_template
