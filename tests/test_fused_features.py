@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tlt_rt.models.arch import ArchConfig
+from tests.test_drafter import tiny_arch
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import ExportError, export_eagle, load_eagle
 from tlt_rt.models.llama import CausalLM
@@ -16,20 +16,8 @@ from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 from tlt_rt.train.drafter.warmup import default_feature_layers, generate_data
 
-H = 32
-ARCH = ArchConfig(
-    model_type="qwen2",
-    vocab_size=97,
-    hidden_size=H,
-    intermediate_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    qkv_bias=True,
-    max_position_embeddings=512,
-    eos_token_ids=(11,),
-)
+ARCH = tiny_arch("qwen2", num_hidden_layers=4, max_position_embeddings=512, eos_token_ids=(11,))
+H = ARCH.hidden_size
 LAYERS = (0, 2)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 1], [3], [2, 2, 2, 2, 2]]
 

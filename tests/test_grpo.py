@@ -326,8 +326,7 @@ def test_pad_batch_finds_the_response_rows_on_the_host():
         LearnSample([5, 6, 7], [8, 9], [-0.5, -0.25], 1.0),
         LearnSample([5], [4, 3, 2], [-1.0, -2.0, -3.0], -1.0),
     ]
-    ids, targets, mask, old, rows = pad_batch(samples, 0, "cpu", with_rows=True)
+    ids, targets, mask, old, rows = pad_batch(samples, 0, "cpu")
     assert torch.equal(rows, mask.flatten().nonzero().squeeze(1))
     assert targets.flatten()[rows].tolist() == [8, 9, 4, 3, 2]  # each response token, in order
     assert old.flatten()[rows].tolist() == [-0.5, -0.25, -1.0, -2.0, -3.0]
-    assert len(pad_batch(samples, 0, "cpu")) == 4

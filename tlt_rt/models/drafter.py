@@ -53,7 +53,15 @@ from torch import nn
 
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.attention import AttentionBackend, AttnMetadata, TorchAttention
-from tlt_rt.models.llama import CausalLM, DecoderLayer, KVCache, ModelOutput, Rotary, apply_linear
+from tlt_rt.models.llama import (
+    CausalLM,
+    DecoderLayer,
+    KVCache,
+    ModelOutput,
+    Rotary,
+    apply_linear,
+    feature_layer_ids,
+)
 
 PackedAttn = str  # "auto" | "xformers" | "sdpa"
 
@@ -167,12 +175,7 @@ class Drafter(nn.Module):
             raise ValueError(f"drafter hidden_size {arch.hidden_size} != target hidden_size {target.arch.hidden_size}")
         self.arch = arch
         h = arch.hidden_size
-        self.feature_layers = tuple(sorted(int(i) for i in feature_layers or ()))
-        last = target.arch.num_hidden_layers - 1
-        if any(not 0 <= i < last for i in self.feature_layers) or len(set(self.feature_layers)) != len(
-            self.feature_layers
-        ):
-            raise ValueError(f"feature_layers must be distinct target layers in [0, {last}), got {feature_layers}")
+        self.feature_layers = feature_layer_ids(feature_layers, target.arch.num_hidden_layers)
         # EAGLE-3's fusion of several target layers into the drafter's input (None: the final-norm feature alone)
         self.fuse = nn.Linear(self.feature_size, h, bias=False) if self.feature_layers else None
         # SGLang's EAGLE models register fc.bias, vLLM's EagleLlamaForCausalLM does not (fc_bias=False serves there)

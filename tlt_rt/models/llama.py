@@ -430,6 +430,16 @@ class LlamaBackbone(nn.Module):
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
 
+def feature_layer_ids(layers, num_layers: int) -> tuple[int, ...]:
+    """`layers` as the sorted tuple `CausalLM.feature_layers` holds: distinct decoder layers below the last of
+    `num_layers` (the last one's output is always handed over)."""
+    ids = tuple(sorted(int(i) for i in layers or ()))
+    last = num_layers - 1
+    if any(not 0 <= i < last for i in ids) or len(set(ids)) != len(ids):
+        raise ValueError(f"feature_layers must be distinct layers in [0, {last}), got {list(layers or ())}")
+    return ids
+
+
 class CausalLM(nn.Module):
     """The target model. `hidden` is the last layer's output before the final norm (the drafter's input).
 
@@ -458,11 +468,7 @@ class CausalLM(nn.Module):
 
     def set_feature_layers(self, layers) -> None:
         """Hand the outputs of these decoder layers (0-based, distinct, below the last) to the drafter too."""
-        layers = tuple(int(i) for i in layers or ())
-        last = self.arch.num_hidden_layers - 1
-        if any(not 0 <= i < last for i in layers) or len(set(layers)) != len(layers):
-            raise ValueError(f"feature_layers must be distinct layers in [0, {last}), got {list(layers)}")
-        self.feature_layers = tuple(sorted(layers))
+        self.feature_layers = feature_layer_ids(layers, self.arch.num_hidden_layers)
 
     def _layers(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         taps = []

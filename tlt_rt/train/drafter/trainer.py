@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tlt_rt.models.drafter import Drafter
+from tlt_rt.models.eagle_export import FEATURE_LAYERS_KEY
 from tlt_rt.train.drafter.config import DrafterConfig
 from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.loss import batch_loss
@@ -260,7 +261,7 @@ class DrafterTrainer:
             "draft_vocab_size": self.drafter.draft_vocab_size,
         }
         if self.drafter.feature_layers:
-            info["tlt_feature_layers"] = list(self.drafter.feature_layers)  # eagle_export.FEATURE_LAYERS_KEY
+            info[FEATURE_LAYERS_KEY] = list(self.drafter.feature_layers)
 
         def write() -> None:
             tmp = folder.with_name(folder.name + ".tmp")

@@ -113,12 +113,10 @@ def to_device(t: Tensor, device) -> Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def pad_batch(
-    samples: list[LearnSample], pad_id: int, device, with_rows: bool = False
-) -> tuple[Tensor, Tensor, Tensor, Tensor] | tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """-> input_ids [B, L-1], targets [B, L-1], mask [B, L-1], old_logprobs [B, L-1] (right padded), and with
-    `with_rows` the flat positions [R] of the mask's ones (row-major), found on the host: the response rows
-    the head projects, picked without a device-to-host read.
+def pad_batch(samples: list[LearnSample], pad_id: int, device) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """-> input_ids [B, L-1], targets [B, L-1], mask [B, L-1], old_logprobs [B, L-1] (right padded), and the
+    flat positions [R] of the mask's ones (row-major), found on the host: the response rows the head
+    projects, picked without a device-to-host read.
 
     Row t of the logits predicts token t+1, so response token k of a prompt of length P is scored at
     position P-1+k; the last token is never an input whose prediction is needed.
@@ -135,10 +133,8 @@ def pad_batch(
         mask[i, p - 1 : p - 1 + r] = 1.0
         old[i, p - 1 : p - 1 + r] = torch.tensor(s.old_logprobs, dtype=torch.float32)
     ids = to_device(ids, device)
-    out = (ids[:, :-1], ids[:, 1:], to_device(mask, device), to_device(old, device))
-    if with_rows:
-        return *out, to_device(mask.flatten().nonzero().squeeze(1), device)
-    return out
+    rows = mask.flatten().nonzero().squeeze(1)
+    return ids[:, :-1], ids[:, 1:], to_device(mask, device), to_device(old, device), to_device(rows, device)
 
 
 class Learner:
@@ -187,8 +183,8 @@ class Learner:
         try:
             for b in (1, 2):
                 chunk = [LearnSample([self.pad_id] * 4, [self.pad_id] * 4, [0.0] * 4, 0.0) for _ in range(b)]
-                ids, targets, mask, _ = pad_batch(chunk, self.pad_id, self.device)
-                (self._logprobs(self.model, ids, targets, mask).sum() * 0.0).backward()
+                ids, targets, _, _, rows = pad_batch(chunk, self.pad_id, self.device)
+                (self._logprobs(self.model, ids, targets, rows).sum() * 0.0).backward()
         finally:
             self.model.train(was_training)
             for p in self.params:
@@ -196,12 +192,10 @@ class Learner:
         return self._slow_events()[1] - compiles0
 
     # ----------------------------------------------------------------------------------- log-probs
-    def _logprobs(
-        self, model: nn.Module, ids: Tensor, targets: Tensor, mask: Tensor | None = None, rows: Tensor | None = None
-    ) -> Tensor:
-        """[B, T] log-probs of `targets` under the sampling filter; with `mask` and a chunk size, only the
-        masked (response) positions are projected through the head, a chunk of rows at a time. `rows` (the
-        mask's flat positions, `pad_batch(with_rows=True)`) picks them without a device-to-host read."""
+    def _logprobs(self, model: nn.Module, ids: Tensor, targets: Tensor, rows: Tensor | None = None) -> Tensor:
+        """[B, T] log-probs of `targets` under the sampling filter; with `rows` (the response positions,
+        `pad_batch`'s last) and a chunk size, only those rows are projected through the head, a chunk of rows
+        at a time (zeros elsewhere)."""
         chunk = self.cfg.logprob_chunk_tokens
         if rows is not None and chunk > 0:
             s = self.sampling
@@ -214,16 +208,6 @@ class Learner:
                 return out.view(targets.shape)
 
             return model(ids, head=head).logits
-        if mask is not None and chunk > 0:
-            rows, s = mask.bool(), self.sampling
-
-            def head(hidden: Tensor, weight: Tensor) -> Tensor:  # [B, T, H], [V, H] -> [B, T]
-                lp = chunked_token_logprobs(
-                    hidden[rows], weight, targets[rows], s.temperature, s.top_k, s.top_p, chunk_tokens=chunk
-                )
-                return torch.zeros(rows.shape, dtype=lp.dtype, device=lp.device).masked_scatter(rows, lp)
-
-            return model(ids, head=head).logits
         logits = model(ids).logits  # [B, T, V]
         s = self.sampling
         keep = kept_ids(logits, s.temperature, s.top_k, s.top_p)
@@ -233,8 +217,8 @@ class Learner:
     def recompute_logprobs(self, samples: list[LearnSample]) -> None:
         """Replace each sample's old log-probs with the dense forward's (the `rl.recompute_logprobs` path)."""
         for chunk in self._micro_batches(samples):
-            ids, targets, mask, _ = pad_batch(chunk or [self._dummy()], self.pad_id, self.device)
-            lp = self._logprobs(self.model, ids, targets, mask)
+            ids, targets, _, _, rows = pad_batch(chunk or [self._dummy()], self.pad_id, self.device)
+            lp = self._logprobs(self.model, ids, targets, rows)
             for i, s in enumerate(chunk):
                 p = len(s.prompt)
                 s.old_logprobs = lp[i, p - 1 : p - 1 + len(s.response)].tolist()
@@ -276,16 +260,16 @@ class Learner:
         """Forward and backward of `mb`'s micro-batches; returns `sums` plus their loss and LOSS_STATS."""
         for chunk in self._micro_batches(mb.samples):
             if not chunk:  # lockstep: join the collectives of the others' forward and backward
-                ids, targets, _, _ = pad_batch([self._dummy()], self.pad_id, self.device)
+                ids, targets, _, _, _ = pad_batch([self._dummy()], self.pad_id, self.device)
                 (self._logprobs(self.model, ids, targets).sum() * 0.0).backward()
                 continue
-            ids, targets, mask, old, rows = pad_batch(chunk, self.pad_id, self.device, with_rows=True)
+            ids, targets, mask, old, rows = pad_batch(chunk, self.pad_id, self.device)
             adv = to_device(torch.tensor([s.advantage for s in chunk]), self.device)
             ref = None
             if self.ref_model is not None and self.cfg.kl_coef > 0:
                 with torch.no_grad():
-                    ref = self._logprobs(self.ref_model, ids, targets, mask, rows)
-            logp = self._logprobs(self.model, ids, targets, mask, rows)
+                    ref = self._logprobs(self.ref_model, ids, targets, rows)
+            logp = self._logprobs(self.model, ids, targets, rows)
             cfg = self.cfg
             loss, st = policy_loss(
                 logp, old, adv, mask, cfg.clip_low, cfg.clip_high, cfg.loss_agg, ref, cfg.kl_coef,
