@@ -36,6 +36,7 @@ from tlt_rt.models.shapes import KNOWN_SHAPES  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.train.drafter.vocab import DraftVocab  # noqa: E402
 from tlt_rt.train.memory import GIB, forecast  # noqa: E402
+from tlt_rt.train.profile import kernel_kinds  # noqa: E402
 from tlt_rt.train.rl.flops import peak_flops  # noqa: E402
 from tlt_rt.train.rl.learner import Learner, LearnSample, MiniBatch, SamplingFilter  # noqa: E402
 
@@ -97,25 +98,6 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-KINDS = (  # kernel name fragments -> what the time went to (first match wins)
-    ("attention", ("flash", "fmha", "attention")),
-    ("optimizer", ("adam", "multi_tensor", "foreach")),
-    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_", "sm80_")),
-    ("triton (fused glue)", ("triton",)),
-    ("copies", ("copy", "memcpy", "memset", "fill", "cat")),
-)
-
-
-def kernel_kinds(table: list[tuple[str, float, float]]) -> dict[str, float]:
-    """Kernel microseconds summed by kind (KINDS; the rest 'other'), largest first."""
-    out: dict[str, float] = {}
-    for name, us, _ in table:
-        low = name.lower()
-        kind = next((k for k, frags in KINDS if any(f in low for f in frags)), "other")
-        out[kind] = out.get(kind, 0.0) + us
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     keys = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -128,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--response-median", type=int, default=200)
     ap.add_argument("--prompt-len", type=int, default=120)
     ap.add_argument("--decode-tokens", type=int, default=64, help="tokens each rollout sequence decodes")
+    ap.add_argument(
+        "--fresh-batches",
+        action="store_true",
+        help="new response lengths every round, as a run's steps have (default: one batch reused)",
+    )
     ap.add_argument("--profile", action="store_true", help="the GPU kernels of one update, by time")
     ap.add_argument("--out", default=None, help="append the rows to this JSON-lines file")
     args = ap.parse_args(argv)
@@ -169,11 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         learner = Learner(model, vcfg.rl, SamplingFilter(r.temperature, r.top_k, r.top_p))
         if device.type == "cuda":
             learner.warm_up()  # as a worker does at start-up
-        batch = samples(vcfg, args.response_median, args.prompt_len, arch.vocab_size, seed=1)
-        tokens = sum(len(s.response) for s in batch)
         times, flops, fwd = [], 0.0, 0.0
         rollout_peak: tuple[float | None, float | None] = (None, None)
         for i in range(args.rounds):
+            batch = samples(vcfg, args.response_median, args.prompt_len, arch.vocab_size,
+                            seed=1 + (i if args.fresh_batches else 0))  # fmt: skip
+            tokens = sum(len(s.response) for s in batch)
             if i == min(1, args.rounds - 1):  # the moments exist now: a rollout as a run's next one sees it
                 reset_peak(device)
                 rollout()

@@ -14,7 +14,7 @@ from learner_step import kernel_kinds, main  # noqa: E402
 def test_learner_step_reports_each_variant(tmp_path, capsys):
     out = tmp_path / "rows.jsonl"
     small = ["rl.prompts_per_step=2", "rl.group_size=2", "rollout.max_batch=4", "rollout.max_new_tokens=64"]
-    code = main(["--shape", "tiny", "--rounds", "2", "--response-median", "20", "--prompt-len", "8",
+    code = main(["--shape", "tiny", "--rounds", "2", "--fresh-batches", "--response-median", "20", "--prompt-len", "8",
                  "--decode-tokens", "4", "--out", str(out), "--variants", "rl.activation_checkpointing=true", "",
                  "--", *small])  # fmt: skip
     assert code == 0

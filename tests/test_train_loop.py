@@ -237,7 +237,8 @@ def test_worker_in_process_rollout_train_merge_learn(tiny, tmp_path):
     from tlt_rt.train.cluster.worker import Worker
     from tlt_rt.train.rl.learner import MiniBatch
 
-    cfg = tiny_config(tiny, tmp_path, "w", "drafter.train_online=true", "drafter.batch_tokens=32")
+    cfg = tiny_config(tiny, tmp_path, "w", "drafter.train_online=true", "drafter.batch_tokens=32",
+                      "logging.profile_learner_step=0")  # fmt: skip
     w = Worker(0, 1, to_dict(cfg), str(tmp_path / "w"))
     params = dict(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=4, seed=3)
     res = w.rollout(0, [[1, 2, 3], [4, 5]], params)
@@ -259,11 +260,16 @@ def test_worker_in_process_rollout_train_merge_learn(tiny, tmp_path):
     toks, lps = res.samples[0].token_ids, res.samples[0].logprobs
     out = w.learn(0, [MiniBatch([LearnSample([1, 2, 3], toks, lps, 1.0)], len(toks), 1)])
     assert out.version == 1 and out.optimizer_steps == 1
+    # logging.profile_learner_step: the update of step 0 profiled, its host operators named (no kernels on a CPU)
+    prof = (tmp_path / "w" / "profile" / "learner-step0-rank0.txt").read_text()
+    assert "learner update, step 0, rank 0" in prof and "aten::" in prof and "by kind" not in prof
+    w.learn(1, [MiniBatch([LearnSample([1, 2, 3], toks, lps, 1.0)], len(toks), 1)])
+    assert not (tmp_path / "w" / "profile" / "learner-step1-rank0.txt").exists()
     other = Worker(1, 1, to_dict(cfg), str(tmp_path / "w"))
     other.import_state(w.export_state())
     for k, v in w.model.state_dict().items():
         assert torch.equal(other.model.state_dict()[k], v), k
-    assert other.learner.version == 1
+    assert other.learner.version == 2
 
 
 def test_a_configured_draft_vocab_is_sized_before_capture_and_rebuilt_in_place(tiny, tmp_path):

@@ -39,6 +39,7 @@ from tlt_rt.train.drafter.eval import drafter_counts_by_shape, frozen_copy, orac
 from tlt_rt.train.drafter.tail import DrafterTraining, TailTrainer, tail_training_on
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 from tlt_rt.train.drafter.vocab import DraftVocab
+from tlt_rt.train.profile import profiled
 from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
 from tlt_rt.train.rl.flops import peak_flops
 from tlt_rt.train.rl.learner import Learner, LearnResult, MiniBatch, SamplingFilter
@@ -309,7 +310,10 @@ class Worker:
         try:
             if self.cfg.rl.recompute_logprobs:
                 self.learner.recompute_logprobs([s for mb in minibatches for s in mb.samples])
-            out = self.learner.update(minibatches)
+            at = self.run_dir / "profile" / f"learner-step{step}-rank{self.rank}.txt"
+            title = f"learner update, step {step}, rank {self.rank}"
+            with profiled(at if step == self.cfg.logging.profile_learner_step else None, title, self.device):
+                out = self.learner.update(minibatches)
         finally:
             if released is not None:
                 self.engine.restore_memory(released)

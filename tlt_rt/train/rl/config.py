@@ -286,6 +286,12 @@ class LoggingConfig:
         help="Answers of the step the drafter curve measures, spread over the workers and picked evenly from "
         "each worker's answers (the drafter runs teacher-forced over each answer once per depth); 0 = all.",
     )
+    profile_learner_step: int = option(
+        -1,
+        help="Profile this RL step's learner update on every worker (torch profiler, kernels and host operators) "
+        "and write RUN/profile/learner-step{N}-rank{r}.txt: its wall time against the kernels' busy time, by kind "
+        "and by kernel; -1 = never. The profiled update runs slower than the others.",
+    )
     progress_every_s: float = option(
         30.0,
         help="Seconds between plain progress lines (step k of N, time left) while a step runs; they also reach "
@@ -299,6 +305,7 @@ class LoggingConfig:
         check_min(self, "eval_every", 0)
         check_min(self, "eval_prompts", 1)
         check_min(self, "drafter_curve_answers", 0)
+        check_min(self, "profile_learner_step", -1)
         check_min(self, "eval_temperature", 0.0)
         if self.eval_max_new_tokens is not None:
             check_min(self, "eval_max_new_tokens", 1)

@@ -1,0 +1,39 @@
+"""tlt_rt.train.profile: the summary of a profiled block (host side on a CPU; kernel rows from made-up events)."""
+
+from types import SimpleNamespace
+
+import torch
+
+from tlt_rt.train.profile import kernel_kinds, kernel_rows, profiled, summary
+
+
+def test_profiled_writes_the_host_operators_of_the_block(tmp_path):
+    x = torch.randn(64, 64)
+    out = tmp_path / "p" / "step.txt"
+    with profiled(out, "a matmul", torch.device("cpu")):
+        for _ in range(3):
+            x = x @ x
+    text = out.read_text()
+    assert text.startswith("# a matmul") and "aten::mm" in text
+    assert "kernels 0.000 s in 0 launches" in text  # no device on a CPU
+    with profiled(None, "nothing", torch.device("cpu")):  # no path: nothing profiled, nothing written
+        pass
+    assert sorted(p.name for p in out.parent.iterdir()) == ["step.txt"]
+
+
+def test_kernel_rows_sum_by_name_and_kinds_group_them():
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    ev = [SimpleNamespace(name=n, device_type=d, device_time=t, self_cpu_time_total=c) for n, d, t, c in [
+        ("sm90_xmma_gemm_bf16", cuda, 300.0, 0.0), ("sm90_xmma_gemm_bf16", cuda, 200.0, 0.0),
+        ("flash_fwd_kernel", cuda, 100.0, 0.0), ("triton_poi_fused_add", cuda, 50.0, 0.0),
+        ("multi_tensor_apply_kernel<Adam>", cuda, 40.0, 0.0), ("weird", cuda, 10.0, 0.0),
+        ("aten::mm", cpu, 0.0, 70.0),
+    ]]  # fmt: skip
+    rows = kernel_rows(ev)
+    assert rows[0] == ("sm90_xmma_gemm_bf16", 500.0, 2) and len(rows) == 5
+    assert kernel_rows(ev, device=False) == [("aten::mm", 70.0, 1)]
+    kinds = kernel_kinds(rows)
+    assert list(kinds) == ["matmul", "attention", "triton (fused glue)", "optimizer", "other"]
+    assert kinds["matmul"] == 500.0 and kinds["other"] == 10.0
+    text = summary("t", 0.002, rows, kernel_rows(ev, device=False))
+    assert "kernels 0.001 s in 6 launches (35% of the wall time busy)" in text and "aten::mm" in text

@@ -1,0 +1,87 @@
+"""One phase of a run under the torch profiler, summarised as text: where an update's wall time went.
+
+`logging.profile_learner_step: N` wraps step N's learner update on every worker in `profiled`, which writes
+RUN/profile/learner-step{N}-rank{r}.txt: the wall seconds against the kernels' summed seconds (a large gap
+means the device waited on the host), the kernels by kind and the top kernels by time, and the host-side
+operators that took longest. On a CPU worker the table has no kernels, only the host operators.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["KINDS", "kernel_kinds", "kernel_rows", "profiled", "summary"]
+
+KINDS = (  # kernel name fragments -> what the time went to (first match wins)
+    ("attention", ("flash", "fmha", "attention")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_", "sm80_")),
+    ("triton (fused glue)", ("triton",)),
+    ("copies", ("copy", "memcpy", "memset", "fill", "cat")),
+)
+
+
+def kernel_rows(events, device: bool = True) -> list[tuple[str, float, int]]:
+    """(name, microseconds, count) summed by name over a finished profiler's events, largest first: device
+    kernels (`device=True`) or host operators (their own time, children excluded)."""
+    rows: dict[str, list[float]] = {}
+    for e in events:
+        on_device = e.device_type == torch.autograd.DeviceType.CUDA
+        if on_device != device:
+            continue
+        us = e.device_time if device else e.self_cpu_time_total
+        r = rows.setdefault(e.name, [0.0, 0])
+        r[0] += us
+        r[1] += 1
+    return sorted(((k, us, int(n)) for k, (us, n) in rows.items()), key=lambda r: -r[1])
+
+
+def kernel_kinds(rows: list[tuple[str, float, int]]) -> dict[str, float]:
+    """Microseconds by kind (KINDS; the rest 'other'), largest first."""
+    out: dict[str, float] = {}
+    for name, us, _ in rows:
+        low = name.lower()
+        kind = next((k for k, frags in KINDS if any(f in low for f in frags)), "other")
+        out[kind] = out.get(kind, 0.0) + us
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def summary(title: str, wall_s: float, kernels: list[tuple[str, float, int]], host: list[tuple[str, float, int]],
+            top: int = 20) -> str:  # fmt: skip
+    """The text `profiled` writes."""
+    busy = sum(us for _, us, _ in kernels) / 1e6
+    lines = [f"# {title}", f"wall {wall_s:.3f} s; kernels {busy:.3f} s in {sum(n for *_, n in kernels)} launches "
+             f"({busy / wall_s:.0%} of the wall time busy)" if wall_s > 0 else "wall 0 s"]  # fmt: skip
+    if kernels:
+        lines.append("by kind: " + ", ".join(f"{k} {v / 1e6:.3f} s" for k, v in kernel_kinds(kernels).items()))
+        lines.append("top kernels (ms, launches, name):")
+        lines += [f"  {us / 1e3:9.2f} {n:7d}  {name[:110]}" for name, us, n in kernels[:top]]
+    lines.append("top host operators by own time (ms, calls, name):")
+    lines += [f"  {us / 1e3:9.2f} {n:7d}  {name[:110]}" for name, us, n in host[:top]]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def profiled(path: Path | None, title: str, device: torch.device):
+    """Profile the block and write `summary` to `path`; a no-op when path is None."""
+    if path is None:
+        yield
+        return
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(activities=acts)
+    t0 = time.perf_counter()
+    with prof:
+        yield
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    wall = time.perf_counter() - t0
+    events = prof.events()
+    text = summary(title, wall, kernel_rows(events, device=True), kernel_rows(events, device=False))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
