@@ -11,6 +11,8 @@ the pytest-benchmark rounds are eager (launch + synchronize included: ~0.17 ms f
     python benchmarks/bench_attention.py                       # markdown table for benchmarks/RESULTS.md
     python benchmarks/bench_attention.py --tune                # sweep the kernels' launch meta-parameters
     python benchmarks/bench_attention.py --tune --decode 1x1024 16x4096 --best-out best.json   # decode only
+    python benchmarks/bench_attention.py --tune --shape qwen2.5-coder-1.5b --decode 1x1024 32x1024
+        # another model's attention heads (tlt_rt/models/shapes.py)
 """
 
 from __future__ import annotations
@@ -34,6 +36,17 @@ N_HEADS, N_KV, HEAD_DIM, PAGE = 28, 4, 128, 16
 DTYPE = torch.bfloat16
 DECODE_SHAPES = [(1, 4096), (1, 32768), (8, 8192), (32, 4096), (64, 2048)]  # (batch, context)
 TREE_SHAPES = [(1, 4096, 32), (1, 32768, 64), (4, 8192, 48), (16, 4096, 16), (64, 2048, 8)]  # (+ tree tokens)
+
+
+def set_heads(shape: str) -> None:
+    """Use the query heads, KV heads and head size of `shape` (a name of tlt_rt/models/shapes.py)."""
+    from tlt_rt.models.shapes import SHAPES
+
+    global N_HEADS, N_KV, HEAD_DIM
+    s = SHAPES[shape]
+    N_HEADS, N_KV = s["num_attention_heads"], s["num_key_value_heads"]
+    HEAD_DIM = s.get("head_dim") or s["hidden_size"] // N_HEADS
+    print(f"# attention heads of {shape}: {N_HEADS} query, {N_KV} KV, head size {HEAD_DIM}")
 
 
 def make_case(batch: int, ctx: int, n_tree: int, device: str = "cuda"):
@@ -143,7 +156,10 @@ def main() -> None:
         ap.add_argument("--tune", action="store_true")
         ap.add_argument("--decode", nargs="+", default=None, help="decode cases BATCHxCONTEXT only")
         ap.add_argument("--best-out", default=None, help="write the best decode meta-parameters as JSON")
+        ap.add_argument("--shape", default=None, help="the attention heads of this model shape (default Qwen2.5-7B)")
         args = ap.parse_args()
+        if args.shape:
+            set_heads(args.shape)
         cases = None if args.decode is None else [(*map(int, c.split("x")), 1) for c in args.decode]
         return tune(cases, args.best_out)
     copy_gbs = copy_bandwidth_gbs()
@@ -195,7 +211,7 @@ def tune(decode_cases: list[tuple[int, int, int]] | None = None, best_out: str |
         table.clear()
         table.update(default)
         results.sort(key=lambda r: r[0])
-        print(f"\n# {[c for c, _ in made]} (ms each), default {default}")
+        print(f"\n# {[c for c, _ in made]} (ms each), {N_HEADS}/{N_KV} heads x {HEAD_DIM}, default {default}")
         for total, times, cfg in results[:8]:
             print(f"{total:.3f}  {[round(t, 3) for t in times]}  {cfg}")
         if best_out and table is decode_attention.DECODE_META and results:
