@@ -249,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eager-glue", action="store_true", help="plain-torch norms/rotary/activation, as before fusion")
     ap.add_argument("--unfused", action="store_true", help="separate q/k/v and gate/up matmuls")
     ap.add_argument("--skinny", action="store_true", help="one-row matmuls of large weights through the Triton kernel")
+    ap.add_argument("--skinny-min-weight", type=int, default=None,
+                    help="with --skinny: the smallest weight (elements) the kernel takes (default its MIN_WEIGHT)")
     ap.add_argument("--no-fused-rope", action="store_true", help="rotary and the KV write as separate kernels")
     ap.add_argument("--separate-merge", action="store_true", help="split-K partials merged by a second kernel")
     ap.add_argument("--decode-meta", default=None, help="JSON file of decode attention meta-parameters to use")
@@ -277,6 +279,10 @@ def main(argv: list[str] | None = None) -> None:
     if not args.eager_glue:  # the fused RMSNorm / rotary / SwiGLU the engine runs with on CUDA
         from tlt_rt.models.llama import CompiledGlue
 
+        if args.skinny_min_weight is not None:
+            from tlt_rt.codegen.kernels import skinny_gemm
+
+            skinny_gemm.MIN_WEIGHT = args.skinny_min_weight
         model.compile_glue(CompiledGlue(skinny=args.skinny, fused_rope=not args.no_fused_rope))
     if not args.unfused:
         model.fuse_projections()
