@@ -140,3 +140,35 @@ def test_real_qwen_greedy_speculation_gives_plain_tokens():
     assert outs["on"] == outs["off"]
     text = tok.decode(outs["off"][0])
     assert "step" in text.lower() and any(c.isdigit() for c in text)  # a worked answer, not noise
+
+
+def test_learner_attention_stays_off_cudnn_and_matches_the_math_kernel():
+    """The learner's dense causal attention (GQA, Qwen's 6:1 heads) launches no cuDNN kernel, whose per-shape
+    plan building cost an RL update most of its time, and agrees with the math backend, gradients included."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tlt_rt.models.attention import causal_attention
+
+    torch.manual_seed(0)
+    q = torch.randn(3, 37, 12, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(3, 37, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(3, 37, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = causal_attention(q, k, v, 128**-0.5)
+        out.float().square().sum().backward()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert names and not [n for n in names if "cudnn" in n.lower()], names
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.MATH]):
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            qf.transpose(1, 2), kf.transpose(1, 2), vf.transpose(1, 2), is_causal=True, scale=128**-0.5,
+            enable_gqa=True,
+        ).transpose(1, 2)  # fmt: skip
+        ref.square().sum().backward()
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    for got, want in zip(grads, (qf.grad, kf.grad, vf.grad), strict=True):
+        torch.testing.assert_close(got.float(), want, atol=5e-2 * want.abs().max().item(), rtol=5e-2)
