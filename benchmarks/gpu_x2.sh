@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The real-model pass on one 2-GPU machine (Qwen2.5-Coder-1.5B-Instruct), both GPUs busy throughout:
+#   phase 1  GPU 0 and GPU 1: two drafter warm-ups side by side (VARIANTS: the one-layer drafter on the last
+#            layer's feature, and the one that also fuses a low and a middle target layer, EAGLE-3's features);
+#   phase 2  the warm-up with the highest accept / ceiling serves every run below:
+#            GPU 0: SD auto + tail training against SD off on one GPU (configs/qwen2.5-1.5b-math-gpu.yaml), step 2's
+#                   learner update profiled in both runs (RUN/profile/);
+#            GPU 1: auto against off by batch size in interleaved rounds (engine_throughput.py);
+#   phase 3  GPUs 0-1: SD auto + idle-GPU drafter training against SD off on two GPUs
+#            (configs/qwen2.5-1.5b-math-2gpu.yaml, cluster.split=samples);
+#   phase 4  every `gpu` test on GPU 1, beside a worker killed mid-rollout on GPUs 0-1 (SmolLM2,
+#            cluster.debug_fail): the step completes, nothing lost. Neither times anything.
+# Each job is its own process group with its own Ray (a private local cluster per driver), pinned by
+# CUDA_VISIBLE_DEVICES, with half the host's cores (OMP_NUM_THREADS). Everything runs in the background; the call
+# returns at once.
+#
+#   benchmarks/gpu_x2.sh OUT QWEN15_GGUF          start it (the logs: OUT/*.log)
+#   benchmarks/gpu_x2.sh --snapshot OUT DEST      progress lines, and the small records so far in DEST/snapshot.tgz
+# Settings: E2E_STEPS (12), E2E_SECONDS (400 per comparison), WARMUP_PROMPTS (384).
+set -u
+if [ "${1:-}" = "--snapshot" ]; then
+  exec "$(dirname "$0")/gpu_x4.sh" "$@"
+fi
+out=${1:?OUT}; q15=${2:?QWEN15_GGUF}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
+export OMP_NUM_THREADS
+cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg2=configs/qwen2.5-1.5b-math-2gpu.yaml
+steps=${E2E_STEPS:-12}; budget=${E2E_SECONDS:-400}; prompts=${WARMUP_PROMPTS:-384}
+VARIANTS=("" "--warmup-arg=--feature-layers=auto")
+
+main() {
+  local t0 i best=-1 ratio top=-1 drafter pids=()
+  t0=$(date +%s)
+  python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" "$q15" \
+      > "$out/convert.log" 2>&1
+  echo "converted at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  for i in "${!VARIANTS[@]}"; do
+    # shellcheck disable=SC2086  # a variant's arguments split on purpose
+    CUDA_VISIBLE_DEVICES=$i python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w$i" --warmup-only \
+        --warmup-prompts "$prompts" --warmup-max-new-tokens 512 --warmup-epochs 4 --warmup-curve 3 ${VARIANTS[$i]} \
+        -- "model.path=$q15" > "$out/warmup$i.log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  echo "warm-ups done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  for i in "${!VARIANTS[@]}"; do
+    ratio=$(python - "$out/w$i/drafter/warmup.json" <<'PY'
+import json, sys
+try:
+    rep = json.load(open(sys.argv[1]))
+    acc = next(iter(rep["accept_length"].values()))  # the RL temperature's
+    print(int(1000 * acc["after"] / acc["ceiling"]))
+except Exception:
+    print(-1)
+PY
+)
+    echo "variant $i (${VARIANTS[$i]:-default}): accept/ceiling x1000 = $ratio" >> "$out/choice.txt"
+    if [ "$ratio" -gt "$top" ]; then top=$ratio; best=$i; fi
+  done
+  if [ "$best" -lt 0 ]; then echo "no warm-up finished: see warmup*.log" >> "$out/choice.txt"; return 1; fi
+  drafter=$out/w$best/drafter
+  echo "chosen: variant $best, $drafter" >> "$out/choice.txt"
+  (
+    CUDA_VISIBLE_DEVICES=0 python benchmarks/e2e_rl.py --config "$cfg1" --drafter "$drafter" --steps "$steps" \
+        --time-limit "$budget" --out "$out/e2e1" -- "model.path=$q15" logging.profile_learner_step=2 \
+        > "$out/e2e1.log" 2>&1
+  ) &
+  (
+    export CUDA_VISIBLE_DEVICES=1
+    python benchmarks/engine_throughput.py --target "$q15" --temperature 1 --task-config "$cfg1" \
+        --drafter "$drafter" --configs off auto --interleave --learn-rounds 1 --repeats 3 --max-new-tokens 384 \
+        --batch 1 8 32 128 --out "$out/throughput.jsonl" > "$out/throughput.log" 2>&1
+  ) &
+  wait
+  echo "phase 2 done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  CUDA_VISIBLE_DEVICES=0,1 python benchmarks/e2e_rl.py --config "$cfg2" --drafter "$drafter" --steps "$steps" \
+      --time-limit "$budget" --out "$out/e2e2" -- "model.path=$q15" cluster.split=samples > "$out/e2e2.log" 2>&1
+  echo "two-GPU run done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  CUDA_VISIBLE_DEVICES=1 timeout 420 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=0,1 timeout 300 python -m tlt_rt.train configs/smollm2-tail-gpu.yaml name=kill \
+      "output_dir=$out/kill" rl.steps=3 cluster.num_workers=2 cluster.debug_fail=rollout:1:1 \
+      rl.checkpoint_every=0 logging.eval_every=0 > "$out/kill.log" 2>&1
+  python - "$out/kill/kill" >> "$out/kill.log" 2>&1 <<'PY'
+import json, pathlib, sys
+run = pathlib.Path(sys.argv[1])
+recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"step"' in x]
+died = (run / ".debug_fail.rollout.1.1").is_file()
+full = [len(r["response_lengths"]) for r in recs]
+print(f"kill check: worker 1 died in step 1: {died}; steps {[r['step'] for r in recs]}; answers per step {full}; "
+      f"restarts {recs[-1]['worker_restarts'] if recs else None}")
+PY
+  wait
+  echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+}
+
+setsid nohup bash -c "$(declare -f main); $(declare -p VARIANTS out q15 cfg1 cfg2 steps budget prompts); main" \
+    > "$out/main.log" 2>&1 < /dev/null &
+echo "started (pid $!); poll with: benchmarks/gpu_x2.sh --snapshot $out DEST"
