@@ -3,8 +3,9 @@
 #   phase 1  GPU 0 and GPU 1: two drafter warm-ups side by side (VARIANTS: the one-layer drafter on the last
 #            layer's feature, and the one that also fuses a low and a middle target layer, EAGLE-3's features);
 #   phase 2  the warm-up with the highest accept / ceiling serves every run below:
-#            GPU 0: SD auto + tail training against SD off on one GPU (configs/qwen2.5-1.5b-math-gpu.yaml), step 2's
-#                   learner update profiled in both runs (RUN/profile/);
+#            GPU 0: SD auto + tail training against SD off on one GPU (configs/qwen2.5-1.5b-math-gpu.yaml), step 1's
+#                   learner update profiled in both runs (RUN/profile/; a step before the timed ones: the
+#                   profiler slows it by seconds, which in the pass at 77e8b8a landed in the timed means);
 #            GPU 1: auto against off by batch size in interleaved rounds (engine_throughput.py);
 #   phase 3  GPUs 0-1: SD auto + idle-GPU drafter training against SD off on two GPUs
 #            (configs/qwen2.5-1.5b-math-2gpu.yaml, cluster.split=samples);
@@ -16,7 +17,7 @@
 #
 #   benchmarks/gpu_x2.sh OUT QWEN15_GGUF          start it (the logs: OUT/*.log)
 #   benchmarks/gpu_x2.sh --snapshot OUT DEST      progress lines, and the small records so far in DEST/snapshot.tgz
-# Settings: E2E_STEPS (12), E2E_SECONDS (400 per comparison), WARMUP_PROMPTS (384).
+# Settings: E2E_STEPS (12), E2E_SECONDS (480 per comparison), WARMUP_PROMPTS (384).
 set -u
 if [ "${1:-}" = "--snapshot" ]; then
   exec "$(dirname "$0")/gpu_x4.sh" "$@"
@@ -27,7 +28,7 @@ export PYTHONUNBUFFERED=1
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
 export OMP_NUM_THREADS
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg2=configs/qwen2.5-1.5b-math-2gpu.yaml
-steps=${E2E_STEPS:-12}; budget=${E2E_SECONDS:-400}; prompts=${WARMUP_PROMPTS:-384}
+steps=${E2E_STEPS:-12}; budget=${E2E_SECONDS:-480}; prompts=${WARMUP_PROMPTS:-384}
 VARIANTS=("" "--warmup-arg=--feature-layers=auto")
 
 main() {
@@ -64,7 +65,7 @@ PY
   echo "chosen: variant $best, $drafter" >> "$out/choice.txt"
   (
     CUDA_VISIBLE_DEVICES=0 python benchmarks/e2e_rl.py --config "$cfg1" --drafter "$drafter" --steps "$steps" \
-        --time-limit "$budget" --out "$out/e2e1" -- "model.path=$q15" logging.profile_learner_step=2 \
+        --time-limit "$budget" --out "$out/e2e1" -- "model.path=$q15" logging.profile_learner_step=1 \
         > "$out/e2e1.log" 2>&1
   ) &
   (

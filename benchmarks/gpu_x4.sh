@@ -13,7 +13,7 @@
 #            GPUs 0-1: SD auto + idle-GPU drafter training against SD off on two GPUs
 #                      (configs/qwen2.5-1.5b-math-2gpu.yaml, cluster.split=samples: each worker every prompt,
 #                      half of its answers);
-#            GPU 2:    the same comparison on one GPU (tail training; configs/qwen2.5-1.5b-math-gpu.yaml), step 2's
+#            GPU 2:    the same comparison on one GPU (tail training; configs/qwen2.5-1.5b-math-gpu.yaml), step 1's
 #                      learner update profiled in both runs (RUN/profile/);
 #            GPU 3:    auto against off by batch size in interleaved rounds (engine_throughput.py);
 #            then GPUs 2-3: a worker killed mid-rollout (SmolLM2, cluster.debug_fail): the step completes,
@@ -123,7 +123,7 @@ EOF
   (   # GPU 2: one GPU, then (with GPU 3 free) a worker killed mid-rollout (SmolLM2, 3 steps, two GPU workers)
     # shellcheck disable=SC2086
     CUDA_VISIBLE_DEVICES=2 python benchmarks/e2e_rl.py --config "$cfg1" --drafter "$drafter" --steps "$steps" \
-        --time-limit "$budget" --out "$out/e2e1" -- "model.path=$q15" logging.profile_learner_step=2 $keys \
+        --time-limit "$budget" --out "$out/e2e1" -- "model.path=$q15" logging.profile_learner_step=1 $keys \
         > "$out/e2e1.log" 2>&1
     while [ ! -f "$out/gpu3.done2" ]; do sleep 5; done
     CUDA_VISIBLE_DEVICES=2,3 timeout 420 python -m tlt_rt.train configs/smollm2-tail-gpu.yaml name=kill \

@@ -122,3 +122,34 @@ def test_drafter_curve_means_over_the_steps_that_logged_it(tmp_path):
     assert "online" not in text and "| 2.70 |" in _rows(text)["auto0"]  # the ceiling column, steps 1..3
     assert (tmp_path / "cmp0" / "compare.png").read_bytes() != with_curve
     assert drafter_curve_lines({"a": [{"step": 0, "drafter_accept_online": 1.0}]}) == []  # frozen, ceiling absent
+
+
+def test_equal_work_times_the_baselines_tokens_at_the_runs_rates():
+    from tlt_rt.compare import equal_work
+
+    def rec(step_s, b1, b8, workers=1):  # bucket -> (seconds, tokens)
+        rows = {str(b): {"decode_s": s, "decode_tokens": t, "sd_s": 0.0, "sd_tokens": 0, "sd_rows": 0}
+                for b, (s, t) in (("1", b1), ("8", b8 or (0.0, 0))) if s}  # fmt: skip
+        return {"step_seconds": step_s, "batch_buckets": rows, "worker_rollout_seconds": [1.0] * workers}
+
+    # baseline: 4 s at batch 1 (2,000 tokens), 1 s at batch 8 (4,000); the run decodes batch 1 twice as fast,
+    # batch 8 as fast, and its tail happened to be short (only 500 tokens at batch 1)
+    base = [rec(9.0, (4.0, 2000), (1.0, 4000))] * 3
+    run = [rec(3.0, (0.5, 500), (1.0, 4000))] * 3
+    est = equal_work(base, run, warmup=1)
+    assert est["decode_ratio"] == pytest.approx(5.0 / 3.0)  # 5 s of decode take 2 + 1 s at the run's rates
+    assert est["step_seconds"] == pytest.approx(7.0) and est["speedup"] == pytest.approx(9.0 / 7.0)
+    # a bucket the run never visited keeps the baseline's rate; two workers share the saving of wall time
+    est = equal_work([rec(9.0, (4.0, 2000), (1.0, 4000), workers=2)] * 2, [rec(3.0, (0.5, 500), None)] * 2)
+    assert est["step_seconds"] == pytest.approx(9.0 - 2.0 / 2)
+    assert equal_work([{"step_seconds": 1.0}], run) is None  # no bucket records: nothing to estimate
+
+
+def test_the_page_gives_the_speedup_at_equal_work(tmp_path):
+    slow = {"1": {"decode_s": 4.0, "decode_tokens": 2000, "sd_s": 0.0, "sd_tokens": 0, "sd_rows": 0}}
+    fast = {"1": {"decode_s": 0.0, "decode_tokens": 0, "sd_s": 1.0, "sd_tokens": 1000, "sd_rows": 250}}
+    _write_run(tmp_path / "off", [9.0, 9.0, 9.0], [0.1, 0.1, 0.1], batch_buckets=[slow] * 3)
+    _write_run(tmp_path / "auto", [4.0, 4.0, 4.0], [0.1, 0.1, 0.1], batch_buckets=[fast] * 3)
+    text = write_compare([tmp_path / "off", tmp_path / "auto"], tmp_path / "cmp").read_text()
+    # 2,000 tokens at 1,000 tokens/s: 2 of 4 s saved, a 7 s step
+    assert "decodes off's tokens 2.00x as fast" in text and "a step of 7.00 s: **1.29x** at equal work" in text

@@ -9,6 +9,8 @@ read from one page:
   accuracy with its binomial standard error;
 - where the rollout's time goes per batch size (power-of-two buckets): seconds, tokens per second, SD share
   and accept length beside the perfect-drafter ceiling;
+- the speedup at equal work: each run's tokens/s per batch size applied to the first run's tokens per batch
+  size, so that the luck of how long the sampled tails ran drops out of the comparison;
 - the response-length histogram of the first steps (the tail the rollout waits for);
 - with `logging.drafter_curve`, the online drafter's accept length against the frozen starting drafter's and
   the ceiling, on each step's answers (plotted beside the accept length).
@@ -196,6 +198,45 @@ def bucket_table(runs: dict[str, list[dict]], warmup: int = 1) -> list[str]:
     return md
 
 
+def equal_work(base: list[dict], run: list[dict], warmup: int = 1) -> dict | None:
+    """The run's speed on the baseline's work: sampled answers differ between runs, and a run whose tail
+    happened to be long waits more at batch 1, so the two step times also differ by luck. Here the baseline's
+    decode tokens of each batch bucket are timed at the run's own tokens/s in that bucket (the baseline's where
+    the run has no such bucket), and the decode worker-seconds saved a step (over the workers) come off the
+    baseline's mean step. Prefill and the rest of the step stay the baseline's. Returns the rollout decode speed
+    ratio, the estimated step seconds and the speedup; None without bucket records."""
+    b_rows, r_rows = measured(base, warmup), measured(run, warmup)
+    pb, pr = buckets(b_rows), buckets(r_rows)
+    steps = _values(b_rows, "step_seconds")
+    if not pb or not steps:
+        return None
+    spent = at_run = 0.0
+    for b, row in pb.items():
+        secs, toks = row["decode_s"] + row["sd_s"], row["decode_tokens"] + row["sd_tokens"]
+        spent += secs
+        other = pr.get(b)
+        rsecs = other["decode_s"] + other["sd_s"] if other else 0.0
+        rtoks = other["decode_tokens"] + other["sd_tokens"] if other else 0.0
+        at_run += toks * rsecs / rtoks if rsecs > 0 and rtoks > 0 else secs
+    if spent <= 0 or at_run <= 0:
+        return None
+    workers = max(len(r.get("worker_rollout_seconds") or [0]) for r in b_rows)
+    step = statistics.fmean(steps) - (spent - at_run) / len(b_rows) / workers
+    return {"decode_ratio": spent / at_run, "step_seconds": step, "speedup": statistics.fmean(steps) / step}
+
+
+def equal_work_lines(runs: dict[str, list[dict]], warmup: int = 1) -> list[str]:
+    names = list(runs)
+    out = []
+    for n in names[1:]:
+        est = equal_work(runs[names[0]], runs[n], warmup)
+        if est is not None:
+            out.append(f"- {n}: decodes {names[0]}'s tokens {est['decode_ratio']:.2f}x as fast (per batch size, "
+                       f"at its own tokens/s); with {names[0]}'s prefill and other step time, a step of "
+                       f"{est['step_seconds']:.2f} s: **{est['speedup']:.2f}x** at equal work")  # fmt: skip
+    return out
+
+
 def first_lengths(records: list[dict]) -> list[int]:
     return [n for r in records[:HIST_STEPS] for n in r.get("response_lengths", [])]
 
@@ -294,6 +335,10 @@ def write_compare(run_dirs: list[str | Path], out: str | Path, warmup: int = 1) 
     if curve:
         md += ["Drafter accept length on each step's answers, the online drafter against a frozen copy of the run's "
                "starting drafter (the ceiling's measure, a perfect drafter's):", "", *curve, ""]  # fmt: skip
+    same = equal_work_lines(runs, warmup)
+    if same:
+        md += ["At equal work (each run's tokens/s per batch size applied to the first run's tokens per batch size, "
+               "so that how long the sampled tails happened to be drops out):", "", *same, ""]  # fmt: skip
     table = bucket_table(runs, warmup)
     if table:
         md += ["Rollout time per batch size (running sequences, power-of-two buckets; measured steps):", "", *table, ""]
