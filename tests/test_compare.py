@@ -153,3 +153,27 @@ def test_the_page_gives_the_speedup_at_equal_work(tmp_path):
     text = write_compare([tmp_path / "off", tmp_path / "auto"], tmp_path / "cmp").read_text()
     # 2,000 tokens at 1,000 tokens/s: 2 of 4 s saved, a 7 s step
     assert "decodes off's tokens 2.00x as fast" in text and "a step of 7.00 s: **1.29x** at equal work" in text
+
+
+def test_equal_work_follows_the_worker_that_decoded_the_tail():
+    """With each worker's buckets recorded, the saving comes off each worker's own rollout and the step waits
+    for the last one: the lone tail's saving counts in full, not halved over the workers."""
+    from tlt_rt.compare import equal_work
+
+    def rows(b1_s, b1_tok, b8_s, b8_tok):
+        zero = {"sd_s": 0.0, "sd_tokens": 0, "sd_rows": 0}
+        return {"1": {"decode_s": b1_s, "decode_tokens": b1_tok, **zero},
+                "8": {"decode_s": b8_s, "decode_tokens": b8_tok, **zero}}  # fmt: skip
+
+    # worker 0 done at 2 s (batch 8 only), worker 1 at 6 s, 4 of them at batch 1 (2,000 tokens)
+    per = [rows(0.0, 0, 1.0, 4000), rows(4.0, 2000, 1.0, 4000)]
+    pooled = rows(4.0, 2000, 2.0, 8000)
+    base = [{"step_seconds": 8.0, "worker_rollout_seconds": [2.0, 6.0], "batch_buckets": pooled,
+             "batch_buckets_by_worker": per}] * 2  # fmt: skip
+    run = [{"step_seconds": 4.0, "batch_buckets": rows(1.0, 1000, 1.0, 4000)}] * 2  # batch 1 twice as fast
+    est = equal_work(base, run, warmup=1)
+    # worker 1 saves 2 s and ends at 4 s, still the last: the step loses 2 s
+    assert est["step_seconds"] == pytest.approx(6.0) and est["speedup"] == pytest.approx(8.0 / 6.0)
+    for r in base:  # without the per-worker records the 2 s are spread over the two workers
+        r.pop("batch_buckets_by_worker", None)
+    assert equal_work(base, run, warmup=1)["step_seconds"] == pytest.approx(7.0)

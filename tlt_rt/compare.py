@@ -198,30 +198,53 @@ def bucket_table(runs: dict[str, list[dict]], warmup: int = 1) -> list[str]:
     return md
 
 
+def _rate_time(rows: dict[str, dict] | dict[int, dict], rates: dict[int, float]) -> tuple[float, float]:
+    """(decode seconds spent, seconds at `rates`) over the buckets of `rows` (a bucket without a rate keeps
+    its own time)."""
+    spent = at = 0.0
+    for b, row in rows.items():
+        secs, toks = row["decode_s"] + row["sd_s"], row["decode_tokens"] + row["sd_tokens"]
+        spent += secs
+        rate = rates.get(int(b))
+        at += toks / rate if rate else secs
+    return spent, at
+
+
+def _saved(rows: dict, rates: dict[int, float]) -> float:
+    spent, at = _rate_time(rows, rates)
+    return spent - at
+
+
 def equal_work(base: list[dict], run: list[dict], warmup: int = 1) -> dict | None:
     """The run's speed on the baseline's work: sampled answers differ between runs, and a run whose tail
     happened to be long waits more at batch 1, so the two step times also differ by luck. Here the baseline's
     decode tokens of each batch bucket are timed at the run's own tokens/s in that bucket (the baseline's where
-    the run has no such bucket), and the decode worker-seconds saved a step (over the workers) come off the
-    baseline's mean step. Prefill and the rest of the step stay the baseline's. Returns the rollout decode speed
-    ratio, the estimated step seconds and the speedup; None without bucket records."""
+    the run has no such bucket), and the decode time saved comes off each baseline step: per worker where the
+    records have each worker's buckets (the step then waits for the worker that is last after the saving),
+    else spread evenly over the workers. Prefill and the rest of the step stay the baseline's. Returns the
+    rollout decode speed ratio, the estimated step seconds and the speedup; None without bucket records."""
     b_rows, r_rows = measured(base, warmup), measured(run, warmup)
-    pb, pr = buckets(b_rows), buckets(r_rows)
+    pb = buckets(b_rows)
     steps = _values(b_rows, "step_seconds")
-    if not pb or not steps:
+    if not pb or not steps or len(steps) != len(b_rows):
         return None
-    spent = at_run = 0.0
-    for b, row in pb.items():
+    rates = {}
+    for b, row in buckets(r_rows).items():
         secs, toks = row["decode_s"] + row["sd_s"], row["decode_tokens"] + row["sd_tokens"]
-        spent += secs
-        other = pr.get(b)
-        rsecs = other["decode_s"] + other["sd_s"] if other else 0.0
-        rtoks = other["decode_tokens"] + other["sd_tokens"] if other else 0.0
-        at_run += toks * rsecs / rtoks if rsecs > 0 and rtoks > 0 else secs
+        if secs > 0 and toks > 0:
+            rates[b] = toks / secs
+    spent, at_run = _rate_time(pb, rates)
     if spent <= 0 or at_run <= 0:
         return None
-    workers = max(len(r.get("worker_rollout_seconds") or [0]) for r in b_rows)
-    step = statistics.fmean(steps) - (spent - at_run) / len(b_rows) / workers
+    estimated = []
+    for r in b_rows:
+        ends, per = r.get("worker_rollout_seconds") or [], r.get("batch_buckets_by_worker")
+        if per and len(per) == len(ends):
+            after = [end - _saved(rows, rates) for end, rows in zip(ends, per, strict=True)]
+            estimated.append(r["step_seconds"] - (max(ends) - max(after)))
+        else:
+            estimated.append(r["step_seconds"] - _saved(r.get("batch_buckets") or {}, rates) / max(len(ends), 1))
+    step = statistics.fmean(estimated)
     return {"decode_ratio": spent / at_run, "step_seconds": step, "speedup": statistics.fmean(steps) / step}
 
 

@@ -152,6 +152,8 @@ def rollout_metrics(rollouts: Sequence, rollout_seconds: float) -> dict[str, Any
         "accept_length_hist": hist,
         "strategy_use": strategies,
         "batch_buckets": dict(sorted(buckets.items(), key=lambda kv: int(kv[0]))),
+        # the same per worker (in the order of worker_rollout_seconds): which worker decoded the lone tail
+        "batch_buckets_by_worker": [by_batch(r.timeline) for r in rollouts] if len(rollouts) > 1 else None,
         "generated_tokens": tokens,
         "tokens_per_second": tokens / rollout_seconds if rollout_seconds > 0 else 0.0,
     }
