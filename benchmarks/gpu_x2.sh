@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The real-model pass on one 2-GPU machine (Qwen2.5-Coder-1.5B-Instruct), both GPUs busy throughout:
-#   phase 1  GPU 0 and GPU 1: two drafter warm-ups side by side (VARIANTS: the one-layer drafter on the last
-#            layer's feature, and the one that also fuses a low and a middle target layer, EAGLE-3's features);
+#   phase 1  GPU 0 and GPU 1: two drafter warm-ups side by side (VARIANTS: the one-layer drafter on 384 prompts'
+#            answers, and on 768 prompts' (twice the fresh data: at 77e8b8a the accept curve was flat over the
+#            last third of 384 prompts' 4 passes, generation and training took 133 of the 300 s the warm-up may
+#            take, and EAGLE-3's fused features gave the same accept as the one layer));
 #   phase 2  the warm-up with the highest accept / ceiling serves every run below:
 #            GPU 0: SD auto + tail training against SD off on one GPU (configs/qwen2.5-1.5b-math-gpu.yaml), step 1's
 #                   learner update profiled in both runs (RUN/profile/; a step before the timed ones: the
@@ -29,7 +31,7 @@ OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
 export OMP_NUM_THREADS
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg2=configs/qwen2.5-1.5b-math-2gpu.yaml
 steps=${E2E_STEPS:-12}; budget=${E2E_SECONDS:-480}; prompts=${WARMUP_PROMPTS:-384}
-VARIANTS=("" "--warmup-arg=--feature-layers=auto")
+VARIANTS=("" "--warmup-prompts 768")
 
 main() {
   local t0 i best=-1 ratio top=-1 drafter pids=()
