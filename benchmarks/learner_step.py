@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         fc = forecast(vcfg, arch)
         learner = Learner(model, vcfg.rl, SamplingFilter(r.temperature, r.top_k, r.top_p))
         if device.type == "cuda":
-            learner.warm_up()  # as a worker does at start-up
+            learner.warm_up(max_len=vcfg.model.max_context)  # as a worker does at start-up
         times, flops, fwd = [], 0.0, 0.0
         rollout_peak: tuple[float | None, float | None] = (None, None)
         for i in range(args.rounds):

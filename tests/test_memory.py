@@ -171,9 +171,9 @@ def test_an_update_counts_its_compiles_and_allocator_retries():
 
 
 def test_learner_warm_up_compiles_the_training_graphs_before_any_update():
-    """After `Learner.warm_up` (a micro-batch of one and one of two, gradients on), updates of any batch
+    """After `Learner.warm_up` (micro-batches of one and of several, gradients on), updates of any batch
     size compile nothing more: a batch of one is its own shape to torch.compile, and the first update that
-    met one used to compile inside the step."""
+    met one used to compile inside the step (inductor's own size guards: tests/test_learner_warm_up.py)."""
     import random
 
     import torch

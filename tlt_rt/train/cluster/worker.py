@@ -14,6 +14,7 @@ running `train_drafter`, and `export_state` can copy weights out while the engin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -98,8 +99,11 @@ class Worker:
         self.sampling = sampling = SamplingFilter(r.temperature, r.top_k, r.top_p)
         sync = all_reduce_sum if world_size > 1 else None
         self.learner = Learner(self.model, c.rl, sampling, sync, ref)
-        if self.device.type == "cuda":  # the learner's compiled graphs now, not in the first updates
-            self.learner.warm_up()
+        # the learner's compiled graphs now, not in the first updates; a sharded worker's learner model has no
+        # compiled glue (its engine, built later, holds a copy), so nothing to warm up there
+        if self.device.type == "cuda" and self.engine is not None:
+            with self._engine_released():  # the warm-up's largest micro-batch needs what an update needs
+                self.learner.warm_up(max_len=c.model.max_context)
         self.collects = True  # keeps (token, hidden) rows for the drafter and may train it in the tail
         self._answers: dict[str, list[dict]] = {}  # the last rollout's answers, per reader (read once)
         self._rollout_peak: float | None = None  # GPU bytes allocated at most in the last rollout
@@ -299,24 +303,31 @@ class Worker:
                 d.refresh_head()
 
     # ----------------------------------------------------------------------------------- learner
+    @contextlib.contextmanager
+    def _engine_released(self):
+        """With `rl.release_engine` on a GPU, the engine's KV cache and captured steps are given back meanwhile
+        (until the next rollout would need them)."""
+        released = None
+        if self.device.type == "cuda" and self.cfg.rl.release_engine and hasattr(self.engine, "release_memory"):
+            released = self.engine.release_memory()
+        try:
+            yield
+        finally:
+            if released is not None:
+                self.engine.restore_memory(released)
+
     def learn(self, step: int, minibatches: list[MiniBatch]) -> LearnResult:
         self._maybe_fail("learn", step)
         cuda = self.device.type == "cuda"
-        released = None
-        if cuda and self.cfg.rl.release_engine and hasattr(self.engine, "release_memory"):
-            released = self.engine.release_memory()  # its KV cache and captured steps, until the next rollout
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-        try:
+        with self._engine_released():
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
             if self.cfg.rl.recompute_logprobs:
                 self.learner.recompute_logprobs([s for mb in minibatches for s in mb.samples])
             at = self.run_dir / "profile" / f"learner-step{step}-rank{self.rank}.txt"
             title = f"learner update, step {step}, rank {self.rank}"
             with profiled(at if step == self.cfg.logging.profile_learner_step else None, title, self.device):
                 out = self.learner.update(minibatches)
-        finally:
-            if released is not None:
-                self.engine.restore_memory(released)
         if cuda:
             out.peak_learn_bytes = float(torch.cuda.max_memory_allocated(self.device))
             out.peak_rollout_bytes = self._rollout_peak

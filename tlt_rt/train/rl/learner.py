@@ -169,22 +169,27 @@ class Learner:
         )
         self.version = 0  # optimizer steps taken; identical on every worker after each step
 
-    def warm_up(self) -> int:
-        """One forward and backward of a one-sample and of a two-sample micro-batch, with no update: the graphs
-        the compiled glue needs for training (gradients on; a batch of one is a shape of its own to
-        torch.compile) are made here, at start-up, and not inside the first steps' updates that meet them
-        (in an RL run on an H200 each such update took 1-10 s longer). Returns the graphs compiled. Lockstep
-        (FSDP) learners skip it: their forward is a collective every rank must join in the same order."""
+    def warm_up(self, max_len: int = 0) -> int:
+        """Forward and backward, with no update, of dummy micro-batches of the shapes the updates will meet
+        (`_warm_up_shapes`): the graphs the compiled glue needs for training (gradients on) are made here, at
+        start-up, and not inside the updates that first meet them (in RL runs on a GPU each such update took
+        1-10 s longer). `max_len`: the longest sample (prompt + response tokens) the run can make, the model's
+        context; 0: `rl.micro_batch_tokens` bounds it. Returns the graphs compiled. Lockstep (FSDP) learners
+        skip it: their forward is a collective every rank must join in the same order."""
         if self.lockstep:
             return 0
         compiles0 = self._slow_events()[1]
         was_training = self.model.training
         self.model.train()
         try:
-            for b in (1, 2):
-                chunk = [LearnSample([self.pad_id] * 4, [self.pad_id] * 4, [0.0] * 4, 0.0) for _ in range(b)]
+            for b, t in _warm_up_shapes(self.cfg.micro_batch_tokens, self.cfg.micro_batch, max_len):
+                # t rows each; a one-token response: the head projects one row a sample, the glue sees them all
+                chunk = [LearnSample([self.pad_id] * t, [self.pad_id], [0.0], 0.0)] * b
                 ids, targets, _, _, rows = pad_batch(chunk, self.pad_id, self.device)
                 (self._logprobs(self.model, ids, targets, rows).sum() * 0.0).backward()
+                if self.cfg.recompute_logprobs:  # the same forward without gradients, before each update
+                    with torch.no_grad():
+                        self._logprobs(self.model, ids, targets, rows)
         finally:
             self.model.train(was_training)
             for p in self.params:
@@ -361,3 +366,30 @@ def _token_chunks(samples: list[LearnSample], budget: int) -> list[list[LearnSam
         cur.append(s)
         longest = max(longest, n)
     return out + ([cur] if cur else [])
+
+
+def _warm_up_shapes(budget: int, per_batch: int, max_len: int) -> list[tuple[int, int]]:
+    """(samples, rows each) of `Learner.warm_up`'s micro-batches: a batch of one at each length of a ladder up to
+    the longest sample's rows (`max_len` - 1, else `budget`), then batches of several at each row count of the
+    ladder up to the largest micro-batch's (`budget` rows, else `per_batch` longest samples).
+
+    Why a ladder: a batch of one is a shape of its own to torch.compile (sizes 0 and 1 are specialised), and
+    inductor fits its code to the sizes it compiles with and guards on them. On a CPU the backward of a norm
+    sums its weight gradient over the B x T rows and changes how it accumulates past 4096 rows (guard
+    B*T <= 4096): after a warm-up of 7-row micro-batches, the first update's micro-batches of thousands of rows
+    compiled both norms again, and so did a later update whose only batch of one was a long sample. A size in
+    every doubling puts compiled graphs on both sides of every such threshold (of sizes, or rows B*T) that is
+    at least a doubling from the next, for both kinds; the ladder's sizes are 2^k - 1, odd, so that no row
+    count equals a model width by chance (dynamo would tie the two sizes into one symbol for that graph)."""
+    longest = max(max_len - 1 if max_len > 1 else budget, 7)
+    largest = budget or per_batch * longest
+
+    def ladder(top: int) -> list[int]:  # 7, 15, 31, ... below top, then top
+        return [(1 << k) - 1 for k in range(3, top.bit_length() + 1) if (1 << k) - 1 < top] + [top]
+
+    shapes = [(1, t) for t in ladder(longest)]
+    for n in ladder(largest) if budget or per_batch > 1 else []:
+        t = min(longest, n // 2)
+        if t >= 2:
+            shapes.append((n // t, t))
+    return list(dict.fromkeys(shapes))
