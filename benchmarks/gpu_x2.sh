@@ -21,6 +21,8 @@
 #   benchmarks/gpu_x2.sh --snapshot OUT DEST      progress lines, and the small records so far in DEST/snapshot.tgz
 # Settings: E2E_STEPS (12), E2E_SECONDS (480 per comparison), WARMUP_PROMPTS (384).
 set -u
+# shellcheck source=benchmarks/gpu_pass_lib.sh
+source "$(dirname "$0")/gpu_pass_lib.sh"
 if [ "${1:-}" = "--snapshot" ]; then
   exec "$(dirname "$0")/gpu_x4.sh" "$@"
 fi
@@ -34,34 +36,14 @@ steps=${E2E_STEPS:-12}; budget=${E2E_SECONDS:-480}; prompts=${WARMUP_PROMPTS:-38
 VARIANTS=("" "--warmup-prompts 768")
 
 main() {
-  local t0 i best=-1 ratio top=-1 drafter pids=()
+  local t0 best drafter
   t0=$(date +%s)
   python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" "$q15" \
       > "$out/convert.log" 2>&1
   echo "converted at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
-  for i in "${!VARIANTS[@]}"; do
-    # shellcheck disable=SC2086  # a variant's arguments split on purpose
-    CUDA_VISIBLE_DEVICES=$i python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w$i" --warmup-only \
-        --warmup-prompts "$prompts" --warmup-max-new-tokens 512 --warmup-epochs 4 --warmup-curve 3 ${VARIANTS[$i]} \
-        -- "model.path=$q15" > "$out/warmup$i.log" 2>&1 &
-    pids+=($!)
-  done
-  wait "${pids[@]}"
+  warmups
   echo "warm-ups done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
-  for i in "${!VARIANTS[@]}"; do
-    ratio=$(python - "$out/w$i/drafter/warmup.json" <<'PY'
-import json, sys
-try:
-    rep = json.load(open(sys.argv[1]))
-    acc = next(iter(rep["accept_length"].values()))  # the RL temperature's
-    print(int(1000 * acc["after"] / acc["ceiling"]))
-except Exception:
-    print(-1)
-PY
-)
-    echo "variant $i (${VARIANTS[$i]:-default}): accept/ceiling x1000 = $ratio" >> "$out/choice.txt"
-    if [ "$ratio" -gt "$top" ]; then top=$ratio; best=$i; fi
-  done
+  best=$(best_warmup)
   if [ "$best" -lt 0 ]; then echo "no warm-up finished: see warmup*.log" >> "$out/choice.txt"; return 1; fi
   drafter=$out/w$best/drafter
   echo "chosen: variant $best, $drafter" >> "$out/choice.txt"
@@ -82,22 +64,11 @@ PY
       --time-limit "$budget" --out "$out/e2e2" -- "model.path=$q15" cluster.split=samples > "$out/e2e2.log" 2>&1
   echo "two-GPU run done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
   CUDA_VISIBLE_DEVICES=1 timeout 420 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1 &
-  CUDA_VISIBLE_DEVICES=0,1 timeout 300 python -m tlt_rt.train configs/smollm2-tail-gpu.yaml name=kill \
-      "output_dir=$out/kill" rl.steps=3 cluster.num_workers=2 cluster.debug_fail=rollout:1:1 \
-      rl.checkpoint_every=0 logging.eval_every=0 > "$out/kill.log" 2>&1
-  python - "$out/kill/kill" >> "$out/kill.log" 2>&1 <<'PY'
-import json, pathlib, sys
-run = pathlib.Path(sys.argv[1])
-recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"step"' in x]
-died = (run / ".debug_fail.rollout.1.1").is_file()
-full = [len(r["response_lengths"]) for r in recs]
-print(f"kill check: worker 1 died in step 1: {died}; steps {[r['step'] for r in recs]}; answers per step {full}; "
-      f"restarts {recs[-1]['worker_restarts'] if recs else None}")
-PY
+  kill_run 0,1
   wait
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main); $(declare -p VARIANTS out q15 cfg1 cfg2 steps budget prompts); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run); $(declare -p VARIANTS out q15 cfg1 cfg2 steps budget prompts); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x2.sh --snapshot $out DEST"

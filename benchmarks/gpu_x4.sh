@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The real-model pass on one 4-GPU machine, every GPU busy at once (Qwen2.5-Coder-1.5B-Instruct):
-#   phase 1  GPUs 0-1: two drafter warm-ups side by side, one drafter each (VARIANTS below: the one-layer
-#                      drafter on the last layer's feature, and the one that also fuses a low and a middle
-#                      target layer, EAGLE-3's features);
+#   phase 1  GPUs 0-1: two drafter warm-ups side by side, one drafter each (VARIANTS below: on 384 and on 768
+#                      prompts' answers; EAGLE-3's fused features, `--warmup-arg=--feature-layers=auto`, measured
+#                      level with the one layer at 77e8b8a);
 #            GPU 2:    every `gpu` test, then the decode step against its HBM floor (step_costs.py --profile,
 #                      the projections through cuBLAS and through the skinny Triton matmul), the decode
 #                      attention's launch sweep on the model's heads, and the learner's update on fresh
@@ -28,6 +28,8 @@
 #                                                         into DEST/snapshot.tgz
 # Settings: E2E_STEPS (16), E2E_SECONDS (420 per comparison), WARMUP_PROMPTS (384).
 set -u
+# shellcheck source=benchmarks/gpu_pass_lib.sh
+source "$(dirname "$0")/gpu_pass_lib.sh"
 if [ "${1:-}" = "--snapshot" ]; then
   out=${2:?OUT}; dest=${3:?DEST}
   for f in "$out"/*.log; do [ -f "$f" ] && printf '%s: %s\n' "$(basename "$f")" "$(tail -c 300 "$f" | tail -n 2 | tr '\n' ' ')"; done
@@ -44,14 +46,14 @@ OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 ))}
 export OMP_NUM_THREADS
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg2=configs/qwen2.5-1.5b-math-2gpu.yaml
 steps=${E2E_STEPS:-16}; budget=${E2E_SECONDS:-420}; prompts=${WARMUP_PROMPTS:-384}
-# the drafters compared: the one-layer drafter, and one that also fuses target layers 2 and 14 of 28
-# (`warmup --feature-layers auto`; the drafter's folder carries its layers into the RL runs)
-VARIANTS=("" "--warmup-arg=--feature-layers=auto")
+# the warm-ups compared: the default data and twice its fresh answers (a variant may also be a drafter's shape,
+# e.g. "--warmup-arg=--feature-layers=auto": the drafter's folder carries its layers into the RL runs)
+VARIANTS=("" "--warmup-prompts 768")
 # the RL runs' drafter.* keys that go with each
 ONLINE=("" "")
 
 main() {
-  local t0 i best=-1 ratio top=-1 drafter keys pids=()
+  local t0 best drafter keys
   t0=$(date +%s)
   python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" "$q15" \
       > "$out/convert.log" 2>&1
@@ -81,29 +83,9 @@ main() {
     fi
     touch "$out/gpu3.done"
   ) &
-  for i in "${!VARIANTS[@]}"; do
-    # shellcheck disable=SC2086  # a variant's arguments split on purpose
-    CUDA_VISIBLE_DEVICES=$i python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w$i" --warmup-only \
-        --warmup-prompts "$prompts" --warmup-max-new-tokens 512 --warmup-epochs 4 --warmup-curve 3 ${VARIANTS[$i]} \
-        -- "model.path=$q15" > "$out/warmup$i.log" 2>&1 &
-    pids+=($!)
-  done
-  wait "${pids[@]}"
+  warmups
   echo "warm-ups done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
-  for i in "${!VARIANTS[@]}"; do
-    ratio=$(python - "$out/w$i/drafter/warmup.json" <<'EOF'
-import json, sys
-try:
-    rep = json.load(open(sys.argv[1]))
-    acc = next(iter(rep["accept_length"].values()))  # the RL temperature's (keyed as the warm-up wrote it: "1")
-    print(int(1000 * acc["after"] / acc["ceiling"]))
-except Exception:
-    print(-1)
-EOF
-)
-    echo "variant $i (${VARIANTS[$i]:-default}): accept/ceiling x1000 = $ratio" >> "$out/choice.txt"
-    if [ "$ratio" -gt "$top" ]; then top=$ratio; best=$i; fi
-  done
+  best=$(best_warmup)
   if [ "$best" -lt 0 ]; then echo "no warm-up finished: see warmup*.log" >> "$out/choice.txt"; return 1; fi
   drafter=$out/w$best/drafter; keys=${ONLINE[$best]}
   echo "chosen: variant $best, $drafter, online keys: ${keys:-none}" >> "$out/choice.txt"
@@ -126,23 +108,12 @@ EOF
         --time-limit "$budget" --out "$out/e2e1" -- "model.path=$q15" logging.profile_learner_step=1 $keys \
         > "$out/e2e1.log" 2>&1
     while [ ! -f "$out/gpu3.done2" ]; do sleep 5; done
-    CUDA_VISIBLE_DEVICES=2,3 timeout 420 python -m tlt_rt.train configs/smollm2-tail-gpu.yaml name=kill \
-        "output_dir=$out/kill" rl.steps=3 cluster.num_workers=2 cluster.debug_fail=rollout:1:1 \
-        rl.checkpoint_every=0 logging.eval_every=0 > "$out/kill.log" 2>&1
-    python - "$out/kill/kill" >> "$out/kill.log" 2>&1 <<'EOF'
-import json, pathlib, sys
-run = pathlib.Path(sys.argv[1])
-recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"step"' in x]
-died = (run / ".debug_fail.rollout.1.1").is_file()
-full = [len(r["response_lengths"]) for r in recs]
-print(f"kill check: worker 1 died in step 1: {died}; steps {[r['step'] for r in recs]}; answers per step {full}; "
-      f"restarts {recs[-1]['worker_restarts'] if recs else None}")
-EOF
+    kill_run 2,3
   ) &
   wait
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main); $(declare -p VARIANTS ONLINE out q15 q05 cfg1 cfg2 steps budget prompts); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run); $(declare -p VARIANTS ONLINE out q15 q05 cfg1 cfg2 steps budget prompts); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x4.sh --snapshot $out DEST"

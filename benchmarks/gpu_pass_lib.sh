@@ -1,0 +1,53 @@
+# Shell functions the multi-GPU passes share (benchmarks/gpu_x2.sh, gpu_x4.sh source this file). They read the
+# caller's globals: out (the pass folder), q15 (the Qwen 1.5B GGUF), cfg1 (the one-GPU config), prompts
+# (warm-up prompts) and the array VARIANTS (one warm-up per entry, entry i on GPU i).
+
+# every VARIANTS warm-up at once, warm-up i on GPU i, into $out/w$i; returns when all are done
+warmups() {
+  local i pids=()
+  for i in "${!VARIANTS[@]}"; do
+    # shellcheck disable=SC2086  # a variant's arguments split on purpose
+    CUDA_VISIBLE_DEVICES=$i python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w$i" --warmup-only \
+        --warmup-prompts "$prompts" --warmup-max-new-tokens 512 --warmup-epochs 4 --warmup-curve 3 ${VARIANTS[$i]} \
+        -- "model.path=$q15" > "$out/warmup$i.log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+}
+
+# the index of the warm-up with the highest accept / ceiling at the RL temperature (each written to
+# $out/choice.txt), or -1 when none finished
+best_warmup() {
+  local i ratio best=-1 top=-1
+  for i in "${!VARIANTS[@]}"; do
+    ratio=$(python - "$out/w$i/drafter/warmup.json" <<'PY'
+import json, sys
+try:
+    rep = json.load(open(sys.argv[1]))
+    acc = next(iter(rep["accept_length"].values()))  # the RL temperature's (keyed as the warm-up wrote it: "1")
+    print(int(1000 * acc["after"] / acc["ceiling"]))
+except Exception:
+    print(-1)
+PY
+)
+    echo "variant $i (${VARIANTS[$i]:-default}): accept/ceiling x1000 = $ratio" >> "$out/choice.txt"
+    if [ "$ratio" -gt "$top" ]; then top=$ratio; best=$i; fi
+  done
+  echo "$best"
+}
+
+# a worker killed mid-rollout (SmolLM2, 3 steps, two GPU workers on the GPUs $1), then the check line
+kill_run() {
+  CUDA_VISIBLE_DEVICES=$1 timeout 420 python -m tlt_rt.train configs/smollm2-tail-gpu.yaml name=kill \
+      "output_dir=$out/kill" rl.steps=3 cluster.num_workers=2 cluster.debug_fail=rollout:1:1 \
+      rl.checkpoint_every=0 logging.eval_every=0 > "$out/kill.log" 2>&1
+  python - "$out/kill/kill" >> "$out/kill.log" 2>&1 <<'PY'
+import json, pathlib, sys
+run = pathlib.Path(sys.argv[1])
+recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"step"' in x]
+died = (run / ".debug_fail.rollout.1.1").is_file()
+full = [len(r["response_lengths"]) for r in recs]
+print(f"kill check: worker 1 died in step 1: {died}; steps {[r['step'] for r in recs]}; answers per step {full}; "
+      f"restarts {recs[-1]['worker_restarts'] if recs else None}")
+PY
+}
