@@ -249,8 +249,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eager-glue", action="store_true", help="plain-torch norms/rotary/activation, as before fusion")
     ap.add_argument("--unfused", action="store_true", help="separate q/k/v and gate/up matmuls")
     ap.add_argument("--skinny", action="store_true", help="one-row matmuls of large weights through the Triton kernel")
-    ap.add_argument("--skinny-min-weight", type=int, default=None,
-                    help="with --skinny: the smallest weight (elements) the kernel takes (default its MIN_WEIGHT)")
+    ap.add_argument(
+        "--skinny-min-weight",
+        type=int,
+        default=None,
+        help="with --skinny: the smallest weight (elements) the kernel takes (default its MIN_WEIGHT)",
+    )
     ap.add_argument("--no-fused-rope", action="store_true", help="rotary and the KV write as separate kernels")
     ap.add_argument("--separate-merge", action="store_true", help="split-K partials merged by a second kernel")
     ap.add_argument("--decode-meta", default=None, help="JSON file of decode attention meta-parameters to use")
