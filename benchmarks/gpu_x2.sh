@@ -19,7 +19,8 @@
 #
 #   benchmarks/gpu_x2.sh OUT QWEN15_GGUF          start it (the logs: OUT/*.log)
 #   benchmarks/gpu_x2.sh --snapshot OUT DEST      progress lines, and the small records so far in DEST/snapshot.tgz
-# Settings: E2E_STEPS (12), E2E_SECONDS (480 per comparison), WARMUP_PROMPTS (384).
+# Settings: E2E_STEPS (12) and E2E_SECONDS (480) for the one-GPU comparison, E2E2_STEPS (22) and E2E2_SECONDS
+# (600) for the two-GPU one, WARMUP_PROMPTS (384).
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -33,6 +34,9 @@ OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
 export OMP_NUM_THREADS
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg2=configs/qwen2.5-1.5b-math-2gpu.yaml
 steps=${E2E_STEPS:-12}; budget=${E2E_SECONDS:-480}; prompts=${WARMUP_PROMPTS:-384}
+# the two-GPU comparison runs longer: 20 steps after its warm-up average the sampled tails' luck and give the
+# online drafter's curve against its frozen start over 20 RL steps
+steps2=${E2E2_STEPS:-22}; budget2=${E2E2_SECONDS:-600}
 VARIANTS=("" "--warmup-prompts 768")
 
 main() {
@@ -60,8 +64,8 @@ main() {
   ) &
   wait
   echo "phase 2 done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
-  CUDA_VISIBLE_DEVICES=0,1 python benchmarks/e2e_rl.py --config "$cfg2" --drafter "$drafter" --steps "$steps" \
-      --time-limit "$budget" --out "$out/e2e2" -- "model.path=$q15" cluster.split=samples > "$out/e2e2.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0,1 python benchmarks/e2e_rl.py --config "$cfg2" --drafter "$drafter" --steps "$steps2" \
+      --time-limit "$budget2" --out "$out/e2e2" -- "model.path=$q15" cluster.split=samples > "$out/e2e2.log" 2>&1
   echo "two-GPU run done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
   CUDA_VISIBLE_DEVICES=1 timeout 420 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1 &
   kill_run 0,1
@@ -69,6 +73,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run); $(declare -p VARIANTS out q15 cfg1 cfg2 steps budget prompts); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run); $(declare -p VARIANTS out q15 cfg1 cfg2 steps budget steps2 budget2 prompts); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x2.sh --snapshot $out DEST"
