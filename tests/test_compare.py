@@ -177,3 +177,16 @@ def test_equal_work_follows_the_worker_that_decoded_the_tail():
     for r in base:  # without the per-worker records the 2 s are spread over the two workers
         r.pop("batch_buckets_by_worker", None)
     assert equal_work(base, run, warmup=1)["step_seconds"] == pytest.approx(7.0)
+
+
+def test_plain_step_table_weights_each_steps_median_by_its_count():
+    from tlt_rt.compare import plain_step_table
+
+    off = [{"plain_step_ms": {}}, {"plain_step_ms": {"128": {"3+": [10, 2.5]}}}]
+    auto = [{}, {"plain_step_ms": {"128": {"1": [1, 9.0], "2": [3, 4.0]}}},
+            {"plain_step_ms": {"128": {"2": [1, 8.0]}, "1": {"3+": [2, 2.0]}}}]  # fmt: skip
+    rows = plain_step_table({"off": off, "auto": auto}, warmup=1)
+    assert rows[0] == "| batch | off ms (1 / 2 / 3+) | auto ms (1 / 2 / 3+) |"
+    assert rows[2] == "| 1 | - / - / - | - / - / 2.00 |"
+    assert rows[3] == "| 128 | - / - / 2.50 | 9.00 / 5.00 / - |"  # (3 x 4.0 + 1 x 8.0) / 4
+    assert plain_step_table({"a": [{}], "b": [{}]}) == []

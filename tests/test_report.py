@@ -75,3 +75,25 @@ def test_timeline_helpers():
     bars = worker_timeline({"start": 0.0, "end": 4.0, "timeline": tl}, {"steps": 2, "start": 4.5, "end": 6.0}, 7.0)
     assert [b[0] for b in bars] == ["generating", "sd", "idle", "drafter", "idle"]
     assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([], 90) == 0.0
+
+
+def test_plain_steps_by_their_place_after_a_switch():
+    from types import SimpleNamespace
+
+    from tlt_rt.train.rl.metrics import plain_step_summary, plain_steps, rollout_metrics
+
+    def e(kind, batch, seconds):
+        return {"kind": kind, "batch": batch, "seconds": seconds, "tokens": batch, "start": 0.0, "running": batch}
+
+    # a prefill, three plain steps at 128, an SD step, two plain steps at 128, then plain steps at 64
+    tl = [e("prefill", 128, 0.05), e("decode", 128, 0.009), e("decode", 128, 0.004), e("decode", 128, 0.003),
+          e("sd", 128, 0.011), e("decode", 128, 0.006), e("decode", 128, 0.005), e("decode", 100, 0.0025)]  # fmt: skip
+    got = plain_step_summary(plain_steps(tl))
+    assert list(got) == ["64", "128"]  # power-of-two buckets: 100 rows count at 64
+    assert got["128"]["1"] == [2, pytest.approx(7.5)]  # after the prefill and after the SD step
+    assert got["128"]["2"] == [2, pytest.approx(4.5)] and got["128"]["3+"] == [1, pytest.approx(3.0)]
+    assert got["64"] == {"3+": [1, pytest.approx(2.5)]}
+    # the step record pools the workers' timelines
+    worker = SimpleNamespace(timeline=tl, capacity=128, stats={})
+    rec = rollout_metrics([worker, worker], 1.0)
+    assert rec["plain_step_ms"]["128"]["2"][0] == 4

@@ -11,6 +11,8 @@ read from one page:
   and accept length beside the perfect-drafter ceiling;
 - the speedup at equal work: each run's tokens/s per batch size applied to the first run's tokens per batch
   size, so that the luck of how long the sampled tails ran drops out of the comparison;
+- plain decoding steps' time per batch size by their place after a prefill or speculative step (what the SD
+  policy prices plain decoding from, against plain steps once settled);
 - the response-length histogram of the first steps (the tail the rollout waits for);
 - with `logging.drafter_curve`, the online drafter's accept length against the frozen starting drafter's and
   the ceiling, on each step's answers (plotted beside the accept length).
@@ -260,6 +262,33 @@ def equal_work_lines(runs: dict[str, list[dict]], warmup: int = 1) -> list[str]:
     return out
 
 
+def plain_step_table(runs: dict[str, list[dict]], warmup: int = 1) -> list[str]:
+    """Plain decoding steps' time per batch bucket, by place after a prefill or SD step (1, 2, 3+): each
+    step's median, averaged over the measured steps weighted by their counts (`plain_step_ms` records)."""
+    per: dict[str, dict[int, dict[str, list[float]]]] = {}
+    for n, records in runs.items():
+        acc = per.setdefault(n, {})
+        for r in measured(records, warmup):
+            for b, places in (r.get("plain_step_ms") or {}).items():
+                for place, (count, ms) in places.items():
+                    cell = acc.setdefault(int(b), {}).setdefault(place, [0.0, 0.0])
+                    cell[0] += count
+                    cell[1] += count * ms
+    all_b = sorted({b for acc in per.values() for b in acc})
+    if not all_b:
+        return []
+    names = list(runs)
+    md = ["| batch | " + " | ".join(f"{n} ms (1 / 2 / 3+)" for n in names) + " |", "|---:|" + "---:|" * len(names)]
+    for b in all_b:
+        cells = []
+        for n in names:
+            row = per[n].get(b, {})
+            cells.append(" / ".join(f"{row[k][1] / row[k][0]:.2f}" if k in row and row[k][0] else "-"
+                                    for k in ("1", "2", "3+")))  # fmt: skip
+        md.append(f"| {b} | " + " | ".join(cells) + " |")
+    return md
+
+
 def first_lengths(records: list[dict]) -> list[int]:
     return [n for r in records[:HIST_STEPS] for n in r.get("response_lengths", [])]
 
@@ -365,6 +394,10 @@ def write_compare(run_dirs: list[str | Path], out: str | Path, warmup: int = 1) 
     table = bucket_table(runs, warmup)
     if table:
         md += ["Rollout time per batch size (running sequences, power-of-two buckets; measured steps):", "", *table, ""]
+    table = plain_step_table(runs, warmup)
+    if table:
+        md += ["Plain steps by batch size and place after a prefill or speculative step (the SD policy prices plain "
+               "decoding from the 2nd on; median ms a step):", "", *table, ""]  # fmt: skip
     for n, records in runs.items():
         lengths = first_lengths(records)
         if lengths:

@@ -125,6 +125,30 @@ def by_batch(timeline: Iterable[dict], into: dict[str, dict] | None = None) -> d
     return out
 
 
+def plain_steps(timeline: Iterable[dict], into: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Plain decoding steps' seconds per batch bucket, by their place in their run of plain steps: the first
+    after a prefill or a speculative step ("1"), the second ("2"), later ones ("3+"). What the SD policy prices
+    plain decoding from (it leaves the first out) against what a run of plain steps costs once settled."""
+    out = {} if into is None else into
+    place = 0
+    for e in timeline:
+        if e["kind"] != "decode":
+            place = 0
+            continue
+        place += 1
+        key = "1" if place == 1 else "2" if place == 2 else "3+"
+        out.setdefault(str(batch_bucket(e["batch"])), {}).setdefault(key, []).append(e["seconds"])
+    return out
+
+
+def plain_step_summary(by_bucket: dict[str, dict]) -> dict[str, dict]:
+    """`plain_steps`' lists as {bucket: {place: [steps, median ms]}}."""
+    out = {}
+    for b, places in sorted(by_bucket.items(), key=lambda kv: int(kv[0])):
+        out[b] = {k: [len(v), 1e3 * percentile(v, 50)] for k, v in sorted(places.items()) if v}
+    return out
+
+
 def rollout_metrics(rollouts: Sequence, rollout_seconds: float) -> dict[str, Any]:
     """Aggregate engine statistics of one step's rollout over workers."""
     tail = busy = sd = dec = 0.0
@@ -132,8 +156,10 @@ def rollout_metrics(rollouts: Sequence, rollout_seconds: float) -> dict[str, Any
     hist: dict[str, int] = {}
     strategies: dict[str, int] = {}
     buckets: dict[str, dict] = {}
+    plain: dict[str, dict] = {}
     for r in rollouts:
         by_batch(r.timeline, buckets)
+        plain_steps(r.timeline, plain)
         a, b = tail_seconds(r.timeline, r.capacity)
         tail, busy = tail + a, busy + b
         a, b = sd_seconds(r.timeline)
@@ -154,6 +180,8 @@ def rollout_metrics(rollouts: Sequence, rollout_seconds: float) -> dict[str, Any
         "batch_buckets": dict(sorted(buckets.items(), key=lambda kv: int(kv[0]))),
         # the same per worker (in the order of worker_rollout_seconds): which worker decoded the lone tail
         "batch_buckets_by_worker": [by_batch(r.timeline) for r in rollouts] if len(rollouts) > 1 else None,
+        # plain steps' median time per bucket by place after a prefill or SD step (plain_steps)
+        "plain_step_ms": plain_step_summary(plain),
         "generated_tokens": tokens,
         "tokens_per_second": tokens / rollout_seconds if rollout_seconds > 0 else 0.0,
     }
