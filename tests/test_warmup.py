@@ -93,6 +93,9 @@ def test_the_curve_measures_accept_against_its_ceiling_through_training(tmp_path
     assert all(1.0 <= c["accept"] <= 4.0 and 1.0 <= c["ceiling"] <= 4.0 for c in curve)
     assert curve[-1]["accept"] == rep["accept_length_after"]  # the last point is the final measure
     assert all(a["seconds"] < b["seconds"] for a, b in zip(curve, curve[1:], strict=False))
+    # where the time went: the parts are positive and fit in the whole
+    parts = [rep[k] for k in ("load_seconds", "generation_seconds", "train_seconds", "measure_seconds")]
+    assert all(p > 0 for p in parts) and sum(parts) <= rep["total_seconds"]
     assert (tmp_path / "c" / "curve.png").stat().st_size > 0
     assert warmup(None, tmp_path / "n", num_prompts=1, held_out=1, samples=1, steps=1, max_new_tokens=4,
                   strategy="3_2_4", device="cpu", progress=False, eval_temperatures=())["curve"] == []  # fmt: skip

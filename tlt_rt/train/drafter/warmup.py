@@ -179,11 +179,13 @@ def warmup(
     params = SamplingParams(n=samples, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
     evals = {t: SamplingParams(n=1, temperature=t, max_new_tokens=max_new_tokens, seed=seed + 1) for t in temps}
 
+    t_start = time.perf_counter()
     plain = Engine.from_pretrained(target_path, speculative="off", dtype=dtype, device=device, max_batch=gen_batch)
     if feature_layers == "auto":
         feature_layers = default_feature_layers(plain.target.arch.num_hidden_layers)
     plain.target.set_feature_layers(feature_layers)  # the answers' hidden states carry the fused layers' too
     t0 = time.perf_counter()
+    load_s = t0 - t_start
     buffer = DrafterBuffer(max_steps=1)
     n_tokens = generate_data(plain, train_prompts, params, buffer)
     if greedy_answers:
@@ -199,7 +201,9 @@ def warmup(
         warnings.simplefilter("ignore")
         spec = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,))
     drafter.eval()
+    t_before = time.perf_counter()
     before = {t: accept_length(spec, eval_prompts, p) for t, p in evals.items()}
+    measure_s = time.perf_counter() - t_before
 
     if steps is None:
         steps = max(1, round(epochs * buffer.num_tokens / batch_tokens))
@@ -243,9 +247,11 @@ def warmup(
             spent += time.perf_counter() - t_eval
     train_s = time.perf_counter() - t1 - spent
     drafter.eval()
+    t_after = time.perf_counter()
     measured = {t: accept_and_answers(spec, eval_prompts, p) for t, p in evals.items()}
     after = {t: acc for t, (acc, _) in measured.items()}
     ceilings = {t: ceiling(target, answers, t, strategy) for t, (_, answers) in measured.items()}
+    measure_s += spent + time.perf_counter() - t_after
     if curve_points > 1:
         acc, _ = measured[temperature]
         curve.append(dict(steps=steps, train_tokens=steps * batch_tokens, accept=acc, ceiling=ceilings[temperature],
@@ -260,6 +266,9 @@ def warmup(
         "train_prompts": num_prompts,
         "held_out_prompts": held_out,
         "generated_tokens": n_tokens,
+        # where the warm-up's time went: loading the target (and capturing its steps), generating the answers,
+        # training, and measuring accept lengths and ceilings (before, along the curve, after)
+        "load_seconds": load_s,
         "generation_seconds": gen_s,
         "train_steps": steps,
         "batch_tokens": batch_tokens,
@@ -275,6 +284,8 @@ def warmup(
         "hidden_weight": hidden_weight,
         "feature_layers": list(target.feature_layers),
         "train_seconds": train_s,
+        "measure_seconds": measure_s,
+        "total_seconds": time.perf_counter() - t_start,
         "final_loss": metrics.get("loss"),
         "final_top1": metrics.get("top1"),
         "accept_length_before": before[temperature],
@@ -409,7 +420,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"{rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
-        f"{rep['train_steps']} steps in {rep['train_seconds']:.0f}s; drafter in {rep['drafter']}"
+        f"{rep['train_steps']} steps in {rep['train_seconds']:.0f}s (of {rep['total_seconds']:.0f}s: loading "
+        f"{rep['load_seconds']:.0f}s, measuring {rep['measure_seconds']:.0f}s); drafter in {rep['drafter']}"
     )
     for t, acc in rep["accept_length"].items():
         print(
