@@ -2,6 +2,13 @@
 # caller's globals: out (the pass folder), q15 (the Qwen 1.5B GGUF), cfg1 (the one-GPU config), prompts
 # (warm-up prompts) and the array VARIANTS (one warm-up per entry, entry i on GPU i).
 
+# a share of the host's cores for each of $1 jobs at once (OMP_NUM_THREADS, unless already set): jobs that each
+# used every core slowed each other's host work (drafter training 6x slower with three warm-ups at once)
+share_cores() {
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / $1 > 0 ? $(nproc) / $1 : 1 ))}
+  export OMP_NUM_THREADS
+}
+
 # every VARIANTS warm-up at once, warm-up i on GPU i, into $out/w$i; returns when all are done
 warmups() {
   local i pids=()

@@ -30,8 +30,7 @@ fi
 out=${1:?OUT}; q15=${2:?QWEN15_GGUF}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
-export OMP_NUM_THREADS
+share_cores 2
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg2=configs/qwen2.5-1.5b-math-2gpu.yaml
 steps=${E2E_STEPS:-12}; budget=${E2E_SECONDS:-480}; prompts=${WARMUP_PROMPTS:-384}
 # the two-GPU comparison runs longer: 20 steps after its warm-up average the sampled tails' luck and give the

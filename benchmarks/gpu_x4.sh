@@ -41,9 +41,7 @@ fi
 out=${1:?OUT}; q15=${2:?QWEN15_GGUF}; q05=${3:-}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-# a share of the host's cores per job (four jobs at once)
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 ))}
-export OMP_NUM_THREADS
+share_cores 4
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg2=configs/qwen2.5-1.5b-math-2gpu.yaml
 steps=${E2E_STEPS:-16}; budget=${E2E_SECONDS:-420}; prompts=${WARMUP_PROMPTS:-384}
 # the warm-ups compared: the default data and twice its fresh answers (a variant may also be a drafter's shape,

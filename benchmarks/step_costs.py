@@ -32,6 +32,7 @@ from tlt_rt.models.default import DEFAULT_NAME, fetched_gguf, not_fetched
 from tlt_rt.models.llama import CausalLM, Rotary
 from tlt_rt.models.registry import MODELS
 from tlt_rt.models.shapes import SHAPES
+from tlt_rt.train.profile import kernel_rows
 
 
 def model_source(name: str) -> str:
@@ -157,13 +158,7 @@ def append_jsonl(path: str | None, rows: list[dict]) -> None:
 
 def kernel_table(prof, per: int) -> list[tuple[str, float, float]]:
     """(kernel name, us, launches) per `per` units (steps, replays) from a finished torch profiler, by time."""
-    rows: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            r = rows.setdefault(e.name, [0.0, 0.0])
-            r[0] += e.device_time / per
-            r[1] += 1 / per
-    return sorted(((k, us, n) for k, (us, n) in rows.items()), key=lambda r: -r[1])
+    return [(name, us / per, n / per) for name, us, n in kernel_rows(prof.events())]
 
 
 def print_kernel_table(rows: list[tuple[str, float, float]], title: str, top: int = 14) -> None:

@@ -97,3 +97,8 @@ def test_plain_steps_by_their_place_after_a_switch():
     worker = SimpleNamespace(timeline=tl, capacity=128, stats={})
     rec = rollout_metrics([worker, worker], 1.0)
     assert rec["plain_step_ms"]["128"]["2"][0] == 4
+    # each worker's buckets, and the pooled ones their sums
+    assert [w["128"]["decode_s"] for w in rec["batch_buckets_by_worker"]] == [pytest.approx(0.027)] * 2
+    assert rec["batch_buckets"]["128"]["decode_s"] == pytest.approx(0.054)
+    assert rec["batch_buckets"]["128"]["sd_rows"] == 256 and rec["batch_buckets"]["64"]["decode_tokens"] == 200
+    assert rollout_metrics([worker], 1.0)["batch_buckets_by_worker"] is None  # one worker: the pooled ones say it

@@ -174,6 +174,11 @@ def buckets(records: list[dict]) -> dict[int, dict[str, float]]:
     return dict(sorted(out.items()))
 
 
+def _totals(row: dict[str, float]) -> tuple[float, float]:
+    """A bucket row's (seconds, tokens), plain and speculative steps together."""
+    return row["decode_s"] + row["sd_s"], row["decode_tokens"] + row["sd_tokens"]
+
+
 def bucket_table(runs: dict[str, list[dict]], warmup: int = 1) -> list[str]:
     """Where the rollout's time goes per batch size: each run's seconds and tokens per second per bucket, SD
     share and accept length where it speculated, and the bucket's speedup over the first run (tok/s ratio)."""
@@ -191,8 +196,7 @@ def bucket_table(runs: dict[str, list[dict]], warmup: int = 1) -> list[str]:
             if not row:
                 cells += ["-"] * 4
                 continue
-            secs = row["decode_s"] + row["sd_s"]
-            toks = row["decode_tokens"] + row["sd_tokens"]
+            secs, toks = _totals(row)
             rate, share = (f"{toks / secs:.0f}", f"{row['sd_s'] / secs:.0%}") if secs else ("-", "-")
             accept = f"{row['sd_tokens'] / row['sd_rows']:.2f}" if row["sd_rows"] else "-"
             cells += [f"{secs:.1f}", rate, share, accept]
@@ -205,7 +209,7 @@ def _rate_time(rows: dict[str, dict] | dict[int, dict], rates: dict[int, float])
     its own time)."""
     spent = at = 0.0
     for b, row in rows.items():
-        secs, toks = row["decode_s"] + row["sd_s"], row["decode_tokens"] + row["sd_tokens"]
+        secs, toks = _totals(row)
         spent += secs
         rate = rates.get(int(b))
         at += toks / rate if rate else secs
@@ -232,7 +236,7 @@ def equal_work(base: list[dict], run: list[dict], warmup: int = 1) -> dict | Non
         return None
     rates = {}
     for b, row in buckets(r_rows).items():
-        secs, toks = row["decode_s"] + row["sd_s"], row["decode_tokens"] + row["sd_tokens"]
+        secs, toks = _totals(row)
         if secs > 0 and toks > 0:
             rates[b] = toks / secs
     spent, at_run = _rate_time(pb, rates)
@@ -338,7 +342,7 @@ def plot_compare(runs: dict[str, list[dict]], path: Path, warmup: int = 1) -> No
     all_b = sorted({b for p in per.values() for b in p})
     width = 0.8 / max(len(runs), 1)
     for i, (n, rows) in enumerate(per.items()):
-        secs = [rows[b]["decode_s"] + rows[b]["sd_s"] if b in rows else 0.0 for b in all_b]
+        secs = [_totals(rows[b])[0] if b in rows else 0.0 for b in all_b]
         ax.bar([x + i * width for x in range(len(all_b))], secs, width, label=n)
     ax.set_xticks([x + width * (len(runs) - 1) / 2 for x in range(len(all_b))], [str(b) for b in all_b])
     ax.set_title("rollout seconds per batch size (measured steps)", fontsize=9)

@@ -156,9 +156,14 @@ def rollout_metrics(rollouts: Sequence, rollout_seconds: float) -> dict[str, Any
     hist: dict[str, int] = {}
     strategies: dict[str, int] = {}
     buckets: dict[str, dict] = {}
+    per_worker: list[dict[str, dict]] = []
     plain: dict[str, dict] = {}
     for r in rollouts:
-        by_batch(r.timeline, buckets)
+        per_worker.append(by_batch(r.timeline))
+        for b, row in per_worker[-1].items():
+            pooled = buckets.setdefault(b, dict.fromkeys(row, 0))
+            for k, v in row.items():
+                pooled[k] += v
         plain_steps(r.timeline, plain)
         a, b = tail_seconds(r.timeline, r.capacity)
         tail, busy = tail + a, busy + b
@@ -179,7 +184,7 @@ def rollout_metrics(rollouts: Sequence, rollout_seconds: float) -> dict[str, Any
         "strategy_use": strategies,
         "batch_buckets": dict(sorted(buckets.items(), key=lambda kv: int(kv[0]))),
         # the same per worker (in the order of worker_rollout_seconds): which worker decoded the lone tail
-        "batch_buckets_by_worker": [by_batch(r.timeline) for r in rollouts] if len(rollouts) > 1 else None,
+        "batch_buckets_by_worker": per_worker if len(rollouts) > 1 else None,
         # plain steps' median time per bucket by place after a prefill or SD step (plain_steps)
         "plain_step_ms": plain_step_summary(plain),
         "generated_tokens": tokens,
