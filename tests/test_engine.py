@@ -299,8 +299,8 @@ def test_auto_tells_the_policy_how_far_the_drafter_is_behind():
 
 def test_auto_tells_the_policy_which_plain_steps_follow_another_kind_of_step():
     """A decode step's reading says whether the step before it was of another kind (a prefill, or a step of
-    another option): the policy keeps such a plain step out of plain decoding's price, and the price it keeps
-    is a mean of the plain steps that followed plain steps."""
+    another option): the policy keeps the first `plain_settle` plain steps after a switch out of plain
+    decoding's price, and the price it keeps is a mean of the plain steps that followed as many plain ones."""
     eng = make_engine("auto", strategies=("3_3_8",))
     strategy, seen = eng.strategies[0], []
     observe = eng.policy.observe
@@ -319,8 +319,15 @@ def test_auto_tells_the_policy_which_plain_steps_follow_another_kind_of_step():
     kinds = [e["strategy"] or e["kind"] for e in eng.timeline]
     want = [kinds[i] != kinds[i - 1] for i in range(len(kinds)) if kinds[i] != "prefill"]
     assert [sw for _, sw, _ in seen] == want and want[0]  # the first decode step follows the prefill
-    clean = [t for s, sw, t in seen if s is None and not sw]
-    assert len(clean) > 2 and eng.policy.stats()["switch_readings"] == sum(s is None and sw for s, sw, _ in seen)
+    places, run = [], 0  # each plain step's place in its run of plain steps
+    for s, sw, _ in seen:
+        run = 0 if s is not None else 1 if sw else run + 1
+        places.append(run)
+    settle = eng.policy.plain_settle
+    assert settle == 2  # the default: a run of three plain steps (see the decide above) prices with its last
+    clean = [t for (s, _, t), place in zip(seen, places, strict=True) if s is None and place > settle]
+    early = sum(s is None and 0 < place <= settle for (s, _, _), place in zip(seen, places, strict=True))
+    assert len(clean) > 2 and eng.policy.stats()["switch_readings"] == early
     assert min(clean) <= eng.policy.costs.get(eng.policy.bucket(2), None) <= max(clean)
 
 

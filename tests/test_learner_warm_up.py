@@ -77,3 +77,31 @@ def test_warm_up_meets_every_doubling_a_run_can_make(budget, per_batch, max_len,
         rows = len(chunk) * t
         if rows >= 8:  # below, sizes too small to matter
             assert _doubling(rows) in (ones if len(chunk) == 1 else several), (len(chunk), t)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="inductor needs a C++ compiler on CPU")
+def test_compiled_layers_update_as_eager_and_compile_only_in_warm_up():
+    """`CausalLM.compile_layers` (the learner's default on a GPU, forced on here on a CPU): one update moves the
+    weights as the eager layers do, the layers share one compiled graph per kind of shape, and after the
+    warm-up no update compiles anything, whatever its micro-batches' shapes."""
+    torch._dynamo.reset()
+    try:
+        torch.manual_seed(0)
+        eager, compiled = CausalLM(ARCH), CausalLM(ARCH)
+        compiled.load_state_dict(eager.state_dict())
+        assert RLConfig().compile_layers  # on by default; a CPU learner leaves it off
+        learners = [Learner(m, RLConfig(micro_batch_tokens=6000, lr=1e-3), SamplingFilter()) for m in (eager, compiled)]
+        assert not compiled.compile_layers
+        compiled.compile_layers = True
+        assert learners[1].warm_up() > 0
+        assert compiled.state_dict().keys() == eager.state_dict().keys()  # the compiled layers stay out of it
+        for lengths in ([1500, 1600, 1700], [20, 30, 40], [25]):
+            batch = [MiniBatch(_samples(lengths), num_tokens=sum(lengths), num_seqs=len(lengths))]
+            outs = [learner.update(batch) for learner in learners]
+            assert outs[1].compiles == 0, lengths
+            assert outs[0].loss == pytest.approx(outs[1].loss, rel=1e-4, abs=1e-6)
+            for (name, a), b in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+    finally:
+        torch._dynamo.reset()

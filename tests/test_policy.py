@@ -246,8 +246,8 @@ def test_hysteresis_prevents_flapping():
     def cost(b, o):
         return 0.010 if o is None else 0.030
 
-    def switches(h):
-        p = SDPolicy([s], BUCKETS, epsilon=0.2, hysteresis=h)
+    def switches(h):  # every plain step prices plain decoding (plain_settle 0): both estimates move each step
+        p = SDPolicy([s], BUCKETS, epsilon=0.2, hysteresis=h, plain_settle=0)
         run(p, [8], 400, cost=cost, accept=lambda _: 3.0, noise=0.04, seed=7)
         return p.stats()["switches"]
 
@@ -558,7 +558,9 @@ def test_a_plain_estimate_that_started_high_is_corrected_while_speculating(refre
         if s is not None:
             return 0.035  # emits 2.5 tokens a sequence: 71 tokens/s a sequence
         readings["plain"] += 1
-        return 0.040 if readings["plain"] <= 3 else 0.010  # truly 100 tokens/s a sequence
+        # truly 100 tokens/s a sequence; high over the first readings: two, a strategy's two, then a plain run of
+        # plain_settle + 1 (the default 2 + 1) whose last prices plain decoding
+        return 0.040 if readings["plain"] <= 5 else 0.010
 
     chosen = []
     for _ in range(400):
@@ -569,7 +571,7 @@ def test_a_plain_estimate_that_started_high_is_corrected_while_speculating(refre
     if refresh:
         assert last.count(OFF) == 100 and readings["plain"] > 3
     else:
-        assert last.count(str(S[4])) == 100 and readings["plain"] == 3
+        assert last.count(str(S[4])) == 100 and readings["plain"] == 5
 
 
 def test_plain_refresh_counts_survive_a_state_round_trip():
@@ -590,14 +592,15 @@ def test_plain_refresh_counts_survive_a_state_round_trip():
     assert all(ahead) and p.stats()["plain_timing_steps"] > 3
 
 
-@pytest.mark.parametrize("told", [True, False])
-def test_a_plain_step_right_after_speculation_does_not_price_plain_decoding(told):
+@pytest.mark.parametrize("settle", [0, 1, 2])
+def test_a_plain_step_right_after_speculation_does_not_price_plain_decoding(settle):
     """Plain decoding's first readings ran high (0.03 s; it truly takes 0.01 s), so a strategy that is truly
     slower (2.5 tokens in 0.028 s) is chosen. The plain timing steps between speculative ones carry the
-    switch: the first plain step after a speculative one costs 0.03 s in this model. Told so (`switched`),
-    the policy times the plain step after it instead, learns plain decoding's true price and leaves the
-    strategy; untold, each timing step charges the switch to plain decoding and the strategy stays chosen."""
-    p = SDPolicy([S[4]], [64], epsilon=0.0, plain_refresh=16)
+    switch: the first plain step after a speculative one costs 0.03 s in this model. With `plain_settle` >= 1
+    the policy times a later plain step of the run instead, learns plain decoding's true price and leaves the
+    strategy; with 0, each timing step charges the switch to plain decoding and the strategy stays chosen."""
+    told = settle > 0
+    p = SDPolicy([S[4]], [64], epsilon=0.0, plain_refresh=16, plain_settle=settle)
     p.costs.set(64, S[4], 0.028)
     p.accept.observe(64, S[4], 2.5)
     for _ in range(3):
@@ -607,7 +610,7 @@ def test_a_plain_step_right_after_speculation_does_not_price_plain_decoding(told
         s = p.decide(64)
         switched = s is None and last is not None
         cost = (0.030 if switched else 0.010) if s is None else 0.028
-        p.observe(64, s, cost, 1.0 if s is None else 2.5, switched=switched and told)
+        p.observe(64, s, cost, 1.0 if s is None else 2.5, switched=switched)
         chosen.append(option_name(s))
         last = s
     assert chosen[:16].count(str(S[4])) == 16  # speculating on the plain estimate that started high
@@ -616,3 +619,26 @@ def test_a_plain_step_right_after_speculation_does_not_price_plain_decoding(told
         assert chosen[-100:].count(OFF) == 100
     else:
         assert p.costs.get(64, None) > 0.025 and chosen[-100:].count(str(S[4])) > 90
+
+
+@pytest.mark.parametrize("settle", [1, 2])
+def test_plain_settle_covers_leftovers_that_last_two_plain_steps(settle):
+    """Leftovers of a speculative step that slow the two plain steps after it (0.03 s each; plain decoding truly
+    takes 0.01 s): with `plain_settle` 2 the third step of each timing run prices plain decoding and the
+    policy leaves the truly slower strategy; with 1 the second, still slow, keeps the price high."""
+    p = SDPolicy([S[4]], [64], epsilon=0.0, plain_refresh=16, plain_settle=settle)
+    p.costs.set(64, S[4], 0.028)
+    p.accept.observe(64, S[4], 2.5)
+    for _ in range(3):
+        p.observe(64, None, 0.030, 1.0)
+    place, chosen = 0, []
+    for _ in range(400):
+        s = p.decide(64)
+        place = 0 if s is not None else place + 1
+        cost = (0.030 if place <= 2 else 0.010) if s is None else 0.028
+        p.observe(64, s, cost, 1.0 if s is None else 2.5, switched=place == 1)
+        chosen.append(option_name(s))
+    if settle == 2:
+        assert p.costs.get(64, None) < 0.012 and chosen[-100:].count(OFF) == 100
+    else:
+        assert p.costs.get(64, None) > 0.025 and chosen[-100:].count(str(S[4])) > 80  # all but its timing runs

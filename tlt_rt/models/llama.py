@@ -459,6 +459,8 @@ class CausalLM(nn.Module):
         self.attn_backend: AttentionBackend = TorchAttention()
         # while training, keep only each layer's input and recompute its insides in the backward
         self.checkpoint_layers = False
+        # while training, run each decoder layer through torch.compile (`compiled_layers`)
+        self.compile_layers = False
         self.feature_layers: tuple[int, ...] = ()
 
     @property
@@ -470,10 +472,26 @@ class CausalLM(nn.Module):
         """Hand the outputs of these decoder layers (0-based, distinct, below the last) to the drafter too."""
         self.feature_layers = feature_layer_ids(layers, self.arch.num_hidden_layers)
 
+    def compiled_layers(self) -> tuple[nn.Module, ...]:
+        """The decoder layers, each through torch.compile with dynamic shapes (built once, kept out of the module
+        tree and so out of state_dict). A layer's forward and backward then run as a few generated graphs instead
+        of some 70 eager ops and autograd nodes: a learner's update on a GPU is bound by the host's launches and
+        autograd work at these sizes (Qwen2.5-1.5B, 8k-token micro-batches: the GPU busy under half the update).
+        The layers share their code, so one graph serves every layer and every micro-batch shape (a batch of one
+        is a shape of its own; `Learner.warm_up` meets both at start-up)."""
+        compiled = self.__dict__.get("_compiled_layers")
+        if compiled is None or len(compiled) != len(self.model.layers):
+            raise_recompile_limit(GLUE_RECOMPILE_LIMIT)
+            compiled = tuple(torch.compile(layer, dynamic=True) for layer in self.model.layers)
+            self.__dict__["_compiled_layers"] = compiled  # not an attribute nn.Module would register
+        return compiled
+
     def _layers(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         taps = []
-        for i, layer in enumerate(self.model.layers):
-            if self.checkpoint_layers and self.training and torch.is_grad_enabled():
+        grad = self.training and torch.is_grad_enabled()
+        layers = self.compiled_layers() if self.compile_layers and grad else self.model.layers
+        for i, layer in enumerate(layers):
+            if self.checkpoint_layers and grad:
                 x = checkpoint(layer, x, positions, self.rotary, use_reentrant=False)
             else:
                 x = layer(x, positions, self.rotary)

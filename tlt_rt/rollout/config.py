@@ -36,11 +36,18 @@ class PolicyConfig:
         "plain step, so the yardstick every choice is weighed against stays current (0 = only the first "
         "readings).",
     )
+    plain_settle: int = option(
+        2,
+        help="'auto': once a batch bucket has a plain cost, a plain step prices plain decoding only when at least "
+        "this many plain steps came before it since the last prefill or speculative step (those carry that step's "
+        "leftovers); a timed plain step between speculative ones is thus a run of this many plus one.",
+    )
     seed: int = option(0, help="Seed of the policy's exploration draws, so decisions replay exactly.")
 
     def __post_init__(self) -> None:
         check(0 <= self.epsilon <= 1, "epsilon", f"must be in [0, 1], got {self.epsilon}")
         check_min(self, "hysteresis", 0.0)
+        check_min(self, "plain_settle", 0)
         budget = self.explore_budget
         check(budget is None or budget > 0, "explore_budget", f"must be > 0 or null, got {budget}")
         check_min(self, "horizon", 1)

@@ -53,10 +53,12 @@ class SDPolicy:
     profiled cost sees the graph alone, and one reading can be an outlier), and again every `plain_refresh`
     decisions while a strategy is chosen there: once speculation runs, plain steps would otherwise never be
     timed again, and an estimate that started high (in an RL rollout on Qwen2.5-1.5B the 48-64 buckets' stayed
-    ~1.5x what SD-off decoding took there) keeps a losing strategy chosen. Only a plain step that follows a
-    plain step prices plain decoding once a bucket has a cost (`observe`): the first one after a speculative
-    step carries that step's leftovers, so a timing step between speculative ones is two plain steps, the second
-    timed. Per bucket: an option without a usable cost (none, not even interpolated, or only a provisional first
+    ~1.5x what SD-off decoding took there) keeps a losing strategy chosen. Only a plain step that follows
+    `plain_settle` plain steps prices plain decoding once a bucket has a cost (`observe`): the first ones after a
+    speculative step carry that step's leftovers (in an RL rollout on Qwen2.5-1.5B plain decoding was priced
+    4.0 ms at batch 128 against 2.9 ms in SD-off decoding, from timing steps that followed one plain step), so a
+    timing step between speculative ones is a run of `plain_settle` + 1 plain steps, the last timed. Per bucket:
+    an option without a usable cost (none, not even interpolated, or only a provisional first
     reading here) is measured first; otherwise with probability `epsilon` a uniformly drawn other option is
     explored; otherwise the current choice is kept unless the best option's expected tokens/s beats it by more
     than `hysteresis` (relative). `explore_budget` caps what exploring costs: an exploration step of an option
@@ -83,7 +85,9 @@ class SDPolicy:
         cfg = dataclasses.replace(config if config is not None else PolicyConfig(), **overrides)
         epsilon, hysteresis, seed = cfg.epsilon, cfg.hysteresis, cfg.seed
         explore_budget, horizon = cfg.explore_budget, cfg.horizon
-        self.plain_refresh = cfg.plain_refresh
+        self.plain_refresh, self.plain_settle = cfg.plain_refresh, cfg.plain_settle
+        # plain steps observed in a row since the last prefill or speculative step (as if many, until one is seen)
+        self._plain_run = cfg.plain_settle + 1
         self._plain_at: dict[int, int] = {}  # bucket -> its decision count at the last plain step there
         if mode not in ("off", "on", "auto"):
             raise ValueError(f"SDPolicy.mode must be 'off', 'on' or 'auto', got {mode!r}")
@@ -259,13 +263,14 @@ class SDPolicy:
         it caught up first (`behind`, as given to `decide`) and whether the step before it was of another
         kind (`switched`: a speculative step or a prefill before a plain one).
 
-        A plain step right after another kind carries that step's leftovers into its time (device work it
-        left queued, the host's caches cold after a speculative step's host work), so it does not price plain
-        decoding (`switch_readings` in `stats`) once the bucket has a cost: a plain timing step between
-        speculative ones (`plain_refresh`, the first PLAIN_READINGS) stays due, and the next plain step,
-        which follows a plain one, is timed instead."""
+        A plain step soon after another kind carries that step's leftovers into its time (device work it
+        left queued, the host's caches cold after a speculative step's host work), so once the bucket has a cost
+        the first `plain_settle` plain steps after a switch do not price plain decoding (`switch_readings` in
+        `stats`): a plain timing step between speculative ones (`plain_refresh`, the first PLAIN_READINGS)
+        stays due, and the next plain step that follows as many plain ones is timed instead."""
         b = self.bucket(batch_size)
-        if strategy is None and switched and self.costs.get(b, None) is not None:
+        self._plain_run = 0 if strategy is not None else 1 if switched else self._plain_run + 1
+        if strategy is None and self._plain_run <= self.plain_settle and self.costs.get(b, None) is not None:
             self._counts["switch_readings"] += 1
         elif strategy is None:
             self._plain_at[b] = self._calls[b]
@@ -322,6 +327,7 @@ class SDPolicy:
             "regret": {str(b): list(v) for b, v in self._regret.items()},
             "catchup": self.catchup.state_dict(),
             "plain_at": {str(b): n for b, n in self._plain_at.items()},
+            "plain_run": self._plain_run,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -343,3 +349,4 @@ class SDPolicy:
         self._regret = {int(b): list(v) for b, v in state.get("regret", {}).items()}
         self.catchup.load_state_dict(state.get("catchup", {}))
         self._plain_at = {int(b): n for b, n in state.get("plain_at", {}).items()}
+        self._plain_run = int(state.get("plain_run", self.plain_settle + 1))

@@ -184,6 +184,12 @@ class RLConfig:
         "backward (~1/3 more compute): activation memory drops from all of a layer's tensors to one hidden row "
         "per token and layer, so larger micro-batches fit.",
     )
+    compile_layers: bool = option(
+        True,
+        help="GPU, one learner per worker (not FSDP): run each decoder layer's forward and backward in the "
+        "learner as torch.compile'd graphs (one graph for every layer and micro-batch shape, compiled at "
+        "start-up) instead of eager ops: the update is otherwise bound by the host's launches and autograd work.",
+    )
     release_engine: bool = option(
         False,
         help="GPU: the engine gives its KV cache and captured steps back while the learner runs and takes them "

@@ -153,10 +153,15 @@ class Learner:
         self.model, self.cfg, self.sampling, self.lockstep = model, cfg, sampling, lockstep
         self.grad_sync, self.ref_model, self.pad_id = grad_sync, ref_model, pad_id
         self.params = unique_parameters(model)
+        self.device = self.params[0].device
+        # compiled layers on a GPU only (on a CPU inductor's compile takes longer than the updates it would speed
+        # up) and not under FSDP, whose sharded layers gather and free their weights around each forward
+        compile_layers = cfg.compile_layers and self.device.type == "cuda" and not lockstep
         for m in model.modules():  # the policy and, under FSDP, the wrapped CausalLM inside it
             if hasattr(m, "checkpoint_layers"):
                 m.checkpoint_layers = cfg.activation_checkpointing
-        self.device = self.params[0].device
+            if hasattr(m, "compile_layers"):
+                m.compile_layers = compile_layers
         self.master: list[nn.Parameter] | None = None
         if self.params[0].dtype != torch.float32:
             self.master = [nn.Parameter(p.detach().float().clone()) for p in self.params]
