@@ -7,6 +7,7 @@ checks sampling against the exact distribution; the real checkpoint (when fetche
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -172,3 +173,41 @@ def test_learner_attention_stays_off_cudnn_and_matches_the_math_kernel():
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     for got, want in zip(grads, (qf.grad, kf.grad, vf.grad), strict=True):
         torch.testing.assert_close(got.float(), want, atol=5e-2 * want.abs().max().item(), rtol=5e-2)
+
+
+def test_learner_compiled_layers_update_as_eager_with_no_cudnn_and_no_compile_after_warm_up():
+    """The learner's default on a GPU (`rl.compile_layers`): its layers through torch.compile beside the engine's
+    compiled glue, on Qwen's shape (GQA, qkv bias) in bf16. The warm-up compiles, the updates of new shapes do
+    not; the loss and the updated weights match an eager learner's; no cuDNN attention kernel runs inside."""
+    from tlt_rt.config import RLConfig
+    from tlt_rt.train.rl.learner import Learner, LearnSample, MiniBatch, SamplingFilter
+
+    torch._dynamo.reset()
+    try:
+        torch.manual_seed(0)
+        # the real model's attention heads (128 wide, 6 query heads a key head) on a small width
+        arch = dataclasses.replace(QWEN_SHAPE, hidden_size=768, intermediate_size=1024, num_attention_heads=6,
+                                   num_key_value_heads=1, head_dim=128)  # fmt: skip
+        models = [CausalLM(arch).to("cuda", torch.bfloat16) for _ in range(2)]
+        models[1].load_state_dict(models[0].state_dict())
+        for m in models:
+            m.compile_glue()
+        cfg = [RLConfig(micro_batch_tokens=2048, lr=1e-4, compile_layers=c) for c in (False, True)]
+        learners = [Learner(m, c, SamplingFilter()) for m, c in zip(models, cfg, strict=True)]
+        assert models[1].compile_layers and not models[0].compile_layers
+        assert learners[1].warm_up(max_len=512) > 0
+        for lengths in ([300, 310, 400], [40, 50], [500]):
+            batch = [LearnSample([1, 2, 3], [(7 * i + n) % 5000 for i in range(n - 3)], [-1.0] * (n - 3), 1.0)
+                     for n in lengths]  # fmt: skip
+            mb = [MiniBatch(batch, num_tokens=sum(lengths), num_seqs=len(lengths))]
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                outs = [learner.update(mb) for learner in learners]
+                torch.cuda.synchronize()
+            names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            assert not [n for n in names if "cudnn" in n.lower()]
+            assert outs[1].compiles == 0, lengths
+            assert outs[1].loss == pytest.approx(outs[0].loss, rel=2e-2, abs=1e-3)
+        for (name, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+            torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2, msg=name)
+    finally:
+        torch._dynamo.reset()
