@@ -60,12 +60,15 @@ def _doubling(rows: int) -> int:
     per_batch=st.integers(1, 8),
     max_len=st.integers(8, 5000),
     lengths=st.lists(st.integers(2, 5000), min_size=1, max_size=64),
+    align=st.sampled_from([0, 8]),
 )
-def test_warm_up_meets_every_doubling_a_run_can_make(budget, per_batch, max_len, lengths):
+def test_warm_up_meets_every_doubling_a_run_can_make(budget, per_batch, max_len, lengths, align):
     """Every micro-batch a run can cut has a warm-up shape of its kind (one sample, or several) whose rows
-    (T, or B x T) lie in the same doubling, and no warm-up micro-batch is larger than the run's can be."""
+    (T, or B x T) lie in the same doubling, with `align` also one of the same alignment (T a multiple of 8 or
+    not), and no warm-up micro-batch is larger than the run's can be nor of the avoided size."""
     lengths = [min(n, max_len) for n in lengths]
-    shapes = _warm_up_shapes(budget, per_batch, max_len)
+    shapes = _warm_up_shapes(budget, per_batch, max_len, align, avoid=(64,))
+    assert all(t != 64 for _, t in shapes) or not align
     longest = max_len - 1
     largest = budget or per_batch * longest
     assert shapes[0] == (1, 7) and all(t <= longest and (b == 1 or b * t <= largest) for b, t in shapes)
@@ -77,6 +80,10 @@ def test_warm_up_meets_every_doubling_a_run_can_make(budget, per_batch, max_len,
         rows = len(chunk) * t
         if rows >= 8:  # below, sizes too small to matter
             assert _doubling(rows) in (ones if len(chunk) == 1 else several), (len(chunk), t)
+        if align and t >= 16:
+            kind = [(b, u) for b, u in shapes if (b == 1) == (len(chunk) == 1) and (u % align == 0) == (t % align == 0)]
+            key = _doubling(rows)
+            assert any(_doubling(b * u if b > 1 else u) == key for b, u in kind), (len(chunk), t)
 
 
 @pytest.mark.slow

@@ -196,7 +196,7 @@ def test_learner_compiled_layers_update_as_eager_with_no_cudnn_and_no_compile_af
         learners = [Learner(m, c, SamplingFilter()) for m, c in zip(models, cfg, strict=True)]
         assert models[1].compile_layers and not models[0].compile_layers
         assert learners[1].warm_up(max_len=512) > 0
-        for lengths in ([300, 310, 400], [40, 50], [500]):
+        for lengths in ([300, 310, 401], [40, 57], [500], [90, 100]):  # 400 and 56 rows: multiples of 8
             batch = [LearnSample([1, 2, 3], [(7 * i + n) % 5000 for i in range(n - 3)], [-1.0] * (n - 3), 1.0)
                      for n in lengths]  # fmt: skip
             mb = [MiniBatch(batch, num_tokens=sum(lengths), num_seqs=len(lengths))]

@@ -157,6 +157,8 @@ class Learner:
         # compiled layers on a GPU only (on a CPU inductor's compile takes longer than the updates it would speed
         # up) and not under FSDP, whose sharded layers gather and free their weights around each forward
         compile_layers = cfg.compile_layers and self.device.type == "cuda" and not lockstep
+        if compile_layers:  # a graph compiled inside an update costs seconds: say which guard failed
+            torch._logging.set_logs(recompiles=True)
         for m in model.modules():  # the policy and, under FSDP, the wrapped CausalLM inside it
             if hasattr(m, "checkpoint_layers"):
                 m.checkpoint_layers = cfg.activation_checkpointing
@@ -186,8 +188,13 @@ class Learner:
         compiles0 = self._slow_events()[1]
         was_training = self.model.training
         self.model.train()
+        # on a GPU, attention inside a compiled graph guards on whether the length is a multiple of 8 (its
+        # kernels' alignment): each shape again at such a length, avoiding the hidden size (see _warm_up_shapes)
+        align = SDPA_ALIGN if self.device.type == "cuda" else 0
+        arch = getattr(self.model, "arch", None)
+        avoid = (arch.hidden_size,) if arch is not None else ()
         try:
-            for b, t in _warm_up_shapes(self.cfg.micro_batch_tokens, self.cfg.micro_batch, max_len):
+            for b, t in _warm_up_shapes(self.cfg.micro_batch_tokens, self.cfg.micro_batch, max_len, align, avoid):
                 # t rows each; a one-token response: the head projects one row a sample, the glue sees them all
                 chunk = [LearnSample([self.pad_id] * t, [self.pad_id], [0.0], 0.0)] * b
                 ids, targets, _, _, rows = pad_batch(chunk, self.pad_id, self.device)
@@ -373,10 +380,18 @@ def _token_chunks(samples: list[LearnSample], budget: int) -> list[list[LearnSam
     return out + ([cur] if cur else [])
 
 
-def _warm_up_shapes(budget: int, per_batch: int, max_len: int) -> list[tuple[int, int]]:
+SDPA_ALIGN = 8  # torch.compile'd attention on CUDA guards on the length being a multiple of this (or not)
+
+
+def _warm_up_shapes(budget: int, per_batch: int, max_len: int, align: int = 0,
+                    avoid: tuple[int, ...] = ()) -> list[tuple[int, int]]:  # fmt: skip
     """(samples, rows each) of `Learner.warm_up`'s micro-batches: a batch of one at each length of a ladder up to
     the longest sample's rows (`max_len` - 1, else `budget`), then batches of several at each row count of the
-    ladder up to the largest micro-batch's (`budget` rows, else `per_batch` longest samples).
+    ladder up to the largest micro-batch's (`budget` rows, else `per_batch` longest samples). With `align`, each
+    shape again with its rows a multiple of `align` (up where that fits, else down), none of them in `avoid`:
+    the ladder's own sizes are odd, and on a GPU a compiled layer's attention guards on its length being a
+    multiple of 8, so a run's first micro-batch of such a length compiled the layer again (3-7 s an update,
+    seen in one-GPU RL runs on Qwen2.5-1.5B).
 
     Why a ladder: a batch of one is a shape of its own to torch.compile (sizes 0 and 1 are specialised), and
     inductor fits its code to the sizes it compiles with and guards on them. On a CPU the backward of a norm
@@ -397,4 +412,16 @@ def _warm_up_shapes(budget: int, per_batch: int, max_len: int) -> list[tuple[int
         t = min(longest, n // 2)
         if t >= 2:
             shapes.append((n // t, t))
+    if align:
+        for b, t in list(shapes):
+            up = -(-t // align) * align
+            while up in avoid:
+                up += align
+            fits = up <= longest and (b == 1 or b * up <= largest)
+            down = t // align * align
+            while down in avoid:
+                down -= align
+            aligned = up if fits else down
+            if aligned >= align:
+                shapes.append((b, aligned))
     return list(dict.fromkeys(shapes))
