@@ -2,14 +2,16 @@
 # The real-model pass on one GPU (Qwen2.5-Coder-1.5B-Instruct), in the background:
 #   1  the learner on random weights of the 1.5B shape, its layers compiled (rl.compile_layers, the default) and
 #      eager, one after the other in one process (learner_step.py: MFU, memory against the dry run's forecast);
-#   2  the drafter warm-up (WARMUP_PROMPTS prompts x 4 answers, WARMUP_EPOCHS passes) beside every `gpu` test;
+#   2  the drafter warm-up (WARMUP_PROMPTS prompts x 4 answers of the RL runs' length, WARMUP_EPOCHS passes: at
+#      448 x 4 answers cut at 512 tokens the accept curve was flat after 3.5 passes) beside every `gpu` test;
 #   3  SD auto + tail training against SD off (configs/qwen2.5-1.5b-math-gpu.yaml, E2E_STEPS steps each, step 1's
 #      learner update profiled);
 #   4  auto against off by batch size in interleaved rounds (engine_throughput.py, T=1.0, the RL task's prompts).
 #
 #   benchmarks/gpu_one.sh OUT QWEN15_GGUF          start it (the logs: OUT/*.log, progress: OUT/main.log)
 #   benchmarks/gpu_one.sh --snapshot OUT DEST      progress lines, and the small records so far in DEST/snapshot.tgz
-# Settings: E2E_STEPS (12), E2E_SECONDS (480), WARMUP_PROMPTS (448), WARMUP_EPOCHS (7).
+# Settings: E2E_STEPS (16), E2E_SECONDS (480), WARMUP_PROMPTS (448), WARMUP_EPOCHS (4), WARMUP_MAX_NEW (0: the
+# config's answer length), LEARNER_STEP (1; 0 leaves part 1 out).
 set -u
 if [ "${1:-}" = "--snapshot" ]; then
   exec "$(dirname "$0")/gpu_x4.sh" "$@"
@@ -18,8 +20,8 @@ out=${1:?OUT}; q15=${2:?QWEN15_GGUF}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml
-steps=${E2E_STEPS:-12}; budget=${E2E_SECONDS:-480}
-prompts=${WARMUP_PROMPTS:-448}; epochs=${WARMUP_EPOCHS:-7}
+steps=${E2E_STEPS:-16}; budget=${E2E_SECONDS:-480}
+prompts=${WARMUP_PROMPTS:-448}; epochs=${WARMUP_EPOCHS:-4}; max_new=${WARMUP_MAX_NEW:-0}
 
 main() {
   local t0 drafter
@@ -27,13 +29,13 @@ main() {
   python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" "$q15" \
       > "$out/convert.log" 2>&1
   echo "converted at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
-  timeout 300 python benchmarks/learner_step.py --config "$cfg1" --shape qwen2.5-coder-1.5b --rounds 4 \
+  [ "${LEARNER_STEP:-1}" = 1 ] && timeout 300 python benchmarks/learner_step.py --config "$cfg1" --shape qwen2.5-coder-1.5b --rounds 4 \
       --fresh-batches --variants "" "rl.compile_layers=false" --out "$out/learner_step.jsonl" \
       > "$out/learner_step.log" 2>&1
   echo "learner_step done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
   timeout 420 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1 &
   python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w0" --warmup-only --warmup-prompts "$prompts" \
-      --warmup-max-new-tokens 512 --warmup-epochs "$epochs" --warmup-curve 4 -- "model.path=$q15" \
+      --warmup-max-new-tokens "$max_new" --warmup-epochs "$epochs" --warmup-curve 4 -- "model.path=$q15" \
       > "$out/warmup0.log" 2>&1
   wait
   echo "warm-up and tests done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
@@ -48,6 +50,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main); $(declare -p out q15 cfg1 steps budget prompts epochs); main" \
+setsid nohup bash -c "$(declare -f main); $(declare -p out q15 cfg1 steps budget prompts epochs max_new); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_one.sh --snapshot $out DEST"
