@@ -6,12 +6,14 @@
 #      448 x 4 answers cut at 512 tokens the accept curve was flat after 3.5 passes) beside every `gpu` test;
 #   3  SD auto + tail training against SD off (configs/qwen2.5-1.5b-math-gpu.yaml, E2E_STEPS steps each, step 1's
 #      learner update profiled);
-#   4  auto against off by batch size in interleaved rounds (engine_throughput.py, T=1.0, the RL task's prompts).
+#   4  auto against off by batch size in interleaved rounds (engine_throughput.py, T=1.0, the RL task's prompts);
+#   5  (PROFILE=1) the decode step's kernels on the 1.5B shape (gpu_profile.sh without its learner parts).
 #
 #   benchmarks/gpu_one.sh OUT QWEN15_GGUF          start it (the logs: OUT/*.log, progress: OUT/main.log)
 #   benchmarks/gpu_one.sh --snapshot OUT DEST      progress lines, and the small records so far in DEST/snapshot.tgz
 # Settings: E2E_STEPS (16), E2E_SECONDS (480), WARMUP_PROMPTS (448), WARMUP_EPOCHS (4), WARMUP_MAX_NEW (0: the
-# config's answer length), LEARNER_STEP (1; 0 leaves part 1 out).
+# config's answer length), LEARNER_STEP (1; 0 leaves part 1 out), PROFILE (0; 1 adds part 5: gpu_profile.sh's
+# decode-step parts).
 set -u
 if [ "${1:-}" = "--snapshot" ]; then
   exec "$(dirname "$0")/gpu_x4.sh" "$@"
@@ -21,7 +23,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml
 steps=${E2E_STEPS:-16}; budget=${E2E_SECONDS:-480}
-prompts=${WARMUP_PROMPTS:-448}; epochs=${WARMUP_EPOCHS:-4}; max_new=${WARMUP_MAX_NEW:-0}
+prompts=${WARMUP_PROMPTS:-448}; epochs=${WARMUP_EPOCHS:-4}; max_new=${WARMUP_MAX_NEW:-0}; profile=${PROFILE:-0}
 
 main() {
   local t0 drafter
@@ -47,9 +49,13 @@ main() {
   python benchmarks/engine_throughput.py --target "$q15" --temperature 1 --task-config "$cfg1" \
       --drafter "$drafter" --configs off auto --interleave --learn-rounds 1 --repeats 3 --max-new-tokens 384 \
       --batch 1 8 32 128 --out "$out/throughput.jsonl" > "$out/throughput.log" 2>&1
+  echo "throughput done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  if [ "$profile" = 1 ]; then  # the decode step's kernels: attention sweep, matmuls, whole steps (no learner)
+    LEARNER="" benchmarks/gpu_profile.sh "$out/profile" > "$out/profile.log" 2>&1
+  fi
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main); $(declare -p out q15 cfg1 steps budget prompts epochs max_new); main" \
+setsid nohup bash -c "$(declare -f main); $(declare -p out q15 cfg1 steps budget prompts epochs max_new profile); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_one.sh --snapshot $out DEST"

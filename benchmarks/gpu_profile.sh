@@ -9,11 +9,13 @@
 #      skinny kernel for every one-row matmul.
 #
 #   benchmarks/gpu_profile.sh OUT [QWEN_GGUF [CONFIG]]      (CONFIG default configs/qwen2.5-0.5b-math-gpu.yaml)
+# LEARNER="" (empty) leaves part 2 out.
 set -u
 out=${1:?OUT}; gguf=${2:-}; cfg=${3:-configs/qwen2.5-0.5b-math-gpu.yaml}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 shape=qwen2.5-coder-1.5b
+LEARNER=${LEARNER-1}
 t0=$(date +%s)
 note() { echo "$1 at $(( $(date +%s) - t0 )) s" >> "$out/main.log"; }
 if [ -n "$gguf" ]; then
@@ -22,7 +24,7 @@ if [ -n "$gguf" ]; then
       rl.activation_checkpointing=false rl.micro_batch_tokens=8192 > "$out/run.log" 2>&1
   note "run done"
 fi
-for fresh in "" --fresh-batches; do
+for fresh in ${LEARNER:+"" --fresh-batches}; do
   # shellcheck disable=SC2086
   timeout 150 python benchmarks/learner_step.py --config configs/qwen2.5-1.5b-math-gpu.yaml --shape "$shape" \
       --variants "" --rounds 4 --profile $fresh --out "$out/learner_step.jsonl" >> "$out/learner_step.log" 2>&1
