@@ -148,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh-drafter", action="store_true", help="no warm-up: the auto run starts from a fresh drafter")
     ap.add_argument("--warmup-prompts", type=int, default=256, help="drafter warm-up: prompts (4 answers each)")
     ap.add_argument("--warmup-epochs", type=float, default=10.0, help="drafter warm-up: passes over its data")
-    ap.add_argument("--warmup-max-new-tokens", type=int, default=0,
-                    help="drafter warm-up: answer length cap (0 = the config's rollout.max_new_tokens: a drafter "
-                    "warmed on answers cut at 512 tokens accepted 2.9 tokens a step in the RL runs' lone long tails, "
-                    "3.9-4.3 at larger batches)")  # fmt: skip
+    ap.add_argument("--warmup-max-new-tokens", type=int, default=512,
+                    help="drafter warm-up: answer length cap (0 = the config's rollout.max_new_tokens). On "
+                    "Qwen2.5-1.5B 512 beat the RL runs' 2,048: 63%% of the ceiling against 59%% on held-out answers, "
+                    "69%% against 62%% on the RL steps' answers")  # fmt: skip
     ap.add_argument("--strategy", default="8_4_32", help="drafter warm-up: the strategy its accept length uses")
     ap.add_argument("--warmup-curve", type=int, default=0,
                     help="drafter warm-up: points of its accept-vs-training-tokens curve (0 = none)")  # fmt: skip

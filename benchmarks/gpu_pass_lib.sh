@@ -15,7 +15,7 @@ warmups() {
   for i in "${!VARIANTS[@]}"; do
     # shellcheck disable=SC2086  # a variant's arguments split on purpose
     CUDA_VISIBLE_DEVICES=$i python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w$i" --warmup-only \
-        --warmup-prompts "$prompts" --warmup-max-new-tokens "${WARMUP_MAX_NEW:-0}" --warmup-epochs 4 --warmup-curve 3 ${VARIANTS[$i]} \
+        --warmup-prompts "$prompts" --warmup-max-new-tokens "${WARMUP_MAX_NEW:-512}" --warmup-epochs 4 --warmup-curve 3 ${VARIANTS[$i]} \
         -- "model.path=$q15" > "$out/warmup$i.log" 2>&1 &
     pids+=($!)
   done

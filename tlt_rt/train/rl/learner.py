@@ -391,7 +391,10 @@ def _warm_up_shapes(budget: int, per_batch: int, max_len: int, align: int = 0,
     shape again with its rows a multiple of `align` (up where that fits, else down), none of them in `avoid`:
     the ladder's own sizes are odd, and on a GPU a compiled layer's attention guards on its length being a
     multiple of 8, so a run's first micro-batch of such a length compiled the layer again (3-7 s an update,
-    seen in one-GPU RL runs on Qwen2.5-1.5B).
+    seen in one-GPU RL runs on Qwen2.5-1.5B). From 64 rows on the ladder has four rungs a doubling (5/8, 3/4, 7/8
+    and all of it, less one): inductor's size guards are not all at powers of two (on Qwen2.5-1.5B's layer on a
+    GPU, rows < 4096 and 1536 x rows < 5,242,880, i.e. rows < 3413, whose band a run met mid-run). A rung whose
+    guards an earlier graph passes compiles nothing; it costs one dummy forward and backward.
 
     Why a ladder: a batch of one is a shape of its own to torch.compile (sizes 0 and 1 are specialised), and
     inductor fits its code to the sizes it compiles with and guards on them. On a CPU the backward of a norm
@@ -404,8 +407,10 @@ def _warm_up_shapes(budget: int, per_batch: int, max_len: int, align: int = 0,
     longest = max(max_len - 1 if max_len > 1 else budget, 7)
     largest = budget or per_batch * longest
 
-    def ladder(top: int) -> list[int]:  # 7, 15, 31, ... below top, then top
-        return [(1 << k) - 1 for k in range(3, top.bit_length() + 1) if (1 << k) - 1 < top] + [top]
+    def ladder(top: int) -> list[int]:  # 7, 15, 31, ... and from 64 on 5/8, 3/4, 7/8 of each doubling; then top
+        sizes = [(1 << k) - 1 for k in range(3, top.bit_length() + 1)]
+        sizes += [(f << (k - 3)) - 1 for k in range(7, top.bit_length() + 1) for f in (5, 6, 7)]
+        return sorted(n for n in set(sizes) if n < top) + [top]
 
     shapes = [(1, t) for t in ladder(longest)]
     for n in ladder(largest) if budget or per_batch > 1 else []:
