@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The real-model pass on one 2-GPU machine (Qwen2.5-Coder-1.5B-Instruct), both GPUs busy throughout:
-#   phase 1  GPU 0 and GPU 1: two drafter warm-ups side by side (VARIANTS: the one-layer drafter on 384 prompts'
-#            answers, and on 768 prompts' (twice the fresh data: at 77e8b8a the accept curve was flat over the
-#            last third of 384 prompts' 4 passes, generation and training took 133 of the 300 s the warm-up may
-#            take, and EAGLE-3's fused features gave the same accept as the one layer));
+#   phase 1  GPU 0 and GPU 1: two drafter warm-ups side by side (VARIANTS: the one-layer drafter on 448 prompts'
+#            answers, and on 768 prompts' (fresh data: 448 prompts' answers reached 62% of the ceiling at 2.9M
+#            training tokens where 384 prompts' reached 57%, and more passes over 448 prompts' stayed at 60-63%;
+#            EAGLE-3's fused features gave the same accept as the one layer));
 #   phase 2  the warm-up with the highest accept / ceiling serves every run below:
 #            GPU 0: SD auto + tail training against SD off on one GPU (configs/qwen2.5-1.5b-math-gpu.yaml), step 1's
 #                   learner update profiled in both runs (RUN/profile/; a step before the timed ones: the
@@ -19,8 +19,8 @@
 #
 #   benchmarks/gpu_x2.sh OUT QWEN15_GGUF          start it (the logs: OUT/*.log)
 #   benchmarks/gpu_x2.sh --snapshot OUT DEST      progress lines, and the small records so far in DEST/snapshot.tgz
-# Settings: E2E_STEPS (12) and E2E_SECONDS (480) for the one-GPU comparison, E2E2_STEPS (22) and E2E2_SECONDS
-# (600) for the two-GPU one, WARMUP_PROMPTS (384).
+# Settings: E2E_STEPS (16) and E2E_SECONDS (480) for the one-GPU comparison, E2E2_STEPS (22) and E2E2_SECONDS
+# (600) for the two-GPU one, WARMUP_PROMPTS (448).
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -32,7 +32,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 share_cores 2
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg2=configs/qwen2.5-1.5b-math-2gpu.yaml
-steps=${E2E_STEPS:-12}; budget=${E2E_SECONDS:-480}; prompts=${WARMUP_PROMPTS:-384}
+steps=${E2E_STEPS:-16}; budget=${E2E_SECONDS:-480}; prompts=${WARMUP_PROMPTS:-448}
 # the two-GPU comparison runs longer: 20 steps after its warm-up average the sampled tails' luck and give the
 # online drafter's curve against its frozen start over 20 RL steps
 steps2=${E2E2_STEPS:-22}; budget2=${E2E2_SECONDS:-600}
