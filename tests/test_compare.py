@@ -190,3 +190,19 @@ def test_plain_step_table_weights_each_steps_median_by_its_count():
     assert rows[2] == "| 1 | - / - / - | - / - / 2.00 |"
     assert rows[3] == "| 128 | - / - / 2.50 | 9.00 / 5.00 / - |"  # (3 x 4.0 + 1 x 8.0) / 4
     assert plain_step_table({"a": [{}], "b": [{}]}) == []
+
+
+def test_the_page_names_updates_that_compiled_and_the_means_without_them(tmp_path):
+    """A compile inside a measured update is listed with its learner seconds, and each run's mean step time is
+    given without such steps, the speedup over the first run's steps without its own beside it."""
+    _write_run(tmp_path / "off", [9.0, 4.0, 4.0, 4.0], [0.1] * 4, learner_compiles=[1, 0, 0, 0],
+               learner_seconds=[6.0, 1.0, 1.0, 1.0])  # fmt: skip
+    _write_run(tmp_path / "auto", [9.0, 2.0, 8.0, 2.0], [0.1] * 4, learner_compiles=[1, 0, 2, 0],
+               learner_seconds=[6.0, 1.0, 7.0, 1.0])  # fmt: skip
+    text = write_compare([tmp_path / "off", tmp_path / "auto"], tmp_path / "cmp").read_text()
+    assert "Compiles inside the measured updates" in text
+    want = "- auto: updates that compiled a graph: step 2 (7.0 s); without them a step takes 2.00 s, 2.00x of off's"
+    assert want in text
+    assert "- off:" not in text  # its only compile was in step 0, before the measured steps
+    _write_run(tmp_path / "calm", [9.0, 3.0, 3.0, 3.0], [0.1] * 4, learner_compiles=[1, 0, 0, 0])
+    assert "Compiles inside" not in write_compare([tmp_path / "off", tmp_path / "calm"], tmp_path / "c2").read_text()

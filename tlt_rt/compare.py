@@ -293,6 +293,29 @@ def plain_step_table(runs: dict[str, list[dict]], warmup: int = 1) -> list[str]:
     return md
 
 
+def compile_lines(runs: dict[str, list[dict]], warmup: int = 1) -> list[str]:
+    """Per run, the measured steps whose learner update compiled a graph (`learner_compiles`): a compile costs
+    seconds once, so a short run's means carry it; each line gives those steps' learner seconds and the run's mean
+    step time without them, the speedup over the first run's steps without theirs beside it."""
+    names, out, kept = list(runs), [], {}
+    for n, records in runs.items():
+        rows = measured(records, warmup)
+        slow = [r for r in rows if (r.get("learner_compiles") or 0) > 0]
+        kept[n] = [r for r in rows if r not in slow]
+        if not slow:
+            continue
+        steps = ", ".join(f"{r.get('step')} ({float(r.get('learner_seconds') or 0):.1f} s)" for r in slow)
+        line = f"- {n}: updates that compiled a graph: step {steps}"
+        times = _values(kept[n], "step_seconds")
+        base = _values(kept.get(names[0], []), "step_seconds")
+        if times and base:
+            line += f"; without them a step takes {statistics.fmean(times):.2f} s"
+            if n != names[0]:
+                line += f", {statistics.fmean(base) / statistics.fmean(times):.2f}x of {names[0]}'s without its own"
+        out.append(line)
+    return out
+
+
 def first_lengths(records: list[dict]) -> list[int]:
     return [n for r in records[:HIST_STEPS] for n in r.get("response_lengths", [])]
 
@@ -395,13 +418,17 @@ def write_compare(run_dirs: list[str | Path], out: str | Path, warmup: int = 1) 
     if same:
         md += ["At equal work (each run's tokens/s per batch size applied to the first run's tokens per batch size, "
                "so that how long the sampled tails happened to be drops out):", "", *same, ""]  # fmt: skip
+    slow = compile_lines(runs, warmup)
+    if slow:
+        md += ["Compiles inside the measured updates (each costs seconds once; the start-up warm-up is meant to leave "
+               "none):", "", *slow, ""]  # fmt: skip
     table = bucket_table(runs, warmup)
     if table:
         md += ["Rollout time per batch size (running sequences, power-of-two buckets; measured steps):", "", *table, ""]
     table = plain_step_table(runs, warmup)
     if table:
         md += ["Plain steps by batch size and place after a prefill or speculative step (the SD policy prices plain "
-               "decoding from the 2nd on; median ms a step):", "", *table, ""]  # fmt: skip
+               "decoding from the 3rd on, rollout.policy.plain_settle; median ms a step):", "", *table, ""]  # fmt: skip
     for n, records in runs.items():
         lengths = first_lengths(records)
         if lengths:
