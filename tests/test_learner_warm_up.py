@@ -112,3 +112,24 @@ def test_compiled_layers_update_as_eager_and_compile_only_in_warm_up():
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="inductor needs a C++ compiler on CPU")
+def test_compiled_layers_under_activation_checkpointing_give_eager_gradients():
+    """The larger configs keep only each layer's input (`rl.activation_checkpointing`); a compiled layer then runs
+    inside the checkpoint, its forward again in the backward, and the gradients are the eager layers'."""
+    torch._dynamo.reset()
+    try:
+        torch.manual_seed(0)
+        model = CausalLM(ARCH)
+        ids = torch.randint(0, ARCH.vocab_size, (3, 17))
+        model(ids).logits.square().mean().backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        model.compile_layers = model.checkpoint_layers = True
+        model(ids).logits.square().mean().backward()
+        for (name, p), g in zip(model.named_parameters(), want, strict=True):
+            torch.testing.assert_close(p.grad, g, atol=1e-6, rtol=1e-5, msg=name)
+    finally:
+        torch._dynamo.reset()
