@@ -27,6 +27,7 @@ from tlt_rt.models.default import load_tokenizer
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import export_eagle
 from tlt_rt.rollout import Engine, SamplingParams
+from tlt_rt.rollout.stats import timeline_split
 from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.eval import oracle_tree_steps
 from tlt_rt.train.drafter.trainer import DrafterTrainer
@@ -47,10 +48,16 @@ def generate_data(
     buffer: DrafterBuffer,
     step: int = 0,
     also: tuple[DrafterBuffer, ...] = (),
+    split: dict | None = None,
 ) -> int:
     """Generate with the target and add (tokens, hidden) of every whole sequence to the buffer (and to each
-    buffer of `also`); returns the answer tokens generated."""
+    buffer of `also`); returns the answer tokens generated. `split`, a dict, receives where the generation's
+    time went, summed over calls (rollout.stats.timeline_split)."""
+    first, t0 = len(engine.timeline), time.perf_counter()
     outs = engine.generate(prompts, SamplingParams(**{**params.__dict__, "return_hidden": True}))
+    if split is not None:
+        for k, v in timeline_split(engine.timeline[first:], time.perf_counter() - t0).items():
+            split[k] = split.get(k, 0) + v
     ids, hidden = [], []
     for o in outs:
         seq = torch.tensor(prompts[o.prompt_index] + o.token_ids)
@@ -187,10 +194,13 @@ def warmup(
     t0 = time.perf_counter()
     load_s = t0 - t_start
     buffer = DrafterBuffer(max_steps=1)
-    n_tokens = generate_data(plain, train_prompts, params, buffer)
+    gen_split: dict = {}
+    n_tokens = generate_data(plain, train_prompts, params, buffer, split=gen_split)
     if greedy_answers:
         greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
-        n_tokens += generate_data(plain, train_prompts, greedy, buffer)
+        n_tokens += generate_data(plain, train_prompts, greedy, buffer, split=gen_split)
+    gen_split["preemptions"] = plain.stats()["preemptions"]
+    gen_split["mean_decode_batch"] = gen_split["decode_rows"] / max(1, gen_split["decode_steps"])  # over both calls
     gen_s = time.perf_counter() - t0
 
     target = plain.target
@@ -270,6 +280,7 @@ def warmup(
         # training, and measuring accept lengths and ceilings (before, along the curve, after)
         "load_seconds": load_s,
         "generation_seconds": gen_s,
+        "generation_split": gen_split,  # prefill / plain / other seconds, decode steps, mean batch, preemptions
         "train_steps": steps,
         "batch_tokens": batch_tokens,
         "lr": lr,
@@ -422,6 +433,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
         f"{rep['train_steps']} steps in {rep['train_seconds']:.0f}s (of {rep['total_seconds']:.0f}s: loading "
         f"{rep['load_seconds']:.0f}s, measuring {rep['measure_seconds']:.0f}s); drafter in {rep['drafter']}"
+    )
+    g = rep["generation_split"]
+    print(
+        f"generation: prefill {g['prefill_seconds']:.1f}s, decode {g['plain_seconds'] + g['sd_seconds']:.1f}s in "
+        f"{g['decode_steps']} steps of {g['mean_decode_batch']:.0f} sequences on average, between steps "
+        f"{g['other_seconds']:.1f}s, {g['preemptions']} preemptions"
     )
     for t, acc in rep["accept_length"].items():
         print(
