@@ -477,8 +477,9 @@ class CausalLM(nn.Module):
         tree and so out of state_dict). A layer's forward and backward then run as a few generated graphs instead
         of some 70 eager ops and autograd nodes: a learner's update on a GPU is bound by the host's launches and
         autograd work at these sizes (Qwen2.5-1.5B, 8k-token micro-batches: the GPU busy under half the update).
-        The layers share their code, so one graph serves every layer and every micro-batch shape (a batch of one
-        is a shape of its own; `Learner.warm_up` meets both at start-up)."""
+        The layers share their code, so each graph serves every layer; with dynamic shapes a few graphs serve
+        every micro-batch shape (a batch of one, a length that is a multiple of 8 and some row-count bands get
+        their own; `Learner.warm_up` meets them all at start-up)."""
         compiled = self.__dict__.get("_compiled_layers")
         if compiled is None or len(compiled) != len(self.model.layers):
             raise_recompile_limit(GLUE_RECOMPILE_LIMIT)

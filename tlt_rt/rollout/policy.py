@@ -55,9 +55,9 @@ class SDPolicy:
     timed again, and an estimate that started high (in an RL rollout on Qwen2.5-1.5B the 48-64 buckets' stayed
     ~1.5x what SD-off decoding took there) keeps a losing strategy chosen. Only a plain step that follows
     `plain_settle` plain steps prices plain decoding once a bucket has a cost (`observe`): the first ones after a
-    speculative step carry that step's leftovers (in an RL rollout on Qwen2.5-1.5B plain decoding was priced
-    4.0 ms at batch 128 against 2.9 ms in SD-off decoding, from timing steps that followed one plain step), so a
-    timing step between speculative ones is a run of `plain_settle` + 1 plain steps, the last timed. Per bucket:
+    speculative step carry that step's leftovers (in an RL rollout on Qwen2.5-1.5B on an H200 the first cost up to
+    17% more than the third and later ones, the second up to 6%, 20% once), so a timing step between speculative
+    ones is a run of `plain_settle` + 1 plain steps, the last timed. Per bucket:
     an option without a usable cost (none, not even interpolated, or only a provisional first
     reading here) is measured first; otherwise with probability `epsilon` a uniformly drawn other option is
     explored; otherwise the current choice is kept unless the best option's expected tokens/s beats it by more

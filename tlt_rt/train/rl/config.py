@@ -187,8 +187,8 @@ class RLConfig:
     compile_layers: bool = option(
         True,
         help="GPU, one learner per worker (not FSDP): run each decoder layer's forward and backward in the "
-        "learner as torch.compile'd graphs (one graph for every layer and micro-batch shape, compiled at "
-        "start-up) instead of eager ops: the update is otherwise bound by the host's launches and autograd work.",
+        "learner as torch.compile'd graphs (the layers share them; a few serve every micro-batch shape, compiled "
+        "at start-up) instead of eager ops: the update is otherwise bound by the host's launches and autograd work.",
     )
     release_engine: bool = option(
         False,
