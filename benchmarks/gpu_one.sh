@@ -31,10 +31,12 @@ main() {
   python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" "$q15" \
       > "$out/convert.log" 2>&1
   echo "converted at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
-  [ "${LEARNER_STEP:-1}" = 1 ] && timeout 300 python benchmarks/learner_step.py --config "$cfg1" --shape qwen2.5-coder-1.5b --rounds 4 \
-      --fresh-batches --variants "" "rl.compile_layers=false" --out "$out/learner_step.jsonl" \
-      > "$out/learner_step.log" 2>&1
-  echo "learner_step done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  if [ "${LEARNER_STEP:-1}" = 1 ]; then
+    timeout 300 python benchmarks/learner_step.py --config "$cfg1" --shape qwen2.5-coder-1.5b --rounds 4 \
+        --fresh-batches --variants "" "rl.compile_layers=false" --out "$out/learner_step.jsonl" \
+        > "$out/learner_step.log" 2>&1
+    echo "learner_step done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  fi
   timeout 420 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1 &
   python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w0" --warmup-only --warmup-prompts "$prompts" \
       --warmup-max-new-tokens "$max_new" --warmup-epochs "$epochs" --warmup-curve 4 -- "model.path=$q15" \
