@@ -15,6 +15,8 @@
 # config's answer length), LEARNER_STEP (1; 0 leaves part 1 out), PROFILE (0; 1 adds part 5: gpu_profile.sh's
 # decode-step parts).
 set -u
+# shellcheck source=benchmarks/gpu_pass_lib.sh
+source "$(dirname "$0")/gpu_pass_lib.sh"
 if [ "${1:-}" = "--snapshot" ]; then
   exec "$(dirname "$0")/gpu_x4.sh" "$@"
 fi
@@ -24,13 +26,13 @@ export PYTHONUNBUFFERED=1
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml
 steps=${E2E_STEPS:-16}; budget=${E2E_SECONDS:-480}
 prompts=${WARMUP_PROMPTS:-448}; epochs=${WARMUP_EPOCHS:-4}; max_new=${WARMUP_MAX_NEW:-512}; profile=${PROFILE:-0}
+curve=4
+VARIANTS=("")
 
 main() {
   local t0 drafter
   t0=$(date +%s)
-  python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" "$q15" \
-      > "$out/convert.log" 2>&1
-  echo "converted at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  convert_target
   if [ "${LEARNER_STEP:-1}" = 1 ]; then
     timeout 300 python benchmarks/learner_step.py --config "$cfg1" --shape qwen2.5-coder-1.5b --rounds 4 \
         --fresh-batches --variants "" "rl.compile_layers=false" --out "$out/learner_step.jsonl" \
@@ -38,9 +40,7 @@ main() {
     echo "learner_step done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
   fi
   timeout 420 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1 &
-  python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w0" --warmup-only --warmup-prompts "$prompts" \
-      --warmup-max-new-tokens "$max_new" --warmup-epochs "$epochs" --warmup-curve 4 -- "model.path=$q15" \
-      > "$out/warmup0.log" 2>&1
+  warmups  # VARIANTS' one entry: the default warm-up, into $out/w0
   wait
   echo "warm-up and tests done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
   drafter=$out/w0/drafter
@@ -58,6 +58,7 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main); $(declare -p out q15 cfg1 steps budget prompts epochs max_new profile); main" \
+setsid nohup bash -c "$(declare -f main convert_target warmups); $(declare -p VARIANTS out q15 cfg1 steps budget prompts \
+    epochs curve max_new profile); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_one.sh --snapshot $out DEST"

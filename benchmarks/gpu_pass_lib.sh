@@ -1,6 +1,7 @@
-# Shell functions the multi-GPU passes share (benchmarks/gpu_x2.sh, gpu_x4.sh source this file). They read the
-# caller's globals: out (the pass folder), q15 (the Qwen 1.5B GGUF), cfg1 (the one-GPU config), prompts
-# (warm-up prompts) and the array VARIANTS (one warm-up per entry, entry i on GPU i).
+# Shell functions the GPU passes share (benchmarks/gpu_one.sh, gpu_x2.sh, gpu_x4.sh source this file). They read
+# the caller's globals: out (the pass folder), q15 (the Qwen 1.5B GGUF), cfg1 (the one-GPU config), prompts
+# (warm-up prompts), the array VARIANTS (one warm-up per entry, entry i on GPU i) and, where set, epochs, curve
+# and max_new (the warm-ups' passes, curve points and answer length; 4, 3 and WARMUP_MAX_NEW or 512).
 
 # a share of the host's cores for each of $1 jobs at once (OMP_NUM_THREADS, unless already set): jobs that each
 # used every core slowed each other's host work (drafter training 6x slower with three warm-ups at once)
@@ -9,13 +10,21 @@ share_cores() {
   export OMP_NUM_THREADS
 }
 
+# the Qwen GGUF converted to the project's model folder (the caller's t0: the pass's start, for main.log)
+convert_target() {
+  python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" "$q15" \
+      > "$out/convert.log" 2>&1
+  echo "converted at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+}
+
 # every VARIANTS warm-up at once, warm-up i on GPU i, into $out/w$i; returns when all are done
 warmups() {
   local i pids=()
   for i in "${!VARIANTS[@]}"; do
     # shellcheck disable=SC2086  # a variant's arguments split on purpose
     CUDA_VISIBLE_DEVICES=$i python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w$i" --warmup-only \
-        --warmup-prompts "$prompts" --warmup-max-new-tokens "${WARMUP_MAX_NEW:-512}" --warmup-epochs 4 --warmup-curve 3 ${VARIANTS[$i]} \
+        --warmup-prompts "$prompts" --warmup-max-new-tokens "${max_new:-${WARMUP_MAX_NEW:-512}}" \
+        --warmup-epochs "${epochs:-4}" --warmup-curve "${curve:-3}" ${VARIANTS[$i]} \
         -- "model.path=$q15" > "$out/warmup$i.log" 2>&1 &
     pids+=($!)
   done

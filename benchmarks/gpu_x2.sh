@@ -41,9 +41,7 @@ VARIANTS=("" "--warmup-prompts 768")
 main() {
   local t0 best drafter
   t0=$(date +%s)
-  python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" "$q15" \
-      > "$out/convert.log" 2>&1
-  echo "converted at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  convert_target
   warmups
   echo "warm-ups done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
   best=$(best_warmup)
@@ -72,6 +70,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run); $(declare -p VARIANTS out q15 cfg1 cfg2 steps budget steps2 budget2 prompts); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run convert_target); $(declare -p VARIANTS out q15 cfg1 cfg2 steps budget steps2 budget2 prompts); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x2.sh --snapshot $out DEST"

@@ -53,9 +53,7 @@ ONLINE=("" "")
 main() {
   local t0 best drafter keys
   t0=$(date +%s)
-  python -c "import sys; from tlt_rt.models.default import convert_gguf; print(convert_gguf(sys.argv[1]))" "$q15" \
-      > "$out/convert.log" 2>&1
-  echo "converted at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  convert_target
   (   # GPU 2: the tests, then the decode step against its floor, the attention sweep, the learner
     export CUDA_VISIBLE_DEVICES=2
     timeout 420 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1
@@ -112,6 +110,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run); $(declare -p VARIANTS ONLINE out q15 q05 cfg1 cfg2 steps budget prompts); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run convert_target); $(declare -p VARIANTS ONLINE out q15 q05 cfg1 cfg2 steps budget prompts); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x4.sh --snapshot $out DEST"

@@ -51,7 +51,8 @@ def test_gpu_one_runs_its_parts_in_order_on_the_warm_drafter(tmp_path):
     assert kinds[6:] == ["bench_attention", "bench_linear", "step_costs", "step_costs", "step_costs"]  # no learner
     drafter = str(tmp_path / "out" / "w0" / "drafter")
     assert f"--drafter {drafter}" in calls[4] and f"--drafter {drafter}" in calls[5]
-    assert "--warmup-max-new-tokens 512" in calls[kinds.index("--warmup-only")]
+    warm = calls[kinds.index("--warmup-only")]
+    assert all(a in warm for a in ("--warmup-max-new-tokens 512", "--warmup-epochs 4", "--warmup-curve 4"))
     assert "rl.compile_layers=false" in calls[1] and "model.path=/m/q15.gguf" in calls[4]
 
 
