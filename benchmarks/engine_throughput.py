@@ -33,6 +33,7 @@ from step_costs import append_jsonl, kernel_table, print_kernel_table  # noqa: E
 from tlt_rt.models.default import load_tokenizer  # noqa: E402
 from tlt_rt.models.loader import load_target, resolve_model_path  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
+from tlt_rt.rollout.stats import timeline_split  # noqa: E402
 from tlt_rt.train.rl.data import ArithmeticTask, format_prompt  # noqa: E402
 
 TEMPERATURE = 0.0  # of every timed call; main() sets it from --temperature
@@ -86,11 +87,8 @@ def timed_call(
     dt = time.perf_counter() - t0  # the clock stops before the tokens are counted on the host
     n = sum(len(o.token_ids) for o in outs)
     if split is not None:
-        ms = dict.fromkeys(("prefill", "decode", "sd"), 0.0)
-        for e in engine.timeline[first:]:
-            ms[e["kind"]] += 1e3 * e["seconds"]
-        ms["other"] = 1e3 * dt - sum(ms.values())
-        split.append(ms)
+        seconds = timeline_split(engine.timeline[first:], dt)
+        split.append({k: 1e3 * seconds[f"{k}_seconds"] for k in ("prefill", "decode", "sd", "other")})
     if stories is not None:
         stories.append(f"{1e3 * dt:.1f} ms: {story(engine.timeline[first:])}")
     return n / dt, n

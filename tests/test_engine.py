@@ -443,7 +443,7 @@ def test_timeline_split_adds_up_the_steps_by_kind():
         {"kind": "decode", "batch": 1, "seconds": 0.1},
     ]
     got = timeline_split(entries, wall=1.5)
-    assert got["prefill_seconds"] == 0.5 and got["plain_seconds"] == pytest.approx(0.2) and got["sd_seconds"] == 0.3
+    assert got["prefill_seconds"] == 0.5 and got["decode_seconds"] == pytest.approx(0.2) and got["sd_seconds"] == 0.3
     assert got["other_seconds"] == pytest.approx(0.5) and got["decode_steps"] == 3 and got["decode_rows"] == 4
     assert got["mean_decode_batch"] == pytest.approx(4 / 3)
     assert timeline_split([], wall=0.2)["mean_decode_batch"] == 0.0

@@ -59,20 +59,19 @@ class EngineStats:
 
 
 def timeline_split(entries: list[dict], wall: float) -> dict:
-    """Where `wall` seconds of generation went, from the timeline entries of those seconds: prefill steps, plain
-    steps, speculative steps and the rest (host work between steps: admitting requests, copying results out);
-    with the decode steps' count and mean batch, so a slow generation says whether its steps or its batches were
-    the cause."""
-    split = {"prefill": 0.0, "plain": 0.0, "sd": 0.0}
+    """Where `wall` seconds of generation went, from the timeline entries of those seconds: seconds in prefill,
+    plain (`decode`) and speculative (`sd`) steps, keyed `<kind>_seconds` by the timeline's kinds, and the rest
+    (`other_seconds`: host work between steps, set-up, the end); with the decode steps' count, rows and mean
+    batch, so a slow generation says whether its steps or its batches were the cause."""
+    split = dict.fromkeys(("prefill", "decode", "sd"), 0.0)
     decode_rows = decode_steps = 0
     for e in entries:
-        kind = "prefill" if e["kind"] == "prefill" else "sd" if e["kind"] == "sd" else "plain"
-        split[kind] += e["seconds"]
-        if kind != "prefill":
+        split[e["kind"]] += e["seconds"]
+        if e["kind"] != "prefill":
             decode_steps += 1
             decode_rows += e["batch"]
     out = {f"{k}_seconds": v for k, v in split.items()}
-    out["other_seconds"] = max(0.0, wall - sum(split.values()))
+    out["other_seconds"] = wall - sum(split.values())
     out["decode_steps"], out["decode_rows"] = decode_steps, decode_rows
     out["mean_decode_batch"] = decode_rows / decode_steps if decode_steps else 0.0
     return out

@@ -280,7 +280,7 @@ def warmup(
         # training, and measuring accept lengths and ceilings (before, along the curve, after)
         "load_seconds": load_s,
         "generation_seconds": gen_s,
-        "generation_split": gen_split,  # prefill / plain / other seconds, decode steps, mean batch, preemptions
+        "generation_split": gen_split,  # prefill / decode / sd / other seconds, decode steps, mean batch, preemptions
         "train_steps": steps,
         "batch_tokens": batch_tokens,
         "lr": lr,
@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     g = rep["generation_split"]
     print(
-        f"generation: prefill {g['prefill_seconds']:.1f}s, decode {g['plain_seconds'] + g['sd_seconds']:.1f}s in "
+        f"generation: prefill {g['prefill_seconds']:.1f}s, decode {g['decode_seconds'] + g['sd_seconds']:.1f}s in "
         f"{g['decode_steps']} steps of {g['mean_decode_batch']:.0f} sequences on average, between steps "
         f"{g['other_seconds']:.1f}s, {g['preemptions']} preemptions"
     )
