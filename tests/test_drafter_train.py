@@ -279,6 +279,53 @@ def test_stop_flag_is_honoured_between_micro_steps():
     assert trainer.steps == 1 and set(m) >= {"loss", "hidden_loss", "token_loss", "top1", "tokens_per_s"}
 
 
+def test_micro_batched_steps_equal_accumulated_ones_and_a_stop_keeps_the_micro_batches_done():
+    """train(micro_tokens=m) draws a step's batch_tokens as m-token micro-batches: the same step as grad_accum
+    whole batches of m tokens. A stop after some of them applies the step on those (the mean over their
+    tokens: the same step as accumulating just those) and consumes their data; a stop before the first undoes."""
+
+    def grads_at_step(trainer, **kw):
+        seen = {}
+        step = trainer.optimizer.step
+
+        def spy(*a, **k):
+            seen.update({n: p.grad.clone() for n, p in trainer.drafter.named_parameters() if p.grad is not None})
+            return step(*a, **k)
+
+        trainer.optimizer.step = spy
+        out = trainer.train(**kw)
+        trainer.optimizer.step = step
+        return out, seen
+
+    def same(a, b):
+        return all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in a) and a.keys() == b.keys()
+
+    ref, _ = _trainer(batch_tokens=32, grad_accum=3)
+    want, want_g = grads_at_step(ref, stop=lambda: False, max_steps=1)
+    micro, _ = _trainer(batch_tokens=96)
+    got, got_g = grads_at_step(micro, stop=lambda: False, max_steps=1, micro_tokens=32)
+    assert got["steps"] == 1 and not got["stopped"] and got["tokens"] == want["tokens"]
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5) and same(want_g, got_g)
+
+    ref2, ref_buf = _trainer(batch_tokens=32, grad_accum=2)
+    want, want_g = grads_at_step(ref2, stop=lambda: False, max_steps=1)
+    cut, cut_buf = _trainer(batch_tokens=96)
+    checks = iter([False, False, True])  # the rollout ends after two of the three micro-batches
+    got, got_g = grads_at_step(cut, stop=lambda: next(checks), max_steps=5, micro_tokens=32)
+    assert got["steps"] == 1 and got["stopped"] and cut.steps == 1 and got["tokens"] == want["tokens"]
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5) and same(want_g, got_g)
+    a, b = cut_buf.state_dict(), ref_buf.state_dict()  # the two micro-batches' data is consumed, no more
+    assert torch.equal(a.pop("perm"), b.pop("perm")) and a == b
+
+    before = {k: v.clone() for k, v in cut.drafter.state_dict().items()}
+    cursor = cut_buf.state_dict()
+    out = cut.train(lambda: True, micro_tokens=32)  # stopped before the first micro-batch: nothing happens
+    assert out["steps"] == 0 and out["stopped"] and cut.steps == 1
+    assert all(torch.equal(v, cut.drafter.state_dict()[k]) for k, v in before.items())
+    after = cut_buf.state_dict()
+    assert torch.equal(after.pop("perm"), cursor.pop("perm")) and after == cursor
+
+
 def test_checkpoint_round_trip_resumes_the_identical_next_step(tmp_path):
     trainer, _ = _trainer(noise_std=0.05)
     trainer.drafter.set_draft_vocab(torch.arange(0, V, 2))

@@ -378,7 +378,7 @@ def test_tail_trainer_starts_in_the_tail_and_stops():
         def __init__(self):
             self.started = threading.Event()
 
-        def train(self, stop, max_steps=None, after_step=None):
+        def train(self, stop, max_steps=None, after_step=None, micro_tokens=0):
             self.started.set()
             stop.wait()
             return {"steps": 3, "loss": 1.0, "top1": 0.5}
@@ -410,7 +410,7 @@ def test_tail_trainer_paces_its_steps_to_the_duty():
         def __init__(self):
             self.marks = []
 
-        def train(self, stop, max_steps=None, after_step=None):
+        def train(self, stop, max_steps=None, after_step=None, micro_tokens=0):
             n = 0
             while not stop.is_set() and (max_steps is None or n < max_steps):
                 t0 = time.perf_counter()

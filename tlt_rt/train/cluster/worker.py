@@ -184,7 +184,7 @@ class Worker:
             d = self.cfg.drafter
             tail = TailTrainer(
                 self.engine, self.trainer, n0, capacity, d.tail_fraction, d.max_spot_steps or None, rank=self.rank,
-                sms=d.tail_sms, duty=d.tail_duty,
+                sms=d.tail_sms, duty=d.tail_duty, micro_tokens=d.tail_micro_tokens,
             )  # fmt: skip
             tail.start()
         outs = []

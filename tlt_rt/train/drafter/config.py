@@ -97,6 +97,12 @@ class DrafterConfig:
         help="Largest share of the tail's time the tail trainer keeps the device busy: after a step of t "
         "seconds it idles t * (1 - duty) / duty. 1 = back to back.",
     )
+    tail_micro_tokens: int = option(
+        2048,
+        help="The tail trainer draws each step's batch_tokens as micro-batches of this many tokens, and the "
+        "rollout's end applies the step on those done instead of waiting for the whole step: the rollout waits "
+        "at most one micro-batch for it. 0 = whole steps (the rollout waits for the step in flight).",
+    )
     max_spot_steps: int = option(
         0, help="Most drafter steps one worker trains per rollout (idle or tail); 0 = until the rollout ends."
     )
@@ -120,6 +126,7 @@ class DrafterConfig:
         check(0 < self.tail_fraction <= 1, "tail_fraction", f"must be in (0, 1], got {self.tail_fraction}")
         check_min(self, "max_spot_steps", 0)
         check_min(self, "tail_sms", 0)
+        check_min(self, "tail_micro_tokens", 0)
         check(0 < self.tail_duty <= 1, "tail_duty", f"must be in (0, 1], got {self.tail_duty}")
         check_min(self, "batch_tokens", 1)
         check_min(self, "buffer_steps", 1)

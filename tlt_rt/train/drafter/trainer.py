@@ -4,7 +4,8 @@ One optimizer step = `grad_accum` micro-steps, each one packed batch of `batch_t
 buffer. `train(stop)` checks `stop` before every micro-step; a step interrupted that way is undone: its
 partial gradient is dropped and the buffer cursor and noise generator go back to where the step began,
 so the data it had drawn is trained on later and a resumed run repeats exactly what an uninterrupted
-one would have done. AdamW state lives across `step()` / `train()` calls; the learning rate follows
+one would have done. With `micro_tokens` (the tail trainer's) a stop after some micro-batches applies the
+step on those instead (`train`). AdamW state lives across `step()` / `train()` calls; the learning rate follows
 `lr_schedule` by the step count (`scheduled_lr`), so a resumed trainer goes on where the schedule was.
 On CUDA the forward runs under bf16 autocast by default (the drafter's weights and AdamW state stay in
 their own dtype, fp32 usually).
@@ -155,16 +156,27 @@ class DrafterTrainer:
         return out
 
     def train(
-        self, stop: StopFlag, max_steps: int | None = None, after_step: Callable[[dict], None] | None = None
+        self,
+        stop: StopFlag,
+        max_steps: int | None = None,
+        after_step: Callable[[dict], None] | None = None,
+        micro_tokens: int = 0,
     ) -> dict[str, float]:
         """Optimizer steps until `stop` is set (checked between micro-steps) or `max_steps` are done;
-        `after_step(metrics)` runs after each step (a pacer, progress)."""
+        `after_step(metrics)` runs after each step (a pacer, progress).
+
+        `micro_tokens` > 0 (below `batch_tokens`) draws each step's tokens as micro-batches of that size and
+        makes a stop keep the micro-batches done: the step is applied on them (its gradient the mean over
+        their tokens) and the data they drew is consumed. The caller waits at most one micro-batch for the
+        stop, where an undone step would make it wait for a whole step or throw the step's work away; the
+        run no longer repeats an uninterrupted one exactly. The tail trainer trains this way: its stop is
+        the end of the rollout, which waits for it."""
         should_stop = stop.is_set if isinstance(stop, threading.Event) else stop
         done, tokens, t0, stopped = 0, 0, time.perf_counter(), False
         sums = dict.fromkeys(METRICS, 0.0)
         last: dict[str, float] = {}
         while max_steps is None or done < max_steps:
-            m = self._step(should_stop)
+            m = self._step(should_stop, micro_tokens)
             if m is None:
                 stopped = True
                 break
@@ -173,6 +185,9 @@ class DrafterTrainer:
                 sums[k] += m[k] * m["tokens"]
             if after_step is not None:
                 after_step(m)
+            if m["partial"]:  # stopped after some of its micro-batches: they were applied, nothing more
+                stopped = True
+                break
         elapsed = time.perf_counter() - t0
         summary = {k: v / max(tokens, 1) for k, v in sums.items()}
         summary.update(
@@ -185,23 +200,36 @@ class DrafterTrainer:
         )
         return summary
 
-    def _step(self, should_stop: Callable[[], bool]) -> dict[str, float] | None:
+    def _step(self, should_stop: Callable[[], bool], micro_tokens: int = 0) -> dict[str, float] | None:
         self.refresh_vocab()
         cursor, rng = self.buffer.state_dict(), self.generator.get_state()
         t0 = time.perf_counter()
         self.drafter.train()
         self.optimizer.zero_grad(set_to_none=True)
-        batches, total = [], 0
-        for _ in range(self.grad_accum):
-            batches.append(self.buffer.next_batch(self.batch_tokens, self.packed).to(self.device))
-            total += batches[-1].num_tokens
+        lazy = 0 < micro_tokens < self.batch_tokens
+        if lazy:  # micro-batches drawn one at a time, each weighted by its tokens over the step's nominal size
+            size, count = micro_tokens, self.grad_accum * -(-self.batch_tokens // micro_tokens)
+            batches, total = [None] * count, self.grad_accum * self.batch_tokens
+        else:
+            size, batches, total = self.batch_tokens, [], 0
+            for _ in range(self.grad_accum):
+                batches.append(self.buffer.next_batch(size, self.packed).to(self.device))
+                total += batches[-1].num_tokens
         sums = None  # the step's metrics on the device, read once at its end: no host sync inside a step
+        done = 0  # tokens of the micro-batches run
+        partial = False
         for b in batches:
-            if should_stop():  # undo the whole step: no partial update, no data skipped
+            if should_stop():
+                if lazy and done > 0:  # keep what was done: the step on those micro-batches alone
+                    partial = True
+                    break
+                # undo the whole step: no partial update, no data skipped
                 self.optimizer.zero_grad(set_to_none=True)
                 self.buffer.load_state_dict(cursor)
                 self.generator.set_state(rng)
                 return None
+            if b is None:
+                b = self.buffer.next_batch(size, self.packed).to(self.device)
             with sdpa_kernel(TRAIN_SDPA_BACKENDS):
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                     out = batch_loss(
@@ -220,6 +248,14 @@ class DrafterTrainer:
                 (out.loss * share).backward()
             part = torch.stack([getattr(out, k).detach().float() for k in METRICS]) * share
             sums = part if sums is None else sums + part
+            done += out.num_tokens
+        if lazy and 0 < done != total:  # the shares summed to done / total: make the step a mean over its tokens
+            scale = total / done
+            for p in self.drafter.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+            sums = sums * scale
+            total = done
         norm = None
         if self.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.max_grad_norm)
@@ -239,6 +275,7 @@ class DrafterTrainer:
             **dict(zip(METRICS, values[: len(METRICS)], strict=True)),
             "tokens": float(total),
             "tokens_per_s": total / max(elapsed, 1e-9),
+            "partial": float(partial),
             "grad_norm": grad_norm,
             "lr": self.optimizer.param_groups[0]["lr"],
             "step": float(self.steps),
