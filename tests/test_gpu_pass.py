@@ -14,6 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 STUB = """#!/bin/bash
+if [[ "$1" == "-" ]]; then exec python3 "$@"; fi  # the passes' own small scripts (best_warmup) run for real
 echo "python $*" >> "$CALLS"
 if [[ "$*" == *--warmup-only* && -z "$NO_DRAFTER" ]]; then
   out=$(echo "$*" | sed -E 's/.*--out ([^ ]+).*/\\1/'); mkdir -p "$out/drafter"
@@ -22,19 +23,19 @@ fi
 """
 
 
-def _pass(tmp_path: Path, **env: str) -> tuple[list[str], str]:
+def _pass(tmp_path: Path, script: str = "gpu_one.sh", **env: str) -> tuple[list[str], str]:
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "python").write_text(STUB)
     (stub / "python").chmod(0o755)
     calls, out = tmp_path / "calls.log", tmp_path / "out"
     full_env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "CALLS": str(calls), **env}
-    subprocess.run(["bash", str(REPO / "benchmarks/gpu_one.sh"), str(out), "/m/q15.gguf"], cwd=REPO, env=full_env,
+    subprocess.run(["bash", str(REPO / "benchmarks" / script), str(out), "/m/q15.gguf"], cwd=REPO, env=full_env,
                    check=True, capture_output=True, timeout=30)  # fmt: skip
     main = out / "main.log"
     deadline = time.time() + 60
     while time.time() < deadline and not any(w in (main.read_text() if main.exists() else "")
-                                             for w in ("all done", "no drafter")):  # fmt: skip
+                                             for w in ("all done", "no drafter", "no warm-up")):  # fmt: skip
         time.sleep(0.2)
     return calls.read_text().splitlines(), main.read_text()
 
@@ -61,3 +62,25 @@ def test_gpu_one_stops_before_the_runs_when_the_warm_up_made_no_drafter(tmp_path
     calls, main = _pass(tmp_path, NO_DRAFTER="1", LEARNER_STEP="0")
     assert "no drafter" in main and "all done" not in main
     assert not [c for c in calls if "learner_step.py" in c or "engine_throughput" in c or "--drafter" in c]
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
+def test_gpu_x2_with_the_tests_in_phase_2_and_no_killed_worker(tmp_path):
+    """GPU1=tests runs the `gpu` tests beside the one-GPU comparison instead of the interleaved benchmark, and
+    not again in phase 4; KILL=0 leaves the killed worker out; VARIANT0 / VARIANT1 replace the warm-ups."""
+    calls, main = _pass(tmp_path, "gpu_x2.sh", GPU1="tests", KILL="0", VARIANT0="--warmup-prompts 768",
+                        VARIANT1="--warmup-prompts 1024 --warmup-epochs 3")  # fmt: skip
+    assert "all done" in main
+    warm = sorted((c for c in calls if "--warmup-only" in c), key=lambda c: "/w1 " in c)  # they start at once
+    assert len(warm) == 2 and "/w0 " in warm[0] and warm[0].endswith("--warmup-prompts 768 -- model.path=/m/q15.gguf")
+    assert "/w1 " in warm[1] and "--warmup-prompts 1024 --warmup-epochs 3 --" in warm[1]
+    runs = [c for c in calls if "e2e_rl.py --config" in c and "--warmup-only" not in c]
+    assert [("2gpu" in c) for c in runs] == [False, True]
+    assert all(f"--drafter {tmp_path / 'out' / 'w0' / 'drafter'}" in c for c in runs)
+    tests = [i for i, c in enumerate(calls) if "-m gpu" in c]
+    assert len(tests) == 1 and tests[0] < calls.index(runs[1])  # beside the one-GPU run, before the two-GPU one
+    assert not [c for c in calls if "engine_throughput" in c or "tlt_rt.train" in c]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(subprocess.CalledProcessError):
+        _pass(bad, "gpu_x2.sh", GPU1="nope")
