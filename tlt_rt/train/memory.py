@@ -33,9 +33,16 @@ def param_count(a: ArchConfig) -> tuple[int, int]:
     return embed + a.num_hidden_layers * layer + h, layer + 2 * h * h + h
 
 
-def activation_bytes_per_token(a: ArchConfig, nbytes: int) -> int:
-    """Bytes one token's activations hold for the backward, over all layers (eager, no recomputation)."""
+def activation_bytes_per_token(a: ArchConfig, nbytes: int, compiled: bool = False) -> int:
+    """Bytes one token's activations hold for the backward, over all layers (no recomputation); `compiled`:
+    the layers run as torch.compile graphs (`rl.compile_layers`), whose backward recomputes the cheap parts."""
     h, q, kv = a.hidden_size, a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
+    if compiled:
+        # what inductor's partition keeps (read off the saved tensors, tests/test_memory.py): the layer's input,
+        # both norms' outputs and the attention's output at the hidden width, the rotated q / k / v and the
+        # attention's output in its head layout, gate, up and their product; the norms' fp32 upcasts and the
+        # un-rotated q / k / v are recomputed
+        return a.num_hidden_layers * (4 * h + 2 * q + 2 * kv + 3 * a.intermediate_size) * nbytes
     # 2 norm inputs + 2 norm outputs, attention output and its o-proj input; q/k/v out of the fused
     # projection and rotated for attention; gate and up, and their product for the down projection
     elems = 6 * h + 2 * (q + 2 * kv) + 3 * a.intermediate_size
@@ -140,12 +147,15 @@ def forecast(cfg, arch: ArchConfig) -> PhaseForecast:
     step: dict[str, float] = {}
     if nbytes != 4 and not fsdp:
         step["fp32 gradient copies (master step)"] = params * 4
+    compiled = rl.compile_layers and gpu and not fsdp  # as the learner decides (rl/learner.py)
+    if compiled:
+        what += ", compiled layers"
     if rl.activation_checkpointing:  # each layer's input, and one layer's insides during its recompute
-        layer = activation_bytes_per_token(arch, nbytes) // arch.num_hidden_layers
+        layer = activation_bytes_per_token(arch, nbytes, compiled) // arch.num_hidden_layers
         per_token = arch.num_hidden_layers * arch.hidden_size * nbytes + layer
         what += ", checkpointed layers"
     else:
-        per_token = activation_bytes_per_token(arch, nbytes)
+        per_token = activation_bytes_per_token(arch, nbytes, compiled)
     backward[f"activations ({what}: {rows} rows)"] = rows * per_token
     chunk = rl.logprob_chunk_tokens
     if chunk:
