@@ -3,7 +3,8 @@
 #   1  the learner on random weights of the 1.5B shape, its layers compiled (rl.compile_layers, the default) and
 #      eager, one after the other in one process (learner_step.py: MFU, memory against the dry run's forecast);
 #   2  the drafter warm-up (WARMUP_PROMPTS prompts x 4 answers cut at WARMUP_MAX_NEW tokens, WARMUP_EPOCHS passes:
-#      at 448 x 4 answers the accept curve was flat after 3.5 passes) beside every `gpu` test;
+#      fresh answers pay more than passes: 448 / 768 / 1,024 prompts' gave 63% / 66% / 69% of the ceiling at the
+#      same ~5.7M training tokens) beside every `gpu` test;
 #   3  SD auto + tail training against SD off (configs/qwen2.5-1.5b-math-gpu.yaml, E2E_STEPS steps each, step 1's
 #      learner update profiled);
 #   4  auto against off by batch size in interleaved rounds (engine_throughput.py, T=1.0, the RL task's prompts);
@@ -11,7 +12,7 @@
 #
 #   benchmarks/gpu_one.sh OUT QWEN15_GGUF          start it (the logs: OUT/*.log, progress: OUT/main.log)
 #   benchmarks/gpu_one.sh --snapshot OUT DEST      progress lines, and the small records so far in DEST/snapshot.tgz
-# Settings: E2E_STEPS (16), E2E_SECONDS (480), WARMUP_PROMPTS (448), WARMUP_EPOCHS (4), WARMUP_MAX_NEW (512; 0: the
+# Settings: E2E_STEPS (16), E2E_SECONDS (480), WARMUP_PROMPTS (1024), WARMUP_EPOCHS (3), WARMUP_MAX_NEW (512; 0: the
 # config's answer length), LEARNER_STEP (1; 0 leaves part 1 out), PROFILE (0; 1 adds part 5: gpu_profile.sh's
 # decode-step parts).
 set -u
@@ -25,7 +26,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml
 steps=${E2E_STEPS:-16}; budget=${E2E_SECONDS:-480}
-prompts=${WARMUP_PROMPTS:-448}; epochs=${WARMUP_EPOCHS:-4}; max_new=${WARMUP_MAX_NEW:-512}; profile=${PROFILE:-0}
+prompts=${WARMUP_PROMPTS:-1024}; epochs=${WARMUP_EPOCHS:-3}; max_new=${WARMUP_MAX_NEW:-512}; profile=${PROFILE:-0}
 curve=4
 VARIANTS=("")
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The real-model pass on one 2-GPU machine (Qwen2.5-Coder-1.5B-Instruct), both GPUs busy throughout:
-#   phase 1  GPU 0 and GPU 1: two drafter warm-ups side by side (VARIANTS: the one-layer drafter on 448 prompts'
-#            answers, and on 768 prompts' (fresh data: 448 prompts' answers reached 62% of the ceiling at 2.9M
-#            training tokens where 384 prompts' reached 57%, and more passes over 448 prompts' stayed at 60-63%;
-#            EAGLE-3's fused features gave the same accept as the one layer));
+#   phase 1  GPU 0 and GPU 1: two drafter warm-ups side by side (VARIANTS: the one-layer drafter on 1,024 prompts'
+#            answers over 3 passes, and on 1,536 prompts' over 2: fresh data keeps paying, 448 / 768 / 1,024 prompts'
+#            answers reached 63% / 66% / 69% of the ceiling at the same ~5.7M training tokens; more passes over 448
+#            prompts' stayed at 60-63%, and EAGLE-3's fused features gave the same accept as the one layer);
 #   phase 2  the warm-up with the highest accept / ceiling serves every run below:
 #            GPU 0: SD auto + tail training against SD off on one GPU (configs/qwen2.5-1.5b-math-gpu.yaml), step 1's
 #                   learner update profiled in both runs (RUN/profile/; a step before the timed ones: the
@@ -22,8 +22,9 @@
 #   benchmarks/gpu_x2.sh OUT QWEN15_GGUF          start it (the logs: OUT/*.log)
 #   benchmarks/gpu_x2.sh --snapshot OUT DEST      progress lines, and the small records so far in DEST/snapshot.tgz
 # Settings: E2E_STEPS (16) and E2E_SECONDS (480) for the one-GPU comparison, E2E2_STEPS (22) and E2E2_SECONDS
-# (600) for the two-GPU one, WARMUP_PROMPTS (448), VARIANTS (the two warm-ups' extra e2e_rl.py arguments, each
-# one string: default "" and "--warmup-prompts 768"), GPU1 (throughput | tests), KILL (1).
+# (600) for the two-GPU one, WARMUP_PROMPTS (1024), WARMUP_EPOCHS (3), VARIANTS (the two warm-ups' extra e2e_rl.py
+# arguments, each one string: default "" and "--warmup-prompts 1536 --warmup-epochs 2"), GPU1 (throughput | tests),
+# KILL (1).
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -35,11 +36,11 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 share_cores 2
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg2=configs/qwen2.5-1.5b-math-2gpu.yaml
-steps=${E2E_STEPS:-16}; budget=${E2E_SECONDS:-480}; prompts=${WARMUP_PROMPTS:-448}
+steps=${E2E_STEPS:-16}; budget=${E2E_SECONDS:-480}; prompts=${WARMUP_PROMPTS:-1024}; epochs=${WARMUP_EPOCHS:-3}
 # the two-GPU comparison runs longer: 20 steps after its warm-up average the sampled tails' luck and give the
 # online drafter's curve against its frozen start over 20 RL steps
 steps2=${E2E2_STEPS:-22}; budget2=${E2E2_SECONDS:-600}
-if [ -n "${VARIANT0+x}${VARIANT1+x}" ]; then VARIANTS=("${VARIANT0:-}" "${VARIANT1:-}"); else VARIANTS=("" "--warmup-prompts 768"); fi
+if [ -n "${VARIANT0+x}${VARIANT1+x}" ]; then VARIANTS=("${VARIANT0:-}" "${VARIANT1:-}"); else VARIANTS=("" "--warmup-prompts 1536 --warmup-epochs 2"); fi
 gpu1=${GPU1:-throughput}; kill=${KILL:-1}
 case "$gpu1" in throughput|tests) ;; *) echo "GPU1 must be throughput or tests, got $gpu1" >&2; exit 2 ;; esac
 
@@ -79,6 +80,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run convert_target); $(declare -p VARIANTS out q15 cfg1 cfg2 steps budget steps2 budget2 prompts gpu1 kill); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run convert_target); $(declare -p VARIANTS out q15 cfg1 cfg2 steps budget steps2 budget2 prompts epochs gpu1 kill); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x2.sh --snapshot $out DEST"
