@@ -13,6 +13,7 @@ from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.generate import generate_simple
 from tlt_rt.models.llama import CausalLM, Glue
+from tlt_rt.options import ConfigError
 from tlt_rt.rollout import Engine, SamplingParams
 
 TINY = ArchConfig(
@@ -447,3 +448,19 @@ def test_timeline_split_adds_up_the_steps_by_kind():
     assert got["other_seconds"] == pytest.approx(0.5) and got["decode_steps"] == 3 and got["decode_rows"] == 4
     assert got["mean_decode_batch"] == pytest.approx(4 / 3)
     assert timeline_split([], wall=0.2)["mean_decode_batch"] == 0.0
+
+
+@pytest.mark.parametrize("speculative,temperature", [("off", 0.8), ("off", 0.0), ("on", 0.0)])
+def test_admitting_prompts_in_groups_changes_no_token_and_takes_fewer_prefills(speculative, temperature):
+    """prefill_min_samples: with a stream of prompts refilling a full batch, the engine waits until enough
+    places are free and prefills several prompts in one step. Each sample draws from its own stream, so the
+    tokens are those of admitting each prompt as soon as it fits (greedy speculation: the unique greedy path)."""
+    prompts = [[1 + i % 9, 2 + i % 7, 3 + i % 5][: 1 + i % 3] for i in range(12)]
+    params = SamplingParams(n=2, temperature=temperature, max_new_tokens=12, seed=3, stop_token_ids=[11])
+    eager, grouped = make_engine(speculative, max_batch=6), make_engine(speculative, max_batch=6, prefill_min_samples=4)
+    one, many = eager.generate(prompts, params), grouped.generate(prompts, params)
+    assert _tokens(many) == _tokens(one)
+    prefills = [sum(e["kind"] == "prefill" for e in eng.timeline) for eng in (eager, grouped)]
+    assert prefills[1] < prefills[0], prefills
+    with pytest.raises(ConfigError, match="prefill_min_samples"):
+        make_engine("off", prefill_min_samples=-1)

@@ -82,6 +82,12 @@ class EngineConfig:
         help="Most prompt tokens one prefill step processes (chunked prefill). A prefill step runs eagerly and "
         "costs the host about the same whatever its size, so larger chunks prefill a large batch faster.",
     )
+    prefill_min_samples: int = option(
+        0,
+        help="While samples run, admit waiting prompts only once this many samples' places in the batch are free "
+        "(or all the waiting work fits): a stream of prompts refilling a full batch then prefills several at a "
+        "time instead of one prompt a step. 0 = admit a prompt as soon as its samples fit.",
+    )
     attn_backend: Literal["auto", "triton", "torch"] = option(
         "auto",
         help="Attention kernels: 'auto' = Triton on CUDA, torch elsewhere; 'triton' (CUDA, or CPU under "
@@ -115,6 +121,7 @@ class EngineConfig:
         check_min(self, "num_blocks", 0)
         check_min(self, "max_batch", 1)
         check_min(self, "max_prefill_tokens", 1)
+        check_min(self, "prefill_min_samples", 0)
         check(self.attn_backend in ("auto", "triton", "torch"), "attn_backend", f"unknown: {self.attn_backend!r}")
 
 

@@ -184,7 +184,8 @@ class Engine:
     def scheduler(self, stop=frozenset()) -> Scheduler:
         """A scheduler over this engine's blocks and limits, counting into its stats."""
         counts = self._stats.counts
-        return Scheduler(self.blocks, self.max_batch, self.max_prefill_tokens, counts, stop, self.max_context)
+        return Scheduler(self.blocks, self.max_batch, self.max_prefill_tokens, counts, stop, self.max_context,
+                         self.config.prefill_min_samples)  # fmt: skip
 
     def _step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool) -> None:
         """schedule -> run -> postprocess: a prefill of waiting work, else a decode step of the running."""

@@ -25,8 +25,10 @@ class Scheduler:
         stats: Counter,
         stop: set[int] = frozenset(),
         max_context: int = 1 << 62,
+        min_admit: int = 0,
     ):
         self.blocks = blocks
+        self.min_admit = min_admit  # EngineConfig.prefill_min_samples
         self.stop = stop
         self.max_context = max_context
         self.max_batch = max_batch
@@ -46,6 +48,8 @@ class Scheduler:
         """Prefill chunks for this step, allocating blocks for jobs as they are first admitted."""
         jobs, budget = [], self.max_prefill_tokens
         slots = self.max_batch - len(self.running)
+        if self.min_admit and self.running and slots < self._waiting_samples(self.min_admit):
+            return []  # decode on until enough places are free to admit several prompts in one prefill
         for job in self.waiting:
             n = len(job.group) if job.group else 1
             if budget <= 0 or n > slots:
@@ -61,6 +65,18 @@ class Scheduler:
             budget -= chunk
             slots -= n
         return jobs
+
+    def _waiting_samples(self, most: int) -> int:
+        """Samples the waiting jobs fork into, counted up to `most`; 0 when a job's prefill is under way (its
+        later chunks must not wait)."""
+        n = 0
+        for job in self.waiting:
+            if job.done > 0:
+                return 0
+            n += len(job.group) if job.group else 1
+            if n >= most:
+                return most
+        return n
 
     def prefilled(self, job: PrefillJob) -> None:
         """A job's last chunk ran: it leaves the queue (its blocks now belong to its sequences)."""
