@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tests.test_engine import PROMPTS, make_engine, tiny_pair
+from tests.helpers.engine import PROMPTS, make_engine, tiny_pair
 from tlt_rt.rollout import AsyncEngine, SamplingParams
 from tlt_rt.rollout.requests import sampling_params_from
 

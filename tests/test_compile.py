@@ -11,7 +11,7 @@ from tlt_rt.rollout.costs import CostTable
 
 def test_profile_and_cost_table_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("TLT_CACHE", str(tmp_path))
-    from tests.test_engine import make_engine
+    from tests.helpers.engine import make_engine
 
     eng = make_engine("auto", ("3_3_8", "4_2_6"), max_batch=4)
     table, rows = profile(eng, ctx=16, iters=1, progress=False)
@@ -42,7 +42,7 @@ def test_cli_help_and_config_errors(capsys):
 
 def test_engine_profiles_missing_costs_and_decides_from_them(tmp_path, monkeypatch):
     monkeypatch.setenv("TLT_CACHE", str(tmp_path))
-    from tests.test_engine import PROMPTS, make_engine
+    from tests.helpers.engine import PROMPTS, make_engine
     from tlt_rt.rollout import SamplingParams
 
     eng = make_engine("auto", ("3_3_8",), max_batch=4)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_engine import tiny_pair
+from tests.helpers.engine import tiny_pair
 from tlt_rt.rollout import drafting, runner, step_graph
 
 

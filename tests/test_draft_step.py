@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.test_engine import PROMPTS, TINY, make_engine, tiny_pair
+from tests.helpers.engine import PROMPTS, TINY, make_engine, tiny_pair
 from tlt_rt.codegen.backend import TritonAttention, triton_usable
 from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import TREE_FIELDS, build_tree

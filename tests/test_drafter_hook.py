@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from tests.test_engine import make_engine, tiny_pair
+from tests.helpers.engine import make_engine, tiny_pair
 from tlt_rt.integrations.drafter_hook import SpotDrafter
 from tlt_rt.rollout import AsyncEngine
 from tlt_rt.rollout.async_engine import sampling_params_from

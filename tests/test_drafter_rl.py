@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.test_drafter import Pager, V, rows, tiny_pair
+from tests.helpers.drafter import Pager, V, rows, tiny_pair
 from tlt_rt.config import ConfigError, DrafterConfig
 from tlt_rt.ir.tree import Candidates, build_tree
 from tlt_rt.models.drafter import Drafter

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.test_engine import tiny_pair
+from tests.helpers.engine import tiny_pair
 from tlt_rt.ir.strategy import Strategy
 from tlt_rt.rollout.drafting import DrafterRunner
 from tlt_rt.rollout.runner import table_tensor

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train_loop import tiny  # noqa: F401  (fixture)
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,7 +18,7 @@ def _script():
     return mod
 
 
-def test_e2e_runs_off_and_auto_and_writes_the_page(tiny, tmp_path, capsys):  # noqa: F811
+def test_e2e_runs_off_and_auto_and_writes_the_page(tiny, tmp_path, capsys):
     keys = [f"model.path={tiny / 'policy'}", "model.dtype=float32", "model.device=cpu", "model.max_context=256",
             "task.kind=jsonl", f"task.path={tiny / 'data.jsonl'}", f"task.eval_path={tiny / 'data.jsonl'}",
             "logging.eval_every=2", "logging.eval_prompts=2", "rollout.max_new_tokens=6", "rollout.strategies=[3_2_4]",

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.test_engine import PROMPTS, TINY
+from tests.helpers.engine import PROMPTS, TINY
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import Engine, SamplingParams

@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.test_drafter import H, V, rows, tiny_pair
+from tests.helpers.drafter import H, V, rows, tiny_pair
 from tlt_rt.export_drafter import main as export_main
 from tlt_rt.models import save_target
 from tlt_rt.models.drafter import Drafter

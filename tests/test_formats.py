@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tests.test_train_loop import metrics, ray_cluster, tiny, tiny_config  # noqa: F401  (fixtures)
+from tests.helpers.runs import metrics, tiny_config
 from tlt_rt.models import load_target, save_target
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.llama import CausalLM
@@ -98,7 +98,7 @@ def test_rewards_by_name_and_import_path():
 
 
 # ----------------------------------------------------------------------------- one CPU step each
-def test_verl_parquet_trains_one_step(ray_cluster, tiny, tmp_path, capsys):  # noqa: F811
+def test_verl_parquet_trains_one_step(ray_cluster, tiny, tmp_path, capsys):
     data = write_verl(tmp_path / "gsm8k.parquet")
     records = train(tiny_config(tiny, tmp_path, "verl", "rl.steps=1", "cluster.num_workers=1", "task.kind=parquet",
                                 f"task.path={data}", "task.reward=tests.test_formats:length_reward"))  # fmt: skip
@@ -110,7 +110,7 @@ def test_verl_parquet_trains_one_step(ray_cluster, tiny, tmp_path, capsys):  # n
     assert f"checkpoint {tmp_path / 'verl' / 'checkpoints' / 'step_000001'}" in out
 
 
-def test_trl_dataset_trains_one_step(ray_cluster, tiny, tmp_path):  # noqa: F811
+def test_trl_dataset_trains_one_step(ray_cluster, tiny, tmp_path):
     pytest.importorskip("math_verify")
     data = write_trl(tmp_path / "trl.jsonl")
     records = train(tiny_config(tiny, tmp_path, "trl", "rl.steps=1", "cluster.num_workers=1", f"task.path={data}",

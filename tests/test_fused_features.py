@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tests.test_drafter import tiny_arch
+from tests.helpers.drafter import tiny_arch
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import ExportError, export_eagle, load_eagle
 from tlt_rt.models.llama import CausalLM

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.test_train_loop import metrics, policy_weights, ray_cluster, tiny, tiny_config  # noqa: F401  (fixtures)
+from tests.helpers.runs import metrics, policy_weights, tiny_config
 from tlt_rt.config import DEFAULT_INSTRUCTION, ConfigError, TLTConfig, load_config
 from tlt_rt.train.__main__ import main as train_main
 from tlt_rt.train.rl.reward import extract_answer_text
@@ -133,7 +133,7 @@ def test_held_out_problems_come_from_another_seed_and_the_stream_resumes(rg):
     assert [p.question for p in again.next_batch()] == [p.question for p in source.next_batch()]
 
 
-def test_one_rl_step_on_the_tiny_model(rg, ray_cluster, tiny, tmp_path):  # noqa: F811
+def test_one_rl_step_on_the_tiny_model(rg, ray_cluster, tiny, tmp_path):
     from tlt_rt.train.loop import train
     from tlt_rt.train.rl import checkpoint as ckpt
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_engine import PROMPTS, make_engine
+from tests.helpers.engine import PROMPTS, make_engine
 from tlt_rt.ir.program import Op
 from tlt_rt.rollout import SamplingParams
 from tlt_rt.rollout.step_graph import accept_mode, mode_program
@@ -84,7 +84,7 @@ def test_reduced_draft_vocabulary_drafts_target_ids_and_stays_exact(temperature)
     """A drafter scoring only part of the vocabulary (its head over `d2t`): the levels take their top-k over
     the small head and map the ids back; every drafted token is in the draft vocabulary, and the output is
     plain decoding's (greedy) / the same sampler's (the target decides every token)."""
-    from tests.test_engine import TINY, tiny_pair
+    from tests.helpers.engine import TINY, tiny_pair
     from tlt_rt.rollout import Engine
 
     target, drafter = tiny_pair(0, 4.0)

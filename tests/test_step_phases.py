@@ -8,7 +8,7 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile
 
-from tests.test_engine import PROMPTS, make_engine
+from tests.helpers.engine import PROMPTS, make_engine
 from tlt_rt.rollout import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

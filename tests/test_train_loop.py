@@ -4,16 +4,15 @@ dry runs of every shipped config, and the loop's small helpers."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers.runs import metrics, policy_weights, tiny_config
 from tlt_rt.config import ConfigError, TLTConfig, load_config
 from tlt_rt.train.__main__ import main as train_main
 from tlt_rt.train.batching import build_minibatches, share_seed, split_even, work_shares
@@ -28,70 +27,6 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 EXACT_KEYS = ("reward_mean", "accuracy", "response_len_p50", "response_len_max", "groups_dropped",
               "samples_trained", "loss", "grad_norm", "clip_low_share", "clip_high_share", "policy_version",
               "accept_length_hist", "generated_tokens")  # fmt: skip
-
-
-# ----------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny policy with SmolLM2's tokenizer that writes only "1", "2" and spaces (and stops with EOS about one
-    time in ten), and prompts whose answer is 1: rewards are mixed within groups, so every step has a signal."""
-    from tlt_rt.models import save_target
-    from tlt_rt.models.arch import ArchConfig
-    from tlt_rt.models.default import load_tokenizer
-    from tlt_rt.models.llama import CausalLM
-
-    folder = tmp_path_factory.mktemp("tiny")
-    tok = load_tokenizer(None)
-    arch = ArchConfig(model_type="llama", vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                      max_position_embeddings=512, bos_token_id=1, eos_token_ids=(tok.eos_token_id,))  # fmt: skip
-    torch.manual_seed(0)
-    model = CausalLM(arch)
-    favoured = [tok.convert_tokens_to_ids(t) for t in ("1", "2")] + tok.encode(" ")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0, 0.02)
-        # the residual stream's channel 0 is large and positive, the final norm keeps only it, and the head
-        # reads it as +2 for the favoured tokens and -2 for all others
-        model.model.embed_tokens.weight[:, 0] = 10.0
-        model.model.norm.weight.zero_()
-        model.model.norm.weight[0] = 1.0
-        model.lm_head.weight[:, 0] = -2.0
-        model.lm_head.weight[favoured, 0] = 2.0
-        model.lm_head.weight[tok.eos_token_id, 0] = 1.85
-    save_target(model, folder / "policy", tok)
-    with open(folder / "data.jsonl", "w") as f:
-        for i in range(16):
-            f.write(json.dumps({"question": f"Reply with the number one ({i}).", "answer": "1"}) + "\n")
-    return folder
-
-
-def tiny_config(tiny: Path, out: Path, name: str, *extra: str) -> TLTConfig:
-    return load_config(TLTConfig, overrides=[
-        f"name={name}", f"output_dir={out}", f"model.path={tiny / 'policy'}", "model.max_context=256",
-        "task.kind=jsonl", f"task.path={tiny / 'data.jsonl'}", "rollout.max_new_tokens=4",
-        "rollout.speculative=on", "rollout.strategies=[3_2_4]", "rl.prompts_per_step=3", "rl.group_size=4",
-        "rl.lr=1e-3", "rl.micro_batch=3", "rl.steps=2", "drafter.train_online=false", "tensorboard=false",
-        *extra,
-    ])  # fmt: skip
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def policy_weights(folder: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(folder / "model.safetensors"))
 
 
 def assert_same_run(a: Path, b: Path) -> None:
@@ -401,51 +336,59 @@ def test_tail_trainer_starts_in_the_tail_and_stops():
 
 
 def test_tail_trainer_paces_its_steps_to_the_duty():
-    """With tail_duty 0.25 a trainer whose steps take ~20 ms idles ~60 ms after each: its busy share of the
-    tail is a quarter; the stop ends an idle spell at once."""
+    """With tail_duty 0.25 the pacer idles three times each step's length after it (a fake clock: steps of 20
+    and 40 ms ask for 60 and 120 ms), so the trainer keeps the device busy a quarter of the tail; the stop ends
+    an idle spell at once; the tail trainer hands its pacer to every training step."""
+    clock = [0.0]
+
+    class Stop:  # a stop event that records the pauses asked of it and lets the fake clock run through them
+        def __init__(self):
+            self.asked, self.stopped = [], False
+
+        def wait(self, seconds):
+            self.asked.append(seconds)
+            if not self.stopped:
+                clock[0] += seconds
+            return self.stopped
+
+    stop = Stop()
+    pacer = Pacer(0.25, stop, clock=lambda: clock[0])
+    for step in (0.02, 0.04):
+        clock[0] += step  # a training step
+        pacer()
+    assert stop.asked == pytest.approx([0.06, 0.12]) and pacer.idle == pytest.approx(0.18)
+    assert (clock[0] - pacer.idle) / clock[0] == pytest.approx(0.25)  # busy a quarter of the span
+    Pacer(1.0, stop, clock=lambda: clock[0])()  # duty 1: back to back, no pause asked
+    assert len(stop.asked) == 2
+    stop.stopped = True
+    quick = Pacer(0.01, stop, clock=lambda: clock[0])  # would idle 99x the step
+    clock[0] += 0.05
+    quick()
+    assert stop.asked[-1] == pytest.approx(4.95) and clock[0] == pytest.approx(0.29)  # asked, not waited
+    with pytest.raises(ValueError, match="duty"):
+        Pacer(0.0, threading.Event())
 
     class SteppingTrainer:
         device = torch.device("cpu")
 
         def __init__(self):
-            self.marks = []
+            self.after = []
 
         def train(self, stop, max_steps=None, after_step=None, micro_tokens=0):
-            n = 0
-            while not stop.is_set() and (max_steps is None or n < max_steps):
-                t0 = time.perf_counter()
-                while time.perf_counter() - t0 < 0.02:  # a busy 20 ms step
-                    pass
-                self.marks.append((t0, time.perf_counter()))
-                n += 1
-                after_step({"tokens": 1.0})
-            return {"steps": n, "loss": 1.0, "top1": 0.5}
+            for _ in range(max_steps):
+                self.after.append(after_step)
+            return {"steps": max_steps, "loss": 1.0, "top1": 0.5}
 
     class TailEngine:
         timeline = [{"kind": "decode", "running": 1}]
 
     tr = SteppingTrainer()
-    tail = TailTrainer(TailEngine(), tr, first_entry=0, capacity=8, fraction=0.5, max_steps=4, duty=0.25)
-    t0 = time.perf_counter()
+    tail = TailTrainer(TailEngine(), tr, first_entry=0, capacity=8, fraction=0.5, max_steps=4, duty=0.25,
+                       micro_tokens=512)  # fmt: skip
     tail.start()
     tail._thread.join(5)
     out = tail.finish()
-    wall = time.perf_counter() - t0
-    busy = sum(b - a for a, b in tr.marks)
-    assert out.steps == 4 and len(tr.marks) == 4
-    gaps = [tr.marks[i + 1][0] - tr.marks[i][1] for i in range(3)]
-    assert all(g >= 0.05 for g in gaps), gaps  # ~0.06 s: (1 - 0.25) / 0.25 x a 20 ms step
-    assert busy / wall < 0.4
-
-    stop = threading.Event()
-    pacer = Pacer(0.01, stop)  # would idle ~99x the step
-    pacer.mark -= 0.05
-    stop.set()
-    t0 = time.perf_counter()
-    pacer()
-    assert time.perf_counter() - t0 < 0.5 and pacer.idle > 4  # asked for ~5 s, the stop ended it at once
-    with pytest.raises(ValueError, match="duty"):
-        Pacer(0.0, stop)
+    assert out.steps == 4 and tr.after == [tail.pacer] * 4 and tail.pacer.duty == 0.25 and tail.micro_tokens == 512
 
 
 def test_tail_sms_partition_and_config():

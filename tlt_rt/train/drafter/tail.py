@@ -94,23 +94,24 @@ def trainer_stream(device: torch.device, sms: int = 0):
 
 class Pacer:
     """Keeps a loop's busy share at most `duty`: called after each step, it idles t * (1 - duty) / duty for a
-    step of t seconds (since the last call or `mark`), ended early by `stop`. duty 1 never waits."""
+    step of t seconds (since the last call or `mark`), ended early by `stop`. duty 1 never waits. `clock`
+    reads seconds (tests give it a fake one)."""
 
-    def __init__(self, duty: float, stop: threading.Event):
+    def __init__(self, duty: float, stop: threading.Event, clock=time.perf_counter):
         if not 0 < duty <= 1:
             raise ValueError(f"duty must be in (0, 1], got {duty}")
-        self.duty, self.stop = duty, stop
-        self.mark = time.perf_counter()
+        self.duty, self.stop, self.clock = duty, stop, clock
+        self.mark = clock()
         self.idle = 0.0
 
     def __call__(self, _metrics=None) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         busy, self.mark = now - self.mark, now
         if self.duty < 1:
             pause = busy * (1 - self.duty) / self.duty
             self.stop.wait(pause)
             self.idle += pause
-            self.mark = time.perf_counter()
+            self.mark = self.clock()
 
 
 TAIL_SWITCH_INTERVAL_S = 1e-4  # beside a busy thread, a 1 ms step loop ran at 1.28 ms/step (5 ms: 6.2; CPU)
@@ -145,7 +146,7 @@ class TailTrainer:
             return
         start = time.time()
         device = self.trainer.device
-        self.pacer.mark = time.perf_counter()
+        self.pacer.mark = self.pacer.clock()
         if device.type == "cuda":
             # its own stream: training kernels interleave with the engine's replays instead of queueing
             # behind them on the default stream; the buffer's tensors were written on the default stream

@@ -1,0 +1,1 @@
+"""Set-up the test modules share: tiny models, engines, training runs."""
