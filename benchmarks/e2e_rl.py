@@ -146,12 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=f"runs/e2e-{time.strftime('%Y%m%d-%H%M%S')}")
     ap.add_argument("--drafter", default=None, help="a warmed-up drafter (run, checkpoint or EAGLE folder)")
     ap.add_argument("--fresh-drafter", action="store_true", help="no warm-up: the auto run starts from a fresh drafter")
-    ap.add_argument("--warmup-prompts", type=int, default=256, help="drafter warm-up: prompts (4 answers each)")
-    ap.add_argument("--warmup-epochs", type=float, default=10.0, help="drafter warm-up: passes over its data")
-    ap.add_argument("--warmup-max-new-tokens", type=int, default=512,
-                    help="drafter warm-up: answer length cap (0 = the config's rollout.max_new_tokens). On "
-                    "Qwen2.5-1.5B 512 beat the RL runs' 2,048: 63%% of the ceiling against 59%% on held-out answers, "
-                    "69%% against 62%% on the RL steps' answers")  # fmt: skip
+    ap.add_argument("--warmup-prompts", type=int, default=None,
+                    help="drafter warm-up: prompts, 4 answers each (default: drafter.warmup_prompts)")  # fmt: skip
+    ap.add_argument("--warmup-epochs", type=float, default=None,
+                    help="drafter warm-up: passes over its data (default: drafter.warmup_epochs)")  # fmt: skip
+    ap.add_argument("--warmup-max-new-tokens", type=int, default=None,
+                    help="drafter warm-up: answer length cap, 0 = the config's rollout.max_new_tokens (default: "
+                    "drafter.warmup_max_new_tokens)")  # fmt: skip
     ap.add_argument("--strategy", default="8_4_32", help="drafter warm-up: the strategy its accept length uses")
     ap.add_argument("--warmup-curve", type=int, default=0,
                     help="drafter warm-up: points of its accept-vs-training-tokens curve (0 = none)")  # fmt: skip
@@ -176,7 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps <= args.timing_warmup:
         ap.error(f"--steps ({args.steps}) must exceed --timing-warmup ({args.timing_warmup})")
-    load_config(TLTConfig, args.config, keys)  # fails here, not in a subprocess, on a bad key
+    cfg = load_config(TLTConfig, args.config, keys)  # fails here, not in a subprocess, on a bad key
+    d = cfg.drafter  # the warm-up's settings the command line leaves open
+    for arg, field in (("warmup_prompts", "warmup_prompts"), ("warmup_epochs", "warmup_epochs"),
+                       ("warmup_max_new_tokens", "warmup_max_new_tokens")):  # fmt: skip
+        if getattr(args, arg) is None:
+            setattr(args, arg, getattr(d, field))
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

@@ -63,6 +63,16 @@ def test_e2e_warmup_only_passes_its_arguments_on_and_stops(tmp_path, monkeypatch
     assert cmd[2] == "tlt_rt.train.drafter.warmup" and cmd[-2:] == ["--hidden-weight=0", "--unroll=5"]
     assert "52% of it" in (tmp_path / "warmup.log").read_text()
     assert not (tmp_path / "runs").exists()
+    # the warm-up's size comes from the config's drafter section unless the command line gives it
+    i = cmd.index("--prompts")
+    assert cmd[i + 1] == "256" and cmd[cmd.index("--epochs") + 1] == "10.0"
+    qwen = str(ROOT / "configs" / "qwen2.5-1.5b-math-gpu.yaml")
+    for extra, want in (([], ("1024", "3.0", "512")), (["--warmup-prompts", "64"], ("64", "3.0", "512"))):
+        seen.clear()
+        assert script.main(["--config", qwen, "--out", str(tmp_path / "q"), "--warmup-only", *extra]) == 0
+        cmd = seen[0]
+        got = tuple(cmd[cmd.index(k) + 1] for k in ("--prompts", "--epochs", "--max-new-tokens"))
+        assert got == want, got
 
 
 def test_e2e_warmup_only_needs_a_warmup(tmp_path):

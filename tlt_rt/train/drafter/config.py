@@ -77,6 +77,18 @@ class DrafterConfig:
     checkpoint_every: int = option(
         50, help="Drafter optimizer steps between checkpoints, so preempted training loses little."
     )
+    warmup_prompts: int = option(
+        256,
+        help="The drafter warm-up before a comparison (benchmarks/e2e_rl.py): training prompts, each answered 4 "
+        "times at the RL temperature plus once greedily. Fresh answers pay more than passes over the same ones "
+        "(Qwen2.5-1.5B: 448 / 768 / 1,024 prompts gave 63% / 66% / 69% of the ceiling at ~5.7M training tokens).",
+    )
+    warmup_epochs: float = option(10.0, help="The drafter warm-up's passes over its answers.")
+    warmup_max_new_tokens: int = option(
+        512,
+        help="The drafter warm-up's answer length cap (0 = rollout.max_new_tokens). On Qwen2.5-1.5B 512 beat the "
+        "RL runs' 2,048: 63% of the ceiling against 59% on held-out answers.",
+    )
     tail_training: Literal["auto", "on", "off"] = option(
         "auto",
         help="Also train the drafter on a worker during its own rollout tail (a background thread once fewer "
@@ -127,6 +139,9 @@ class DrafterConfig:
         check_min(self, "max_spot_steps", 0)
         check_min(self, "tail_sms", 0)
         check_min(self, "tail_micro_tokens", 0)
+        check_min(self, "warmup_prompts", 1)
+        check_min(self, "warmup_max_new_tokens", 0)
+        check(self.warmup_epochs > 0, "warmup_epochs", f"must be > 0, got {self.warmup_epochs}")
         check(0 < self.tail_duty <= 1, "tail_duty", f"must be in (0, 1], got {self.tail_duty}")
         check_min(self, "batch_tokens", 1)
         check_min(self, "buffer_steps", 1)
