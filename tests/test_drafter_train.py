@@ -8,29 +8,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers.drafter import V, tiny_arch
 from tlt_rt.config import ConfigError, DrafterConfig
-from tlt_rt.models import ArchConfig, CausalLM
+from tlt_rt.models import CausalLM
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.train.drafter.data import DrafterBatch, DrafterBuffer, _Step, collect_hidden
 from tlt_rt.train.drafter.loss import TOP1_ROWS, add_noise, batch_loss, drafter_loss, full_vocab_top1, metric_rows
 from tlt_rt.train.drafter.trainer import DrafterTrainer, scheduled_lr
 
-V, H = 97, 64
-
 
 def tiny_pair(drafter_seed: int = 0) -> tuple[CausalLM, Drafter]:
     """The same random target every time; the drafter's initial weights from `drafter_seed`."""
     torch.manual_seed(0)
-    arch = ArchConfig(
-        model_type="llama",
-        vocab_size=V,
-        hidden_size=H,
-        intermediate_size=112,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    )
+    arch = tiny_arch()
     target = CausalLM(arch).eval()
     with torch.no_grad():
         for p in target.parameters():
