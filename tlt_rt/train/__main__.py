@@ -14,13 +14,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tlt_rt.config import ConfigError, TLTConfig, describe, load_config, parse_cli
+from tlt_rt.config_loader import describe, load_config, parse_cli
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.default import converted_dir, fetched_gguf
 from tlt_rt.models.gguf_shape import gguf_arch
 from tlt_rt.models.registry import MODELS, fetch_command
 from tlt_rt.models.shapes import KNOWN_SHAPES
+from tlt_rt.options import ConfigError
 from tlt_rt.train.cluster.placement import PlacementError, plan_layout
+from tlt_rt.train.config import TLTConfig
 from tlt_rt.train.memory import describe as describe_memory
 from tlt_rt.train.memory import forecast, param_count
 from tlt_rt.train.preflight import preflight

@@ -14,8 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tlt_rt.config import ConfigError, TLTConfig
+from tlt_rt.options import ConfigError
 from tlt_rt.train.batching import split_even
+from tlt_rt.train.config import TLTConfig
 from tlt_rt.train.rl.data import ArithmeticTask, Problem, ReasoningGymTask, format_prompt, load_dataset_file
 from tlt_rt.train.rl.metrics import percentile
 

@@ -17,13 +17,14 @@ import ray
 import torch
 from tqdm import tqdm
 
-from tlt_rt.config import ConfigError, TLTConfig, dump_yaml
 from tlt_rt.models.default import load_tokenizer
+from tlt_rt.options import ConfigError
 from tlt_rt.train import heldout
 from tlt_rt.train.batching import build_minibatches, share_seed, work_shares
 from tlt_rt.train.cluster import placement
 from tlt_rt.train.cluster.coordinator import Coordinator
 from tlt_rt.train.cluster.pool import WorkerPool, make_pool
+from tlt_rt.train.config import TLTConfig
 from tlt_rt.train.records import step_record, summary_line, timelines
 from tlt_rt.train.rl import checkpoint as ckpt
 from tlt_rt.train.rl.data import (
@@ -41,6 +42,7 @@ from tlt_rt.train.rl.metrics import MetricsWriter
 from tlt_rt.train.rl.progress import Progress, run_summary
 from tlt_rt.train.rl.reward import resolve_reward
 from tlt_rt.train.rl.sd_explain import sd_reason
+from tlt_rt.yaml12 import dump_yaml
 
 
 class RunExistsError(ValueError):

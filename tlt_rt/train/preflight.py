@@ -9,10 +9,11 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from tlt_rt.config import ConfigError, TLTConfig
 from tlt_rt.models.default import default_gguf, fetched_gguf, not_fetched
 from tlt_rt.models.loader import check_model_folder
 from tlt_rt.models.registry import MODELS
+from tlt_rt.options import ConfigError
+from tlt_rt.train.config import TLTConfig
 from tlt_rt.train.rl import checkpoint as ckpt
 from tlt_rt.train.rl.data import ReasoningGymTask, load_dataset_file
 from tlt_rt.train.rl.loggers import check_loggers as check_logger_names

@@ -11,7 +11,7 @@ from typing import Any
 
 import ray
 
-from tlt_rt.config import to_dict
+from tlt_rt.options import to_dict
 from tlt_rt.train.cluster.placement import Layout, scheduling_strategy
 from tlt_rt.train.cluster.results import LearnResult
 from tlt_rt.train.cluster.sharded import ShardedWorker, uses_sharded_workers

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tlt_rt.config import TLTConfig, from_dict
+from tlt_rt.config_loader import from_dict
 from tlt_rt.ir.strategy import Strategy
 from tlt_rt.models import load_target, save_target
 from tlt_rt.models.drafter import Drafter
@@ -35,6 +35,7 @@ from tlt_rt.models.loader import resolve_model_path
 from tlt_rt.rollout import Engine, SamplingParams
 from tlt_rt.train.cluster.comm import all_reduce_sum, node_address_and_port
 from tlt_rt.train.cluster.results import RolloutResult, Sample
+from tlt_rt.train.config import TLTConfig
 from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.eval import drafter_counts_by_shape, frozen_copy, oracle_counts_by_shape
 from tlt_rt.train.drafter.tail import DrafterTraining, TailTrainer, tail_training_on

@@ -9,7 +9,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tlt_rt.config import DEFAULT_INSTRUCTION
+from tlt_rt.train.rl.config import DEFAULT_INSTRUCTION
 from tlt_rt.train.rl.dataset_files import (
     ANSWER_FALLBACKS,
     QUESTION_FALLBACKS,

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from tlt_rt.config import RLConfig
+from tlt_rt.train.rl.config import RLConfig
 from tlt_rt.train.rl.flops import update_flops
 from tlt_rt.train.rl.grpo import policy_loss, token_logprobs
 from tlt_rt.train.rl.logprobs import chunked_token_logprobs, kept_ids

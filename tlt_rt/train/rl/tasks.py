@@ -166,7 +166,8 @@ class ArithmeticTask:
         """The generator of an RL config file's `task.` section; ValueError unless its kind is arithmetic
         (the benchmarks and the drafter warm-up make prompts of a config's workload this way)."""
         # local: the RL config pulls in every section's module; only a config file's task needs it
-        from tlt_rt.config import TLTConfig, load_config
+        from tlt_rt.config_loader import load_config
+        from tlt_rt.train.config import TLTConfig
 
         task = load_config(TLTConfig, path).task
         if task.kind != "arithmetic":
