@@ -17,14 +17,16 @@ convert_target() {
   echo "converted at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-# every VARIANTS warm-up at once, warm-up i on GPU i, into $out/w$i; returns when all are done
+# every VARIANTS warm-up at once, warm-up i on GPU i, into $out/w$i (each drafter also measured with every strategy
+# of the engine's default set: warmup.json's accept_by_strategy); returns when all are done
 warmups() {
   local i pids=()
   for i in "${!VARIANTS[@]}"; do
     # shellcheck disable=SC2086  # a variant's arguments split on purpose
     CUDA_VISIBLE_DEVICES=$i python benchmarks/e2e_rl.py --config "$cfg1" --out "$out/w$i" --warmup-only \
         --warmup-prompts "$prompts" --warmup-max-new-tokens "${max_new:-${WARMUP_MAX_NEW:-512}}" \
-        --warmup-epochs "${epochs:-4}" --warmup-curve "${curve:-3}" ${VARIANTS[$i]} \
+        --warmup-epochs "${epochs:-4}" --warmup-curve "${curve:-3}" --warmup-arg=--also-strategies=default \
+        ${VARIANTS[$i]} \
         -- "model.path=$q15" > "$out/warmup$i.log" 2>&1 &
     pids+=($!)
   done

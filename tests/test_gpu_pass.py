@@ -53,7 +53,8 @@ def test_gpu_one_runs_its_parts_in_order_on_the_warm_drafter(tmp_path):
     drafter = str(tmp_path / "out" / "w0" / "drafter")
     assert f"--drafter {drafter}" in calls[4] and f"--drafter {drafter}" in calls[5]
     warm = calls[kinds.index("--warmup-only")]
-    wanted = ("--warmup-prompts 1024", "--warmup-max-new-tokens 512", "--warmup-epochs 3", "--warmup-curve 4")
+    wanted = ("--warmup-prompts 1024", "--warmup-max-new-tokens 512", "--warmup-epochs 3", "--warmup-curve 4",
+              "--warmup-arg=--also-strategies=default")  # fmt: skip
     assert all(a in warm for a in wanted)
     assert "rl.compile_layers=false" in calls[1] and "model.path=/m/q15.gguf" in calls[4]
 

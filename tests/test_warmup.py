@@ -58,9 +58,17 @@ def test_default_steps_follow_the_data(tmp_path):
         device="cpu",
         progress=False,
         epochs=2.0,
+        also_strategies=("2_2_3", "3_2_4", "2_2_3"),
     )
     # two passes over every generated (prompt + answer) token at 64 tokens a step
     assert rep["train_steps"] >= 2 * (rep["generated_tokens"] // 64)
+    # the trained drafter measured with each strategy asked for, once each, the run's own first
+    by = rep["accept_by_strategy"]
+    assert list(by) == ["3_2_4", "2_2_3"]
+    main = rep["accept_length"][f"{rep['temperature']:g}"]
+    assert by["3_2_4"]["accept"] == main["after"] and by["3_2_4"]["ceiling"] == main["ceiling"]
+    assert all(r["ceiling"] >= 1.0 and r["accept"] >= 1.0 for r in by.values())
+    assert all(r["ratio"] == r["accept"] / r["ceiling"] for r in by.values())
     # a warm-up repeats: the same seed gives the same data, initial drafter and training, whatever ran before
     torch.manual_seed(12345)
     again = warmup(None, tmp_path / "e", num_prompts=2, held_out=1, samples=1, max_new_tokens=8, strategy="3_2_4",

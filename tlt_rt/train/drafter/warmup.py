@@ -27,6 +27,8 @@ from tlt_rt.models.default import load_tokenizer
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import export_eagle
 from tlt_rt.rollout import Engine, SamplingParams
+from tlt_rt.rollout.config import DEFAULT_STRATEGIES
+from tlt_rt.rollout.speculative import scratch_tokens
 from tlt_rt.rollout.stats import timeline_split
 from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.eval import oracle_tree_steps
@@ -100,6 +102,27 @@ def ceiling(target, answers: list[dict], temperature: float, strategy: str) -> f
     return oracle_tree_steps(target, answers, temperature, st.depth, st.topk, st.verify_tokens, chunk)
 
 
+def strategy_accept(target, drafter, strategy: str, prompts: list[list[int]], params: SamplingParams,
+                    temperature: float) -> dict:  # fmt: skip
+    """{"accept", "ceiling"} of `drafter` with `strategy` on `prompts` (an engine of its own, its KV cache sized
+    for these prompts rather than half the free memory, released after)."""
+    st = Strategy.parse(strategy)
+    longest = max(len(p) for p in prompts) + params.max_new_tokens + scratch_tokens(st) + 1
+    blocks = 2 * len(prompts) * params.n * -(-longest // BLOCK_SIZE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,), num_blocks=blocks,
+                        block_size=BLOCK_SIZE, max_batch=max(1, len(prompts) * params.n))  # fmt: skip
+    acc, answers = accept_and_answers(engine, prompts, params)
+    out = {"accept": acc, "ceiling": ceiling(target, answers, temperature, strategy)}
+    del engine
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
+BLOCK_SIZE = 16  # the KV-cache blocks of `strategy_accept`'s engines
+
 BASE_LR, BASE_WIDTH = 9e-4, 576  # the warm-up's learning rate at SmolLM2's width, where it was tuned
 
 
@@ -151,6 +174,7 @@ def warmup(
     greedy_answers: bool = True,
     curve_points: int = 0,
     feature_layers=(),
+    also_strategies: tuple[str, ...] = (),
 ) -> dict:
     """steps=None trains for `epochs` passes over the generated tokens: a one-layer drafter over-fits a small
     set of answers (80 passes gave a held-out accept length of 1.22 on SmolLM2), so the data, not the step
@@ -171,7 +195,10 @@ def warmup(
     accept length at `temperature` and its ceiling at that many evenly spaced points of training (the last
     is the final measure) and plots them against the training tokens seen (`curve.png` beside the drafter):
     how much warm-up a workload needs. `feature_layers` (target layers below the last) makes a drafter that
-    fuses those layers' outputs with the last one's (EAGLE-3 features; "auto": `default_feature_layers`)."""
+    fuses those layers' outputs with the last one's (EAGLE-3 features; "auto": `default_feature_layers`).
+    `also_strategies` measures the trained drafter's held-out accept length and its ceiling at `temperature`
+    with each of these strategies too (each on an engine of its own, sized for the held-out prompts), for the
+    report's `accept_by_strategy` beside `strategy`'s: which tree shape comes closest to its ceiling."""
     temps = list(dict.fromkeys([temperature, *eval_temperatures]))
     if any(t < 0 for t in temps):
         raise ValueError(f"warmup: temperatures must be >= 0, got {temps}")
@@ -264,6 +291,13 @@ def warmup(
     measured = {t: accept_and_answers(spec, eval_prompts, p) for t, p in evals.items()}
     after = {t: acc for t, (acc, _) in measured.items()}
     ceilings = {t: ceiling(target, answers, t, strategy) for t, (_, answers) in measured.items()}
+    by_strategy = {strategy: {"accept": after[temperature], "ceiling": ceilings[temperature]}}
+    for other in dict.fromkeys(also_strategies):
+        if other in by_strategy:
+            continue
+        by_strategy[other] = strategy_accept(target, drafter, other, eval_prompts, evals[temperature], temperature)
+    for row in by_strategy.values():
+        row["ratio"] = row["accept"] / row["ceiling"] if row["ceiling"] else float("nan")
     measure_s += spent + time.perf_counter() - t_after
     if curve_points > 1:
         acc, _ = measured[temperature]
@@ -305,6 +339,8 @@ def warmup(
         "accept_length_before": before[temperature],
         "accept_length_after": after[temperature],
         "accept_length": {f"{t:g}": {"before": before[t], "after": after[t], "ceiling": ceilings[t]} for t in temps},
+        # at `temperature`, the trained drafter with `strategy` and each of `also_strategies`: accept, ceiling, ratio
+        "accept_by_strategy": by_strategy,
         "drafter": str(folder),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "curve": curve,
@@ -371,6 +407,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="accept length is also measured at these (0 = greedy)")  # fmt: skip
     ap.add_argument("--gen-batch", type=int, default=256, help="batch of the engine that generates the data")
     ap.add_argument("--strategy", default="8_4_48")
+    ap.add_argument("--also-strategies", nargs="*", default=[],
+                    help="measure the trained drafter with these strategies too ('default': the engine's default "
+                    "set): accept and ceiling of each on the held-out answers")  # fmt: skip
     ap.add_argument("--lr", type=float, default=None,
                     help=f"peak rate (default: {BASE_LR:g} up to width {BASE_WIDTH}, then as 1/width)")  # fmt: skip
     ap.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
@@ -431,6 +470,7 @@ def main(argv: list[str] | None = None) -> None:
         greedy_answers=a.greedy_answers,
         curve_points=a.curve,
         feature_layers="auto" if a.feature_layers == ["auto"] else [int(i) for i in a.feature_layers],
+        also_strategies=tuple(DEFAULT_STRATEGIES if a.also_strategies == ["default"] else a.also_strategies),
     )
     print(
         f"{rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
@@ -448,6 +488,10 @@ def main(argv: list[str] | None = None) -> None:
             f"accept length with {rep['strategy']} at T={t}: {acc['before']:.2f} untrained -> {acc['after']:.2f} "
             f"(a perfect drafter: {acc['ceiling']:.2f}, {acc['after'] / acc['ceiling']:.0%} of it)"
         )
+    if len(rep["accept_by_strategy"]) > 1:
+        rows = sorted(rep["accept_by_strategy"].items(), key=lambda kv: -kv[1]["ratio"])
+        print(f"at T={rep['temperature']:g}, by strategy (accept of ceiling): " + ", ".join(
+            f"{name} {r['accept']:.2f} of {r['ceiling']:.2f} ({r['ratio']:.0%})" for name, r in rows))  # fmt: skip
     for c in rep["curve"]:
         print(f"  after {c['train_tokens'] / 1e6:.2f}M training tokens ({c['seconds']:.0f}s): accept {c['accept']:.2f} "
               f"of {c['ceiling']:.2f} ({c['accept'] / c['ceiling']:.0%})")  # fmt: skip
