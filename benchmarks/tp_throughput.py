@@ -1,16 +1,17 @@
-"""Tensor-parallel decode throughput: tokens/s of one engine at TP=2 against TP=1, random weights.
+"""Tensor-parallel decode throughput: tokens/s of one engine at TP=N (default 2) against TP=1, random weights.
 
     python benchmarks/tp_throughput.py --shape qwen2.5-7b --batch 1 8 32 --max-new-tokens 128
+    python benchmarks/tp_throughput.py --shape qwen2.5-32b --tp 4 --scale 0.5    # 32 of the 64 layers, 4 GPUs
     python benchmarks/tp_throughput.py --shape llama3-70b --scale 0.25     # 20 of the 80 layers
-    python benchmarks/tp_throughput.py --smoke                             # tiny shape, CPU, gloo, seconds
+    python benchmarks/tp_throughput.py --smoke [--tp 4]                    # tiny shape, CPU, gloo, seconds
 
-Two processes (torch.multiprocessing spawn) form one group: NCCL on GPUs (NVLink multicast off), gloo on
-CPU. Rank 0 first runs the unsharded model alone (TP=1); then both ranks cut the same weights with
-`shard_for_tp` and run the lockstep engine (TP=2). Greedy, plain decoding (SD off: this measures the
-target's sharding), no stop tokens, so every run emits batch x max_new_tokens tokens; `equal` says whether
-TP=2 emitted exactly TP=1's tokens (in bf16 a different reduction order may flip a near-tie; fp32 on CPU
-must match). ms/step is the timed generate's wall time over its decode steps (prefill included).
-The markdown table is printed last.
+N processes (torch.multiprocessing spawn) form one group: NCCL on GPUs (NVLink multicast off), gloo on
+CPU. Rank 0 first runs the unsharded model alone (TP=1: `--scale` keeps as many layers as one GPU holds);
+then every rank cuts the same weights with `shard_for_tp` and runs the lockstep engine (TP=N). Greedy, plain
+decoding (SD off: this measures the target's sharding), no stop tokens, so every run emits batch x
+max_new_tokens tokens; `equal` says whether TP=N emitted exactly TP=1's tokens (in bf16 a different reduction
+order may flip a near-tie; fp32 on CPU must match). ms/step is the timed generate's wall time over its decode
+steps (prefill included). The markdown table is printed last.
 """
 
 from __future__ import annotations
@@ -35,17 +36,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tlt_rt.models.arch import ArchConfig  # noqa: E402
 from tlt_rt.models.llama import CausalLM  # noqa: E402
 from tlt_rt.models.shapes import KNOWN_SHAPES  # noqa: E402
-from tlt_rt.models.tensor_parallel import shard_for_tp  # noqa: E402
+from tlt_rt.models.tensor_parallel import check_tp_divisible, shard_for_tp  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.rollout.lockstep import lockstep_engine  # noqa: E402
 
-WORLD = 2
 SMOKE = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)  # fmt: skip
 
 
 def arch_for(args) -> ArchConfig:
-    arch = ArchConfig(**(SMOKE if args.smoke else KNOWN_SHAPES[args.shape]))
+    if args.smoke:  # as many KV heads as ranks, two query heads each: the tiny shape shards at any --tp
+        kv = max(SMOKE["num_key_value_heads"], args.tp)
+        arch = ArchConfig(**{**SMOKE, "num_key_value_heads": kv, "num_attention_heads": 2 * kv})
+    else:
+        arch = ArchConfig(**KNOWN_SHAPES[args.shape])
     layers = max(1, round(arch.num_hidden_layers * args.scale))
     return replace(arch, num_hidden_layers=layers)
 
@@ -86,9 +90,9 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
     if cuda:
         torch.cuda.set_device(device)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORLD))
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // args.tp))
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD, timeout=timedelta(seconds=600))  # fmt: skip
+                            world_size=args.tp, timeout=timedelta(seconds=600))  # fmt: skip
     try:
         dtype = getattr(torch, args.dtype) if cuda else torch.float32
         arch = arch_for(args)
@@ -118,9 +122,9 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
             prompts = torch.randint(0, arch.vocab_size, (b, args.prompt_len), generator=g).tolist()
             toks, secs = timed(engine, prompts, args.max_new_tokens, device)
             if rank == 0:
-                rows.append((2, b, b * args.max_new_tokens / secs, 1e3 * secs / args.max_new_tokens,
+                rows.append((args.tp, b, b * args.max_new_tokens / secs, 1e3 * secs / args.max_new_tokens,
                              "yes" if toks == ref[b] else "NO"))  # fmt: skip
-                print(f"TP=2 batch {b}: {rows[-1][2]:.1f} tok/s, equal {rows[-1][4]}", flush=True)
+                print(f"TP={args.tp} batch {b}: {rows[-1][2]:.1f} tok/s, equal {rows[-1][4]}", flush=True)
         if rank == 0:
             out["rows"] = rows
             out["arch"] = f"{args.shape if not args.smoke else 'smoke'} ({arch.num_hidden_layers} layers, {dtype})"
@@ -138,20 +142,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", help="GPU dtype (CPU runs fp32)")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs / compiled glue (enforce_eager)")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU over gloo, a few tokens")
+    ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (one GPU each)")
     args = ap.parse_args(argv)
+    if args.tp < 2:
+        ap.error(f"--tp must be >= 2 (TP=1 is the baseline every run measures), got {args.tp}")
     if args.smoke:
         args.batch, args.max_new_tokens, args.prompt_len = [1, 4], 8, 8
     elif not 0 < args.scale <= 1:
         ap.error("--scale must be in (0, 1]")
-    if not args.smoke and torch.cuda.is_available() and torch.cuda.device_count() < WORLD:
-        ap.error(f"TP={WORLD} needs {WORLD} GPUs, found {torch.cuda.device_count()}")
+    if not args.smoke and torch.cuda.is_available() and torch.cuda.device_count() < args.tp:
+        ap.error(f"TP={args.tp} needs {args.tp} GPUs, found {torch.cuda.device_count()}")
+    if not args.smoke:
+        try:
+            check_tp_divisible(arch_for(args), args.tp)  # before any process starts
+        except ValueError as e:
+            ap.error(f"--shape {args.shape} --tp {args.tp}: {e}")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (inherited by the ranks)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with mp.Manager() as manager:
         out = manager.dict()
-        ctx = mp.spawn(_rank, args=(port, args, out), nprocs=WORLD, join=False)
+        ctx = mp.spawn(_rank, args=(port, args, out), nprocs=args.tp, join=False)
         # pass a stack-dump request on to the ranks (they are where a collective would hang)
         signal.signal(signal.SIGUSR1, lambda *_: [os.kill(p.pid, signal.SIGUSR1) for p in ctx.processes])
         while not ctx.join():
