@@ -86,3 +86,23 @@ def test_gpu_x2_with_the_tests_in_phase_2_and_no_killed_worker(tmp_path):
     bad.mkdir()
     with pytest.raises(subprocess.CalledProcessError):
         _pass(bad, "gpu_x2.sh", GPU1="nope")
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
+def test_gpu_x4_warms_up_then_runs_four_workers_then_tp4(tmp_path):
+    """The 4-GPU run: the warm-up beside the tests, the decode step and the killed worker; then the four-worker
+    comparison on the warm-up's drafter; then TP=4 on the 32B shape."""
+    calls, main = _pass(tmp_path, "gpu_x4.sh", TP_SCALE="0.25")
+    assert "all done" in main
+    where = {k: next(i for i, c in enumerate(calls) if k in c) for k in
+             ("convert_gguf", "--warmup-only", "-m gpu", "step_costs.py", "cluster.debug_fail", "4gpu.yaml",
+              "tp_throughput.py")}  # fmt: skip
+    assert where["convert_gguf"] == 0
+    phase1 = ("--warmup-only", "-m gpu", "step_costs.py", "cluster.debug_fail")
+    assert max(where[k] for k in phase1) < where["4gpu.yaml"]
+    assert where["4gpu.yaml"] < where["tp_throughput.py"]
+    assert f"--drafter {tmp_path / 'out' / 'w0' / 'drafter'}" in calls[where["4gpu.yaml"]]
+    tp = calls[where["tp_throughput.py"]]
+    assert "--shape qwen2.5-32b --tp 4 --scale 0.25" in tp
+    warm = calls[where["--warmup-only"]]
+    assert "--warmup-prompts 1024" in warm and "--warmup-epochs 3" in warm
