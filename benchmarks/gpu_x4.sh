@@ -10,7 +10,8 @@
 #                      (configs/qwen2.5-1.5b-math-4gpu.yaml: the one- and two-GPU configs' RL step, each worker
 #                      every prompt with 2 of its 8 answers), the warm-up's drafter in both;
 #   phase 3  GPUs 0-3: TP=4 against TP=1 on the Qwen2.5-32B shape (tp_throughput.py: random bf16 weights, TP_SCALE
-#                      of its layers, as many as one GPU holds for the TP=1 rows; plain decoding, CUDA graphs).
+#                      of its layers, as many as one GPU holds for the TP=1 rows; plain decoding and 8_4_32 steps
+#                      with a random replicated drafter, CUDA graphs).
 # Each job is its own process group with its own Ray (a private local cluster per driver), pinned by
 # CUDA_VISIBLE_DEVICES, with a share of the host's cores (OMP_NUM_THREADS). Everything runs in the background;
 # the call returns at once. (Until 2026-11-26 this script was the four-GPU pass of the journal's third and fourth
@@ -63,7 +64,7 @@ main() {
       --time-limit "$budget4" --out "$out/e2e4" -- "model.path=$q15" > "$out/e2e4.log" 2>&1
   echo "four-GPU run done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
   CUDA_VISIBLE_DEVICES=0,1,2,3 timeout -s USR1 -k 15 420 python benchmarks/tp_throughput.py --shape qwen2.5-32b \
-      --tp 4 --scale "$tp_scale" --batch 1 8 32 --max-new-tokens 128 > "$out/tp4.log" 2>&1
+      --tp 4 --scale "$tp_scale" --batch 1 8 32 --max-new-tokens 128 --sd 8_4_32 > "$out/tp4.log" 2>&1
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 

@@ -12,6 +12,12 @@ decoding (SD off: this measures the target's sharding), no stop tokens, so every
 max_new_tokens tokens; `equal` says whether TP=N emitted exactly TP=1's tokens (in bf16 a different reduction
 order may flip a near-tie; fp32 on CPU must match). ms/step is the timed generate's wall time over its decode
 steps (prefill included). The markdown table is printed last.
+
+`--sd STRATEGY` also times speculative decoding with that strategy at TP=1 and TP=N: a drafter of random
+weights (the same on every rank, replicated: it reads the target's full embedding and head, `TargetHeads`),
+greedy, so its tokens must again be TP=1's plain ones. Its accept length is that of an untrained drafter, so
+what the rows tell is the cost of a speculative step: `SD/plain` is its ms per step over the plain engine's at
+the same TP and batch.
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tlt_rt.models.arch import ArchConfig  # noqa: E402
+from tlt_rt.models.drafter import Drafter  # noqa: E402
 from tlt_rt.models.llama import CausalLM  # noqa: E402
 from tlt_rt.models.shapes import KNOWN_SHAPES  # noqa: E402
 from tlt_rt.models.tensor_parallel import check_tp_divisible, shard_for_tp  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
-from tlt_rt.rollout.lockstep import lockstep_engine  # noqa: E402
+from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine  # noqa: E402
 
 SMOKE = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)  # fmt: skip
@@ -71,16 +78,48 @@ def build(arch: ArchConfig, dtype: torch.dtype, device: torch.device) -> CausalL
     return model.eval()
 
 
-def timed(engine: Engine, prompts, max_new: int, device) -> tuple[list[list[int]], float]:
+def timed(engine: Engine, prompts, max_new: int, device) -> tuple[list[list[int]], float, int]:
+    """(tokens, seconds, decode steps) of one timed greedy generate, after a short untimed one."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new, stop_token_ids=[])
     engine.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=4, stop_token_ids=[]))  # warm-up
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    before = engine.stats()
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return [o.token_ids for o in outs], time.perf_counter() - t0
+    secs, after = time.perf_counter() - t0, engine.stats()
+    steps = sum(after[k] - before[k] for k in ("decode_steps", "sd_steps"))
+    return [o.token_ids for o in outs], secs, max(1, steps)
+
+
+def drafter_for(arch: ArchConfig, target, device: torch.device) -> Drafter:
+    """A drafter of random weights, identical on every rank (same seed), in the target's dtype."""
+    torch.manual_seed(7)
+    dtype = next(target.parameters()).dtype
+    with device:
+        drafter = Drafter(arch, target).to(dtype)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.02)
+    return drafter.eval()
+
+
+def run_rows(engine, tp: int, mode: str, args, arch, device, ref, rows, rank: int) -> None:
+    """Time `engine` at every batch size; rank 0 records (tp, batch, mode, tok/s, ms/step, equal to ref)."""
+    g = torch.Generator().manual_seed(1)  # the same prompts for every engine
+    for b in args.batch:
+        prompts = torch.randint(0, arch.vocab_size, (b, args.prompt_len), generator=g).tolist()
+        toks, secs, steps = timed(engine, prompts, args.max_new_tokens, device)
+        if ref is not None and b not in ref:
+            ref[b] = toks
+        if rank == 0:
+            equal = "-" if tp == 1 and mode == "plain" else ("yes" if toks == ref[b] else "NO")
+            rows.append((tp, b, mode, b * args.max_new_tokens / secs, 1e3 * secs / steps, equal))
+            print(f"TP={tp} {mode} batch {b}: {rows[-1][3]:.1f} tok/s, {rows[-1][4]:.2f} ms/step, equal {equal}",
+                  flush=True)  # fmt: skip
 
 
 def _rank(rank: int, port: int, args, out: dict) -> None:
@@ -96,35 +135,34 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
     try:
         dtype = getattr(torch, args.dtype) if cuda else torch.float32
         arch = arch_for(args)
-        g = torch.Generator().manual_seed(1)
         kw = dict(speculative="off", max_batch=max(args.batch), block_size=16, enforce_eager=args.eager)
+        sd = dict(kw, speculative="on", strategies=(args.sd,)) if args.sd else None
         rows = []
         model = build(arch, dtype, device)
         ref: dict[int, list] = {}
         if rank == 0:  # TP=1: the whole model on one device
             engine = Engine(model, **kw)
-            for b in args.batch:
-                prompts = torch.randint(0, arch.vocab_size, (b, args.prompt_len), generator=g).tolist()
-                ref[b], secs = timed(engine, prompts, args.max_new_tokens, device)
-                rows.append((1, b, b * args.max_new_tokens / secs, 1e3 * secs / args.max_new_tokens, "-"))
-                print(f"TP=1 batch {b}: {rows[-1][2]:.1f} tok/s", flush=True)
-            del engine, model  # the engine set its backend and glue on the model: shard a fresh build
+            run_rows(engine, 1, "plain", args, arch, device, ref, rows, rank)
+            del engine
+            if sd:
+                engine = Engine(model, drafter=drafter_for(arch, model, device), **sd)
+                run_rows(engine, 1, args.sd, args, arch, device, ref, rows, rank)
+                del engine
+            del model  # the engines set their backend and glue on the model: shard a fresh build
             if cuda:
                 torch.cuda.empty_cache()
             model = build(arch, dtype, device)
         dist.barrier()
+        heads = TargetHeads(model) if sd else None  # the replicated drafter's full embedding and head
         shard = shard_for_tp(model)
         if cuda:
             torch.cuda.empty_cache()
         engine = lockstep_engine(shard, None, **kw)
-        g = torch.Generator().manual_seed(1)  # the same prompts as TP=1
-        for b in args.batch:
-            prompts = torch.randint(0, arch.vocab_size, (b, args.prompt_len), generator=g).tolist()
-            toks, secs = timed(engine, prompts, args.max_new_tokens, device)
-            if rank == 0:
-                rows.append((args.tp, b, b * args.max_new_tokens / secs, 1e3 * secs / args.max_new_tokens,
-                             "yes" if toks == ref[b] else "NO"))  # fmt: skip
-                print(f"TP={args.tp} batch {b}: {rows[-1][2]:.1f} tok/s, equal {rows[-1][4]}", flush=True)
+        run_rows(engine, args.tp, "plain", args, arch, device, ref if rank == 0 else None, rows, rank)
+        if sd:
+            del engine
+            engine = lockstep_engine(shard, None, drafter_for(arch, heads, device), **sd)
+            run_rows(engine, args.tp, args.sd, args, arch, device, ref if rank == 0 else None, rows, rank)
         if rank == 0:
             out["rows"] = rows
             out["arch"] = f"{args.shape if not args.smoke else 'smoke'} ({arch.num_hidden_layers} layers, {dtype})"
@@ -143,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs / compiled glue (enforce_eager)")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU over gloo, a few tokens")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (one GPU each)")
+    ap.add_argument("--sd", default=None, metavar="STRATEGY",
+                    help="also time speculative steps of this strategy (e.g. 8_4_32), a random drafter")  # fmt: skip
     args = ap.parse_args(argv)
     if args.tp < 2:
         ap.error(f"--tp must be >= 2 (TP=1 is the baseline every run measures), got {args.tp}")
@@ -169,12 +209,17 @@ def main(argv: list[str] | None = None) -> int:
         while not ctx.join():
             pass
         rows, arch = out["rows"], out["arch"]
-    print(f"\n{arch}, prompt {args.prompt_len} tokens, {args.max_new_tokens} new tokens, greedy, SD off\n")
-    print("| tp | batch | tok/s | ms/step | equal |")
-    print("|---:|---:|---:|---:|:---:|")
-    for tp, b, tps, ms, eq in sorted(rows, key=lambda r: (r[1], r[0])):
-        print(f"| {tp} | {b} | {tps:.1f} | {ms:.2f} | {eq} |")
-    return 0 if all(r[4] != "NO" for r in rows) else 1
+    print(
+        f"\n{arch}, prompt {args.prompt_len} tokens, {args.max_new_tokens} new tokens, greedy, "
+        f"{'plain and ' + args.sd + ' (a random drafter)' if args.sd else 'plain decoding'}\n"
+    )
+    plain_ms = {(tp, b): ms for tp, b, mode, _, ms, _ in rows if mode == "plain"}
+    print("| tp | batch | mode | tok/s | ms/step | SD/plain step | equal |")
+    print("|---:|---:|---|---:|---:|---:|:---:|")
+    for tp, b, mode, tps, ms, eq in sorted(rows, key=lambda r: (r[1], r[2] != "plain", r[0])):
+        ratio = f"{ms / plain_ms[tp, b]:.2f}x" if mode != "plain" and (tp, b) in plain_ms else "-"
+        print(f"| {tp} | {b} | {mode} | {tps:.1f} | {ms:.2f} | {ratio} | {eq} |")
+    return 0 if all(r[5] != "NO" for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -12,13 +12,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp", [2, 4])
-def test_tp_ranks_give_the_unsharded_tokens(tp):
-    done = subprocess.run([sys.executable, "benchmarks/tp_throughput.py", "--smoke", "--tp", str(tp)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+@pytest.mark.parametrize("tp,sd", [(2, "3_2_4"), (4, None)])
+def test_tp_ranks_give_the_unsharded_tokens(tp, sd):
+    """Plain decoding at TP=N, and with --sd speculative decoding at TP=1 and TP=N (a replicated random drafter),
+    all emit TP=1 plain decoding's greedy tokens; the SD rows carry their step's cost over a plain step's."""
+    cmd = [sys.executable, "benchmarks/tp_throughput.py", "--smoke", "--tp", str(tp)] + (["--sd", sd] if sd else [])
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    rows = [line for line in done.stdout.splitlines() if line.startswith(f"| {tp} |")]
-    assert len(rows) == 2 and all(row.rstrip().endswith("| yes |") for row in rows)  # batches 1 and 4
+    table = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table]
+    modes = ["plain"] + ([sd] if sd else [])
+    assert sorted((r[0], r[1], r[2]) for r in rows) == sorted(
+        (t, b, m) for t in ("1", str(tp)) for b in ("1", "4") for m in modes
+    )
+    assert all(r[6] == ("-" if (r[0], r[2]) == ("1", "plain") else "yes") for r in rows)
+    assert all(r[5].endswith("x") for r in rows if r[2] != "plain")
 
 
 def test_a_shape_the_ranks_cannot_split_fails_before_any_process():
