@@ -1,5 +1,5 @@
 """The end-to-end RL figure in one command: SD auto + spot drafter training against SD off, same config and
-seed, then the comparison page (tlt_rt/compare.py: step time and its breakdown, speedup ± standard error,
+seed, then the comparison page (tlt_rt/compare/: step time and its breakdown, speedup ± standard error,
 reward and held-out accuracy overlaid, accept length beside the perfect-drafter ceiling, time per batch size,
 the response-length histogram).
 

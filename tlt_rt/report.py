@@ -1,5 +1,5 @@
 """`python -m tlt_rt.report RUN_DIR`: PNG plots and an HTML page for a training run.
-`python -m tlt_rt.report RUN_A RUN_B ...`: the runs side by side (tlt_rt/compare.py), RUN_A the baseline.
+`python -m tlt_rt.report RUN_A RUN_B ...`: the runs side by side (tlt_rt/compare/), RUN_A the baseline.
 
 Reads RUN_DIR/metrics.jsonl and RUN_DIR/timelines.jsonl (written by `python -m tlt_rt.train`) and writes
 RUN_DIR/report/{reward.png, accept.png, rollout.png, timeline.png, index.html}.
