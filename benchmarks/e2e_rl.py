@@ -178,11 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= args.timing_warmup:
         ap.error(f"--steps ({args.steps}) must exceed --timing-warmup ({args.timing_warmup})")
     cfg = load_config(TLTConfig, args.config, keys)  # fails here, not in a subprocess, on a bad key
-    d = cfg.drafter  # the warm-up's settings the command line leaves open
-    for arg, field in (("warmup_prompts", "warmup_prompts"), ("warmup_epochs", "warmup_epochs"),
-                       ("warmup_max_new_tokens", "warmup_max_new_tokens")):  # fmt: skip
-        if getattr(args, arg) is None:
-            setattr(args, arg, getattr(d, field))
+    for name in ("warmup_prompts", "warmup_epochs", "warmup_max_new_tokens"):  # what the command line leaves open
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(cfg.drafter, name))
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

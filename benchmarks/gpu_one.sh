@@ -19,7 +19,8 @@ set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
 if [ "${1:-}" = "--snapshot" ]; then
-  exec "$(dirname "$0")/gpu_x4.sh" "$@"
+  snapshot "${2:?OUT}" "${3:?DEST}"
+  exit 0
 fi
 out=${1:?OUT}; q15=${2:?QWEN15_GGUF}
 mkdir -p "$out"

@@ -69,3 +69,13 @@ print(f"kill check: worker 1 died in step 1: {died}; steps {[r['step'] for r in 
       f"restarts {recs[-1]['worker_restarts'] if recs else None}")
 PY
 }
+
+# `--snapshot OUT DEST` of every pass: the last lines of each log and the choice made, and the small records so far
+# (logs, jsonl, pages, plots, warm-up reports under 4 MB) packed into DEST/snapshot.tgz
+snapshot() {
+  local out=$1 dest=$2 f
+  for f in "$out"/*.log; do [ -f "$f" ] && printf '%s: %s\n' "$(basename "$f")" "$(tail -c 300 "$f" | tail -n 2 | tr '\n' ' ')"; done
+  cat "$out/choice.txt" 2>/dev/null
+  (cd "$out" && find . -maxdepth 6 \( -name '*.log' -o -name '*.jsonl' -o -name '*.md' -o -name '*.png' -o -name '*.txt' \
+      -o -name 'warmup.json' \) -size -4M -print0 | tar czf "$dest/snapshot.tgz" --null -T -)
+}

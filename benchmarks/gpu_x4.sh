@@ -24,11 +24,7 @@ set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
 if [ "${1:-}" = "--snapshot" ]; then
-  out=${2:?OUT}; dest=${3:?DEST}
-  for f in "$out"/*.log; do [ -f "$f" ] && printf '%s: %s\n' "$(basename "$f")" "$(tail -c 300 "$f" | tail -n 2 | tr '\n' ' ')"; done
-  cat "$out/choice.txt" 2>/dev/null
-  (cd "$out" && find . -maxdepth 6 \( -name '*.log' -o -name '*.jsonl' -o -name '*.md' -o -name '*.png' -o -name '*.txt' \
-      -o -name 'warmup.json' \) -size -4M -print0 | tar czf "$dest/snapshot.tgz" --null -T -)
+  snapshot "${2:?OUT}" "${3:?DEST}"
   exit 0
 fi
 out=${1:?OUT}; q15=${2:?QWEN15_GGUF}

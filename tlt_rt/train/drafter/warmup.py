@@ -102,6 +102,9 @@ def ceiling(target, answers: list[dict], temperature: float, strategy: str) -> f
     return oracle_tree_steps(target, answers, temperature, st.depth, st.topk, st.verify_tokens, chunk)
 
 
+BLOCK_SIZE = 16  # the KV-cache blocks of `strategy_accept`'s engines
+
+
 def strategy_accept(target, drafter, strategy: str, prompts: list[list[int]], params: SamplingParams,
                     temperature: float) -> dict:  # fmt: skip
     """{"accept", "ceiling"} of `drafter` with `strategy` on `prompts` (an engine of its own, its KV cache sized
@@ -120,8 +123,6 @@ def strategy_accept(target, drafter, strategy: str, prompts: list[list[int]], pa
         torch.cuda.empty_cache()
     return out
 
-
-BLOCK_SIZE = 16  # the KV-cache blocks of `strategy_accept`'s engines
 
 BASE_LR, BASE_WIDTH = 9e-4, 576  # the warm-up's learning rate at SmolLM2's width, where it was tuned
 
