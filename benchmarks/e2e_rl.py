@@ -58,7 +58,7 @@ def warm_drafter(
     cfg_file = out.parent / "warmup-config.yaml"
     cfg_file.write_text(dump_yaml(cfg))
     cmd = [sys.executable, "-m", "tlt_rt.train.drafter.warmup", "--config", str(cfg_file), "--out", str(out),
-           "--prompts", str(prompts), "--held-out", "16", "--samples", "4", "--epochs", str(epochs),
+           "--prompts", str(prompts), "--held-out", "32", "--samples", "4", "--epochs", str(epochs),
            "--max-new-tokens", str(max_new_tokens), "--temperature", str(cfg.rollout.temperature),
            "--eval-temperatures", "--strategy", strategy, "--curve", str(curve),
            "--lr-schedule", lr_schedule]  # fmt: skip

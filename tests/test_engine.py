@@ -426,3 +426,16 @@ def test_admitting_prompts_in_groups_changes_no_token_and_takes_fewer_prefills(s
     assert prefills[1] < prefills[0], prefills
     with pytest.raises(ConfigError, match="prefill_min_samples"):
         make_engine("off", prefill_min_samples=-1)
+
+
+def test_graph_batches_choose_the_captured_sizes_and_keep_max_batch():
+    """graph_batches: only those sizes (and max_batch) are buckets; a live batch runs in the smallest that
+    holds it. Out-of-range sizes are config errors naming the field."""
+    eng = make_engine("auto", max_batch=8, graph_batches=[2, 4])
+    assert eng.buckets == [2, 4, 8]
+    assert eng.bucket(3) == 4 and eng.bucket(1) == 2 and eng.bucket(5) == 8
+    assert eng.policy.buckets == [2, 4, 8]
+    assert make_engine("off", max_batch=8).buckets == [1, 2, 4, 8]
+    for bad in ([0], [9], [True]):
+        with pytest.raises(ConfigError, match="graph_batches"):
+            make_engine("off", max_batch=8, graph_batches=bad)

@@ -23,14 +23,14 @@ fi
 """
 
 
-def _pass(tmp_path: Path, script: str = "gpu_one.sh", **env: str) -> tuple[list[str], str]:
+def _pass(tmp_path: Path, script: str = "gpu_one.sh", models=("/m/q15.gguf",), **env: str) -> tuple[list[str], str]:
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "python").write_text(STUB)
     (stub / "python").chmod(0o755)
     calls, out = tmp_path / "calls.log", tmp_path / "out"
     full_env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "CALLS": str(calls), **env}
-    subprocess.run(["bash", str(REPO / "benchmarks" / script), str(out), "/m/q15.gguf"], cwd=REPO, env=full_env,
+    subprocess.run(["bash", str(REPO / "benchmarks" / script), str(out), *models], cwd=REPO, env=full_env,
                    check=True, capture_output=True, timeout=30)  # fmt: skip
     main = out / "main.log"
     deadline = time.time() + 60
@@ -106,3 +106,26 @@ def test_gpu_x4_warms_up_then_runs_four_workers_then_tp4(tmp_path):
     assert "--shape qwen2.5-32b --tp 4 --scale 0.25" in tp
     warm = calls[where["--warmup-only"]]
     assert "--warmup-prompts 1024" in warm and "--warmup-epochs 3" in warm
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
+def test_gpu_drafter_x4_warms_both_models_and_times_each_drafter(tmp_path):
+    """The drafter pass: two 1.5B warm-ups and one 0.5B warm-up, each on its own GPU and its model's config; the
+    1.5B drafter with the higher accept / ceiling (the first, on a tie) serves both 1.5B timings, the 0.5B
+    drafter the 0.5B one."""
+    calls, main = _pass(tmp_path, "gpu_drafter_x4.sh", models=("/m/q15.gguf", "/m/q05.gguf"))
+    assert "all done" in main
+    warm = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if "--warmup-only" in c}
+    assert set(warm) == {"w0", "w1", "w05"}
+    assert "qwen2.5-0.5b" in warm["w05"] and warm["w05"].endswith("model.path=/m/q05.gguf")
+    assert "--warmup-prompts 2048 --warmup-epochs 2 " in warm["w0"] and "--warmup-prompts 3072" in warm["w1"]
+    assert all("--warmup-arg=--gen-batch=512" in c for c in warm.values())
+    timed = [c for c in calls if "engine_throughput" in c and "--drafter" in c]
+    assert len(timed) == 3
+    out = tmp_path / "out"
+    for c in timed:
+        drafter = out / ("w05" if "q05" in c else "w0") / "drafter"
+        assert f"--drafter {drafter} " in c and "--interleave" in c
+    chains = next(c for c in timed if "chains" in c)
+    assert "--batch 32 128" in chains and "4_1_5 3_1_4" in chains.split("--strategies")[1]
+    assert any("-m gpu" in c for c in calls) and any("--profile 25" in c for c in calls)

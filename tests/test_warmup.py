@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from tlt_rt.models.eagle_export import load_eagle
-from tlt_rt.train.drafter.warmup import BASE_LR, default_lr, warmup
+from tlt_rt.train.drafter.warmup import BASE_LR, default_lr, gen_buckets, warmup
 
 
 def test_warmup_trains_measures_and_exports(tmp_path):
@@ -122,3 +122,9 @@ def test_default_lr_falls_as_one_over_width_above_smollm2s():
     assert math.isclose(default_lr(1152), BASE_LR / 2)
     assert math.isclose(default_lr(1536), BASE_LR * 576 / 1536)  # Qwen2.5-1.5B: 3.4e-4
     assert default_lr(3584) < default_lr(1536) < default_lr(896)  # 7B < 1.5B < 0.5B
+
+
+def test_the_generating_engine_captures_quarters_of_its_batch():
+    assert gen_buckets(512) == [128, 256, 384, 512]
+    assert gen_buckets(256) == [64, 128, 192, 256]
+    assert gen_buckets(2) == [1, 2]

@@ -77,6 +77,13 @@ class EngineConfig:
     max_batch: int = option(
         64, help="Most sequences one engine decodes at once (continuous batching); largest graph bucket."
     )
+    graph_batches: list[int] = option(
+        [],
+        help="Batch sizes whose steps are captured as CUDA graphs (a live batch runs in the smallest that holds "
+        "it; max_batch is always one); [] = 1, 2, 4, 8, then steps of a third of the size up to max_batch. Each "
+        "size is a capture and a compile of its own on first use: an engine that only generates data at a full "
+        "batch needs a few.",
+    )
     max_prefill_tokens: int = option(
         16384,
         help="Most prompt tokens one prefill step processes (chunked prefill). A prefill step runs eagerly and "
@@ -121,6 +128,12 @@ class EngineConfig:
         check_min(self, "num_blocks", 0)
         check_min(self, "max_batch", 1)
         check_min(self, "max_prefill_tokens", 1)
+        bad = [
+            b
+            for b in self.graph_batches
+            if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= self.max_batch
+        ]
+        check(not bad, "graph_batches", f"each must be an int in [1, max_batch={self.max_batch}], got {bad}")
         check_min(self, "prefill_min_samples", 0)
         check(self.attn_backend in ("auto", "triton", "torch"), "attn_backend", f"unknown: {self.attn_backend!r}")
 

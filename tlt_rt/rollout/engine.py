@@ -71,7 +71,7 @@ class Engine:
         target.attn_backend = select_backend(self.device, attn_backend)
         self.glue = target.compile_glue() if self.device.type == "cuda" and not enforce_eager else None
         target.fuse_projections()
-        self.buckets = batch_buckets(max_batch)
+        self.buckets = sorted({*cfg.graph_batches, max_batch}) if cfg.graph_batches else batch_buckets(max_batch)
         self.enforce_eager = enforce_eager
         self.speculative = speculative
         self.max_blocks_per_seq = blocks_per_sequence(self.max_context, self._max_scratch_for(speculative), block_size)

@@ -105,6 +105,12 @@ def ceiling(target, answers: list[dict], temperature: float, strategy: str) -> f
 BLOCK_SIZE = 16  # the KV-cache blocks of `strategy_accept`'s engines
 
 
+def gen_buckets(gen_batch: int) -> list[int]:
+    """The batch sizes the data-generating engine captures: quarters of `gen_batch` (the batch is near full
+    but for the last answers of a call, which run padded up to a quarter)."""
+    return sorted({max(1, gen_batch * k // 4) for k in range(1, 5)})
+
+
 def strategy_accept(target, drafter, strategy: str, prompts: list[list[int]], params: SamplingParams,
                     temperature: float) -> dict:  # fmt: skip
     """{"accept", "ceiling"} of `drafter` with `strategy` on `prompts` (an engine of its own, its KV cache sized
@@ -215,10 +221,14 @@ def warmup(
     evals = {t: SamplingParams(n=1, temperature=t, max_new_tokens=max_new_tokens, seed=seed + 1) for t in temps}
 
     t_start = time.perf_counter()
-    # prompts admitted eight at a time at least (`prefill_min_samples`): admitted one a step as places freed up,
-    # 1,024 prompts' answers spent 61 of their 132 s generating in prefill steps (an eager forward each; H200)
+    # prompts admitted an eighth of the batch at a time at least (`prefill_min_samples`): admitted one a step as
+    # places freed up, 1,024 prompts' answers spent 61 of their 132 s generating in prefill steps (an eager
+    # forward each; H200). The batch then stays near full, so steps are captured at four sizes only (each size
+    # is a capture and a compile on first use: with every default size the decode steps of 768 and of 1,024
+    # prompts' answers took the same 56 s), and the block tables span the answers' length, not the model's
     plain = Engine.from_pretrained(target_path, speculative="off", dtype=dtype, device=device, max_batch=gen_batch,
-                                   prefill_min_samples=max(1, gen_batch // 8))  # fmt: skip
+                                   prefill_min_samples=max(1, gen_batch // 8), graph_batches=gen_buckets(gen_batch),
+                                   max_context=max(len(p) for p in prompts) + max_new_tokens + 1)  # fmt: skip
     if feature_layers == "auto":
         feature_layers = default_feature_layers(plain.target.arch.num_hidden_layers)
     plain.target.set_feature_layers(feature_layers)  # the answers' hidden states carry the fused layers' too
@@ -239,8 +249,10 @@ def warmup(
         torch.manual_seed(seed)
         drafter = Drafter(target.arch, target, fc_bias=fc_bias, feature_layers=target.feature_layers).to(device)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        spec = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,))
+        warnings.simplefilter("ignore")  # sized for the held-out prompts: no step captured at a batch never run
+        longest = max(len(p) for p in eval_prompts) + max_new_tokens + scratch_tokens(Strategy.parse(strategy)) + 1
+        spec = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,), max_batch=len(eval_prompts),
+                      max_context=longest)  # fmt: skip
     drafter.eval()
     t_before = time.perf_counter()
     before = {t: accept_length(spec, eval_prompts, p) for t, p in evals.items()}
