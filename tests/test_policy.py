@@ -469,11 +469,19 @@ def test_a_drafter_catch_up_is_costed_apart_and_counted_before_it_runs():
         assert p.decide(8) is None
         p.observe(8, None, plain, 1.0)
     assert p.decide(8, behind=0) is s
-    # thousands of rows to catch up: the prior per-row cost makes this step a loss the budget cannot pay yet
+    # thousands of rows to catch up: by the prior a loss counted whole, but it opens a stretch of speculation as
+    # long as the plain one that left them behind, so the step's expected regret counts it spread over that
     assert p.catchup_seconds(8, 10_000) > 10 * cost
-    assert p.decide(8, behind=10_000) is None
-    # a step that paid a catch-up teaches the per-row cost and leaves the strategy's steady cost alone
+    spread = p.catchup.amortized(8, 8, 10_000, plain)
+    assert spread == pytest.approx(p.catchup_seconds(8, 10_000) / (10_000 / 8))
+    assert spread < cost * 1.5 - cost  # a quarter of a plain step a step: less than what speculating gains here
+    assert p.decide(8, behind=10_000) is s
+    # a step that paid a catch-up teaches the per-row cost and leaves the strategy's steady cost alone; its regret
+    # counts the catch-up spread over the 100 / 8 steps of the stretch it opens
+    regret = p.stats()["regret_share"][8] * p._regret[8][1]
     p.observe(8, s, cost + 0.005, 2.0, behind=100)
+    fade = 1 - 1 / 4096
+    assert p._regret[8][0] == pytest.approx(regret * fade + cost + 0.005 / 12.5 - 2.0 * plain)
     assert p.costs.interpolate(8, s) == pytest.approx(cost)
     assert p.catchup_seconds(8, 100) == pytest.approx(0.005)
     assert p.stats()["catchup_us_per_row"][8] == pytest.approx(50.0)
@@ -642,3 +650,40 @@ def test_plain_settle_covers_leftovers_that_last_two_plain_steps(settle):
         assert p.costs.get(64, None) < 0.012 and chosen[-100:].count(OFF) == 100
     else:
         assert p.costs.get(64, None) > 0.025 and chosen[-100:].count(str(S[4])) > 80  # all but its timing runs
+
+
+def _engine_like(p: SDPolicy, batch: int, plain: float, cost: float, accept: float, steps: int, window: int = 10):
+    """Drive `p` as an engine would at a steady batch: plain steps leave the drafter a row behind on every
+    sequence beyond its catch-up window, the next speculative step pays 2 us a row to catch up, and the first
+    speculative step costs twice its steady cost (a cold first replay). Returns the steps that speculated."""
+    plain_run, spec, cold = 0, 0, True
+    for _ in range(steps):
+        behind = batch * max(0, plain_run - window)
+        s = p.decide(batch, lambda b=behind: b)
+        if s is None:
+            p.observe(batch, None, plain, 1.0)
+            plain_run += 1
+            continue
+        seconds = cost * (2.0 if cold else 1.0) + behind * 2e-6
+        p.observe(batch, s, seconds, accept, behind)
+        cold, plain_run, spec = False, 0, spec + 1
+    return spec
+
+
+def test_one_dear_first_try_does_not_lock_a_paying_strategy_out_of_a_large_batch():
+    """At batch 128 a strategy that pays 1.3x must win the bucket even though its first step ran cold and every
+    later try first catches the drafter up on the plain stretch before it. Counted whole, those catch-ups
+    grew with the stretch faster than the 2% budget the stretch earned, and the bucket stayed plain for good
+    (seen on an H200: one 16.9 ms first reading of 8_4_8 against 7.2 ms steady, then 1,538 plain steps)."""
+    s = Strategy.parse("6_2_12")
+    p = SDPolicy([s], [128], epsilon=0.05, explore_budget=0.02)
+    plain, cost, accept = 0.0027, 0.0072, 3.5  # 3.5 tokens for 2.67 plain steps' time: 1.3x
+    p.costs.set(128, None, plain)
+    p.costs.set(128, s, cost)
+    assert _engine_like(p, 128, plain, cost, accept, 1500) > 600  # 11 before: one cold try, then plain for good
+    assert p.stats()["current"][128] == "6_2_12" and p.stats()["follow_up_steps"] > 0
+    # and a strategy that loses there stays a small share of the steps
+    q = SDPolicy([s], [128], epsilon=0.05, explore_budget=0.02)
+    q.costs.set(128, None, plain)
+    q.costs.set(128, s, cost)
+    assert _engine_like(q, 128, plain, cost, 1.8, 1500) < 30

@@ -21,8 +21,10 @@ states and catches the drafter up on the rows it missed at the next speculative 
 free (an eager drafter forward over every missed row: at batch 128 after ~40 plain steps it tripled an SD
 step on an H200), so the engine says how many rows the drafter is behind (`behind`); the policy learns a
 cost per row per bucket from the steps that paid one (rollout/catchup.py), keeps those steps out of the
-strategy's steady step cost, counts the expected catch-up in a step's expected regret, and weighs it per
-step when leaving plain decoding, exploring, or letting a strategy prove itself over budget.
+strategy's steady step cost, and weighs the catch-up per step of the speculative stretch it opens (as long as
+the plain stretch that left the rows behind) wherever it counts: in a step's regret, expected and paid, when
+leaving plain decoding, exploring, or letting a strategy prove itself over budget. A try that pays a catch-up
+runs a second step, whose time is the strategy's own.
 """
 
 from __future__ import annotations
@@ -114,6 +116,8 @@ class SDPolicy:
         self._counts: Counter = Counter()  # decisions / explore / measure / switches
         self.catchup = CatchupCosts()  # what catching the drafter up costs here, per bucket
         self._known: dict[int, int] = {}  # bucket -> the cost table's revision when every option had a cost
+        # bucket -> the strategy of a try that paid a catch-up: its next decision there runs it once more
+        self._follow: dict[int, str] = {}
 
     def bucket(self, batch_size: int) -> int:
         b = self._bucket_of.get(batch_size)
@@ -141,6 +145,11 @@ class SDPolicy:
         n = self._calls[b]
         self._calls[b] += 1
         self._counts["decisions"] += 1
+        follow = self._follow.pop(b, None)
+        if follow is not None:  # the second step of a try: no catch-up, so its time is the strategy's own
+            choice = self._within_budget(b, self._by_name[follow], rows)
+            self._counts["follow_ups"] += choice is not None
+            return self._use_option(choice)
         if self._known.get(b) != self.costs.revision:  # a bucket stays known until a cell turns provisional
             costs = self.costs
             unknown = [o for o in self.options if costs.interpolate(b, o) is None or costs.is_provisional(b, o)]
@@ -148,6 +157,7 @@ class SDPolicy:
                 choice = self._within_budget(b, unknown[0], rows)
                 if choice is unknown[0]:
                     self._counts["measure"] += 1
+                    self._try(b, choice, rows)
                 else:  # held back: plain decoding is the incumbent until the strategy can be afforded
                     self._current.setdefault(b, option_name(None))
                 return self._use_option(choice)
@@ -178,7 +188,19 @@ class SDPolicy:
             # plain decoding is the yardstick of every choice here and costs nothing against SD off to time
             self._counts["plain_timing"] += 1
             return self._use_option(None)
-        return self._use_option(self._within_budget(b, choice, rows))
+        choice = self._within_budget(b, choice, rows)
+        if choice is not None and option_name(choice) != cur:
+            self._try(b, choice, rows)
+        return self._use_option(choice)
+
+    def _try(self, bucket: int, strategy: Strategy, rows: Callable[[], int]) -> None:
+        """A step trying `strategy` away from the incumbent: where it first catches the drafter up, the next
+        decision here runs it once more. The catch-up step teaches the per-row catch-up cost only (`observe`),
+        so a try of one step after a plain stretch never reads the strategy's own cost: a first reading that
+        ran cold (an H200 read 8_4_8 at batch 128 as 16.9 ms against 7.2 ms steady) then stood, and the
+        strategy never looked worth switching to."""
+        if self.mode == "auto" and rows() > 0:
+            self._follow[bucket] = option_name(strategy)
 
     def _worth_switching(self, batch_size: int, bucket: int, best: str, cur: str, rates: dict, rows) -> bool:
         """Whether leaving plain decoding for strategy `best` still beats staying once its catch-up is paid
@@ -211,7 +233,7 @@ class SDPolicy:
         cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
         if cost is None or plain is None:
             return 0.0, 0.0
-        cost += self.catchup_seconds(bucket, behind())
+        cost += self.catchup.amortized(bucket, bucket, behind(), plain)
         return cost - max(1.0, self.accept.mean(bucket, choice)) * plain, cost
 
     def catchup_seconds(self, bucket: int, rows: int) -> float:
@@ -276,21 +298,26 @@ class SDPolicy:
             self._plain_at[b] = self._calls[b]
             self.costs.observe(b, None, seconds)
         plain = self.costs.interpolate(b, None)
+        charged = seconds  # what the step's regret counts: a catch-up's excess spread over the stretch it opens
         if strategy is not None:
             steady = None
             if behind > 0 and not self.costs.is_provisional(b, strategy):
                 steady = self.costs.interpolate(b, strategy)
             if steady is None:
                 self.costs.observe(b, strategy, seconds)
+            elif seconds < steady:  # a catch-up only adds time: the steady cost itself was read high
+                self.costs.observe(b, strategy, seconds)
+                self.catchup.observe(b, 0.0, behind)
             else:  # a catch-up step: its excess over the steady cost teaches the per-row catch-up cost only
                 self.catchup.observe(b, seconds - steady, behind)
+                charged = steady + (seconds - steady) / max(1.0, behind / b)
         acc = self._regret.setdefault(b, [0.0, 0.0])
         acc[0] *= self._fade
         acc[1] = acc[1] * self._fade + seconds
         if strategy is not None:
             self.accept.observe(b, strategy, tokens_per_seq)
             if plain is not None:
-                acc[0] += seconds - max(1.0, tokens_per_seq) * plain
+                acc[0] += charged - max(1.0, tokens_per_seq) * plain
 
     def stats(self) -> dict:
         return {
@@ -301,6 +328,7 @@ class SDPolicy:
             "plain_timing_steps": self._counts["plain_timing"],
             "switch_readings": self._counts["switch_readings"],
             "switches": self._counts["switches"],
+            "follow_up_steps": self._counts["follow_ups"],
             "held_back_steps": self._counts["held_back"],
             "regret_share": {b: r / e for b, (r, e) in sorted(self._regret.items()) if e > 0},
             "catchup_us_per_row": self.catchup.us_per_row(),
@@ -328,6 +356,7 @@ class SDPolicy:
             "catchup": self.catchup.state_dict(),
             "plain_at": {str(b): n for b, n in self._plain_at.items()},
             "plain_run": self._plain_run,
+            "follow": {str(b): name for b, name in self._follow.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -350,3 +379,4 @@ class SDPolicy:
         self.catchup.load_state_dict(state.get("catchup", {}))
         self._plain_at = {int(b): n for b, n in state.get("plain_at", {}).items()}
         self._plain_run = int(state.get("plain_run", self.plain_settle + 1))
+        self._follow = {int(b): name for b, name in state.get("follow", {}).items()}
