@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 import pytest
 import torch
@@ -114,7 +115,7 @@ def _real_qwen() -> str | None:
 
 def test_real_qwen_greedy_speculation_gives_plain_tokens():
     """fp32 on the GPU: speculation's verify (a tree through the Triton kernels) and plain decoding pick the
-    same argmax at every position of 192-token chain-of-thought answers."""
+    same argmax at every position of answers of up to 192 tokens to arithmetic word problems."""
     path = _real_qwen()
     if path is None:
         pytest.skip(
@@ -140,7 +141,8 @@ def test_real_qwen_greedy_speculation_gives_plain_tokens():
         torch.cuda.empty_cache()
     assert outs["on"] == outs["off"]
     text = tok.decode(outs["off"][0])
-    assert "step" in text.lower() and any(c.isdigit() for c in text)  # a worked answer, not noise
+    # an answer in words and numbers, not noise (the 1.5B model works the steps; the 0.5B may state the result)
+    assert len(re.findall(r"[A-Za-z]{2,}", text)) >= 3 and any(c.isdigit() for c in text), text
 
 
 def test_learner_attention_stays_off_cudnn_and_matches_the_math_kernel():
