@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -27,11 +26,16 @@ from tlt_rt.models.default import load_tokenizer
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import export_eagle
 from tlt_rt.rollout import Engine, SamplingParams
-from tlt_rt.rollout.config import DEFAULT_STRATEGIES
 from tlt_rt.rollout.speculative import scratch_tokens
 from tlt_rt.rollout.stats import timeline_split
 from tlt_rt.train.drafter.data import DrafterBuffer
-from tlt_rt.train.drafter.eval import oracle_tree_steps
+from tlt_rt.train.drafter.measure import (
+    accept_and_answers,
+    accept_length,
+    ceiling,
+    plot_curve,
+    strategy_accept,
+)
 from tlt_rt.train.drafter.trainer import DrafterTrainer
 from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
 
@@ -71,63 +75,10 @@ def generate_data(
     return sum(len(o.token_ids) for o in outs)
 
 
-def accept_length(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> float:
-    """Mean tokens emitted per speculative step on `prompts` (the engine must speculate on every step)."""
-    return accept_and_answers(engine, prompts, params)[0]
-
-
-def accept_and_answers(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, list[dict]]:
-    """`accept_length`, and the answers it counted as `drafter_eval` samples ({"ids": prompt + answer on the
-    target's device, "prompt_len"}), on which the perfect-drafter ceiling of the same steps is computed."""
-    before = engine.stats()["accept_length_hist"]
-    outs = engine.generate(prompts, params)
-    hist = {k: v - before.get(k, 0) for k, v in engine.stats()["accept_length_hist"].items()}
-    n = sum(hist.values())
-    acc = sum(k * v for k, v in hist.items()) / n if n else float("nan")
-    dev = engine.target.lm_head.weight.device
-    answers = [
-        {
-            "ids": torch.tensor(prompts[o.prompt_index] + o.token_ids, device=dev),
-            "prompt_len": len(prompts[o.prompt_index]),
-        }
-        for o in outs
-    ]
-    return acc, answers
-
-
-def ceiling(target, answers: list[dict], temperature: float, strategy: str) -> float:
-    """The perfect-drafter ceiling of `strategy`'s tree and verify budget on `answers` (oracle_tree_steps)."""
-    st = Strategy.parse(strategy)
-    chunk = 512 if target.lm_head.weight.device.type == "cuda" else 64  # root rows per batched walk
-    return oracle_tree_steps(target, answers, temperature, st.depth, st.topk, st.verify_tokens, chunk)
-
-
-BLOCK_SIZE = 16  # the KV-cache blocks of `strategy_accept`'s engines
-
-
 def gen_buckets(gen_batch: int) -> list[int]:
     """The batch sizes the data-generating engine captures: quarters of `gen_batch` (the batch is near full
     but for the last answers of a call, which run padded up to a quarter)."""
     return sorted({max(1, gen_batch * k // 4) for k in range(1, 5)})
-
-
-def strategy_accept(target, drafter, strategy: str, prompts: list[list[int]], params: SamplingParams,
-                    temperature: float) -> dict:  # fmt: skip
-    """{"accept", "ceiling"} of `drafter` with `strategy` on `prompts` (an engine of its own, its KV cache sized
-    for these prompts rather than half the free memory, released after)."""
-    st = Strategy.parse(strategy)
-    longest = max(len(p) for p in prompts) + params.max_new_tokens + scratch_tokens(st) + 1
-    blocks = 2 * len(prompts) * params.n * -(-longest // BLOCK_SIZE)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        engine = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,), num_blocks=blocks,
-                        block_size=BLOCK_SIZE, max_batch=max(1, len(prompts) * params.n))  # fmt: skip
-    acc, answers = accept_and_answers(engine, prompts, params)
-    out = {"accept": acc, "ceiling": ceiling(target, answers, temperature, strategy)}
-    del engine
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return out
 
 
 BASE_LR, BASE_WIDTH = 9e-4, 576  # the warm-up's learning rate at SmolLM2's width, where it was tuned
@@ -362,152 +313,11 @@ def warmup(
     return report
 
 
-def plot_curve(curve: list[dict], path: Path, title: str) -> Path:
-    """Accept length and its ceiling against the training tokens seen, with the ratio on a second axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    x = [c["train_tokens"] / 1e6 for c in curve]
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot(x, [c["accept"] for c in curve], "o-", label="drafter")
-    ax.plot(x, [c["ceiling"] for c in curve], "s--", label="perfect drafter (ceiling)")
-    ax.set_xlabel("training tokens seen (millions)")
-    ax.set_ylabel("accept length (tokens a step)")
-    ax.set_ylim(bottom=1.0)
-    ratio = ax.twinx()
-    ratio.plot(x, [c["accept"] / c["ceiling"] for c in curve], ":", color="grey", label="drafter / ceiling")
-    ratio.set_ylabel("drafter / ceiling")
-    ratio.set_ylim(0, 1)
-    lines = ax.get_legend_handles_labels()
-    more = ratio.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right", fontsize=8)
-    ax.set_title(f"drafter warm-up: {title}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default=None, help="HF folder or .gguf (default: embedded SmolLM2)")
-    ap.add_argument("--out", default="runs/drafter")
-    ap.add_argument("--prompts", type=int, default=256)
-    ap.add_argument("--held-out", type=int, default=32)
-    ap.add_argument("--samples", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=None, help="default: --epochs passes over the generated data")
-    ap.add_argument("--epochs", type=float, default=10.0)
-    ap.add_argument("--noise-std", type=float, default=0.0, help="Gaussian noise on input features")
-    ap.add_argument("--token-weight", type=float, default=1.0, help="CE weight of the next-token loss")
-    ap.add_argument("--hidden-weight", type=float, default=1.0,
-                    help="weight of the feature regression (0 = the token loss alone)")  # fmt: skip
-    ap.add_argument("--unroll", type=int, default=3, help="training passes fed the drafter's own predictions")
-    ap.add_argument("--unroll-context", choices=("chain", "shifted"), default="chain",
-                    help="attention context of unrolled passes (drafter_loss)")  # fmt: skip
-    ap.add_argument("--loss-temperature", type=float, default=1.0, help="temperature of the soft targets (0: argmax)")
-    ap.add_argument("--sampled-weight", type=float, default=0.0, help="CE weight on the sampled next token")
-    ap.add_argument("--draft-vocab", type=int, default=0, help="reduced draft vocabulary size (0 = full)")
-    ap.add_argument("--feature-layers", nargs="*", default=[],
-                    help="target layers whose outputs the drafter fuses with the last one's (EAGLE-3), or 'auto' "
-                    "(the third and the middle layer); none = the last layer's feature alone")  # fmt: skip
-    ap.add_argument("--no-fc-bias", action="store_true", help="a drafter without fc bias (vLLM serves it as is)")
-    ap.add_argument("--format", default="sglang", choices=("sglang", "vllm"), help="layout of the exported drafter")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--temperature", type=float, default=0.9, help="sampling temperature of the training data")
-    ap.add_argument("--eval-temperatures", type=float, nargs="*", default=[0.0],
-                    help="accept length is also measured at these (0 = greedy)")  # fmt: skip
-    ap.add_argument("--gen-batch", type=int, default=256, help="batch of the engine that generates the data")
-    ap.add_argument("--strategy", default="8_4_48")
-    ap.add_argument("--also-strategies", nargs="*", default=[],
-                    help="measure the trained drafter with these strategies too ('default': the engine's default "
-                    "set): accept and ceiling of each on the held-out answers")  # fmt: skip
-    ap.add_argument("--lr", type=float, default=None,
-                    help=f"peak rate (default: {BASE_LR:g} up to width {BASE_WIDTH}, then as 1/width)")  # fmt: skip
-    ap.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
-    ap.add_argument("--no-greedy-answers", dest="greedy_answers", action="store_false",
-                    help="train on the sampled answers only (default: each prompt's greedy answer too)")  # fmt: skip
-    ap.add_argument(
-        "--batch-tokens",
-        type=int,
-        default=None,
-        help="tokens per training batch (default: 8192 on a GPU, 1024 on a CPU)",
-    )
-    ap.add_argument("--curve", type=int, default=0, help="points of the accept-vs-training-tokens curve (0 = none)")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--seed", type=int, default=0,
-                    help="fixes the answers, the drafter's initial weights and the data order")  # fmt: skip
-    ap.add_argument(
-        "--config",
-        default=None,
-        help="an RL config whose arithmetic task makes the prompts (the "
-        "workload the drafter will serve); default: two-step two-digit word problems",
-    )
-    a = ap.parse_args(argv)
-    task = None
-    if a.config:
-        try:
-            task = ArithmeticTask.from_config_file(a.config)
-        except ValueError as e:
-            ap.error(f"--config {e}")
-    rep = warmup(
-        a.target,
-        a.out,
-        a.prompts,
-        a.held_out,
-        a.samples,
-        a.steps,
-        a.max_new_tokens,
-        a.temperature,
-        a.strategy,
-        a.lr,
-        a.batch_tokens,
-        seed=a.seed,
-        device=a.device,
-        epochs=a.epochs,
-        noise_std=a.noise_std,
-        token_weight=a.token_weight,
-        hidden_weight=a.hidden_weight,
-        unroll=a.unroll,
-        eval_temperatures=tuple(a.eval_temperatures),
-        gen_batch=a.gen_batch,
-        unroll_context=a.unroll_context,
-        loss_temperature=a.loss_temperature,
-        sampled_weight=a.sampled_weight,
-        draft_vocab=a.draft_vocab,
-        fc_bias=not a.no_fc_bias,
-        export_format=a.format,
-        task=task,
-        lr_schedule=a.lr_schedule,
-        greedy_answers=a.greedy_answers,
-        curve_points=a.curve,
-        feature_layers="auto" if a.feature_layers == ["auto"] else [int(i) for i in a.feature_layers],
-        also_strategies=tuple(DEFAULT_STRATEGIES if a.also_strategies == ["default"] else a.also_strategies),
-    )
-    print(
-        f"{rep['generated_tokens']} tokens generated in {rep['generation_seconds']:.0f}s, "
-        f"{rep['train_steps']} steps in {rep['train_seconds']:.0f}s (of {rep['total_seconds']:.0f}s: loading "
-        f"{rep['load_seconds']:.0f}s, measuring {rep['measure_seconds']:.0f}s); drafter in {rep['drafter']}"
-    )
-    g = rep["generation_split"]
-    print(
-        f"generation: prefill {g['prefill_seconds']:.1f}s, decode {g['decode_seconds'] + g['sd_seconds']:.1f}s in "
-        f"{g['decode_steps']} steps of {g['mean_decode_batch']:.0f} sequences on average, between steps "
-        f"{g['other_seconds']:.1f}s, {g['preemptions']} preemptions"
-    )
-    for t, acc in rep["accept_length"].items():
-        print(
-            f"accept length with {rep['strategy']} at T={t}: {acc['before']:.2f} untrained -> {acc['after']:.2f} "
-            f"(a perfect drafter: {acc['ceiling']:.2f}, {acc['after'] / acc['ceiling']:.0%} of it)"
-        )
-    if len(rep["accept_by_strategy"]) > 1:
-        rows = sorted(rep["accept_by_strategy"].items(), key=lambda kv: -kv[1]["ratio"])
-        print(f"at T={rep['temperature']:g}, by strategy (accept of ceiling): " + ", ".join(
-            f"{name} {r['accept']:.2f} of {r['ceiling']:.2f} ({r['ratio']:.0%})" for name, r in rows))  # fmt: skip
-    for c in rep["curve"]:
-        print(f"  after {c['train_tokens'] / 1e6:.2f}M training tokens ({c['seconds']:.0f}s): accept {c['accept']:.2f} "
-              f"of {c['ceiling']:.2f} ({c['accept'] / c['ceiling']:.0%})")  # fmt: skip
+    """The command line (train/drafter/warmup_cli.py)."""
+    from tlt_rt.train.drafter.warmup_cli import main as cli  # local: the command line imports this module
+
+    cli(argv)
 
 
 if __name__ == "__main__":
