@@ -129,3 +129,14 @@ def test_gpu_drafter_x4_warms_both_models_and_times_each_drafter(tmp_path):
     chains = next(c for c in timed if "chains" in c)
     assert "--batch 32 128" in chains and "4_1_5 3_1_4" in chains.split("--strategies")[1]
     assert any("-m gpu" in c for c in calls) and any("--profile 25" in c for c in calls)
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
+def test_gpu_drafter_one_warms_the_small_model_then_times_its_drafter(tmp_path):
+    calls, main = _pass(tmp_path, "gpu_drafter_one.sh", models=("/m/q05.gguf",))
+    assert "all done" in main
+    warm = [c for c in calls if "--warmup-only" in c]
+    assert len(warm) == 1 and "qwen2.5-0.5b" in warm[0] and "--warmup-prompts 4096 --warmup-epochs 1.5 " in warm[0]
+    timed = [c for c in calls if "engine_throughput" in c]
+    assert len(timed) == 1 and f"--drafter {tmp_path / 'out' / 'w05' / 'drafter'} " in timed[0]
+    assert any("-m gpu" in c for c in calls)
