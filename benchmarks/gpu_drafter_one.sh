@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The drafter pass on one GPU (Qwen2.5-Coder-0.5B-Instruct, its own config's task, T=1.0):
-#   phase 1  the warm-up on WARMUP_PROMPTS (4,096) prompts x 4 answers over WARMUP_EPOCHS (1.5) passes, answers cut
+#   phase 1  the warm-up on WARMUP_PROMPTS (5,120) prompts x 4 answers over WARMUP_EPOCHS (1.3) passes, answers cut
 #            at 512 tokens and generated 512 at a time, every strategy of the engine's default set measured at
 #            the end; beside it every `gpu` test (TESTS=0 leaves them out);
 #   phase 2  its drafter: auto against off by batch size (1 / 8 / 32 / 128), interleaved rounds.
@@ -20,7 +20,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 share_cores 2
 cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
-prompts=${WARMUP_PROMPTS:-4096}; epochs=${WARMUP_EPOCHS:-1.5}; tests=${TESTS:-1}
+prompts=${WARMUP_PROMPTS:-5120}; epochs=${WARMUP_EPOCHS:-1.3}; tests=${TESTS:-1}
 DEFAULT="8_4_48 8_4_32 8_4_16 8_4_8 6_2_12"
 
 main() {

@@ -136,7 +136,7 @@ def test_gpu_drafter_one_warms_the_small_model_then_times_its_drafter(tmp_path):
     calls, main = _pass(tmp_path, "gpu_drafter_one.sh", models=("/m/q05.gguf",))
     assert "all done" in main
     warm = [c for c in calls if "--warmup-only" in c]
-    assert len(warm) == 1 and "qwen2.5-0.5b" in warm[0] and "--warmup-prompts 4096 --warmup-epochs 1.5 " in warm[0]
+    assert len(warm) == 1 and "qwen2.5-0.5b" in warm[0] and "--warmup-prompts 5120 --warmup-epochs 1.3 " in warm[0]
     timed = [c for c in calls if "engine_throughput" in c]
     assert len(timed) == 1 and f"--drafter {tmp_path / 'out' / 'w05' / 'drafter'} " in timed[0]
     assert any("-m gpu" in c for c in calls)

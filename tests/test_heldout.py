@@ -128,22 +128,23 @@ def test_worker_ceiling_and_evaluate_stay_out_of_the_step(tiny, tmp_path):
     # forward of the same tokens
     ids = [torch.tensor(prompts[s.prompt_index] + s.token_ids[:-1]) for s in res.samples]
     dense = [dict(ids=i, hidden=h, prompt_len=len(prompts[s.prompt_index]))
-             for i, h, s in zip(ids, collect_hidden(w.model, ids), res.samples, strict=True)]  # fmt: skip
+             for i, h, s in zip(ids, collect_hidden(w.learner_role.model, ids), res.samples, strict=True)]  # fmt: skip
     got = w.accept_ceiling()
     assert set(got) == {"3_2_4", "2_1_3"}
-    assert got["3_2_4"] == oracle_counts(w.model, dense, 1.0, 2, 3)
-    assert got["2_1_3"] == oracle_counts(w.model, dense, 1.0, 1, 2)
+    assert got["3_2_4"] == oracle_counts(w.learner_role.model, dense, 1.0, 2, 3)
+    assert got["2_1_3"] == oracle_counts(w.learner_role.model, dense, 1.0, 1, 2)
     tokens, steps = got["3_2_4"]
     assert steps >= 2 and steps <= tokens <= 4 * steps
     assert w.accept_ceiling() == {}  # read once per rollout
     # evaluation: nothing reaches the drafter's buffer or the engine's timeline
-    n_buf, n_line = w.buffer.num_tokens, len(w.engine.timeline)
+    buffer, engine = w.drafter_role.buffer, w.rollout_role.engine
+    n_buf, n_line = buffer.num_tokens, len(engine.timeline)
     greedy = dict(n=1, temperature=0.0, max_new_tokens=5, seed=0)
     out = w.evaluate(prompts, greedy)
-    assert w.buffer.num_tokens == n_buf and len(w.engine.timeline) == n_line and w.accept_ceiling() == {}
+    assert buffer.num_tokens == n_buf and len(engine.timeline) == n_line and w.accept_ceiling() == {}
     from tlt_rt.rollout import SamplingParams
 
-    again = w.engine.generate(prompts, SamplingParams(**greedy))
+    again = engine.generate(prompts, SamplingParams(**greedy))
     assert [s.token_ids for s in out] == [c.token_ids for c in again]
     assert w.evaluate([], greedy) == []
 
@@ -202,14 +203,14 @@ CURVE_PARAMS = dict(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=12
 
 def test_worker_drafter_curve_online_moves_and_frozen_stays(tiny, tmp_path):
     w = curve_worker(tiny, tmp_path)
-    start = {k: v.clone() for k, v in w.frozen_drafter.state_dict().items()}
+    start = {k: v.clone() for k, v in w.drafter_role.frozen.state_dict().items()}
     w.rollout(0, CURVE_PROMPTS, CURVE_PARAMS)
-    fixed = list(w._answers["curve"])  # the step's answers, as the worker keeps them
+    fixed = list(w.rollout_role._answers["curve"])  # the step's answers, as the worker keeps them
     assert len(fixed) == 4
     got = w.drafter_curve(None)
     # the values are the evaluation's own, of the serving drafter and of the frozen copy, on those answers
-    assert got == {"online": drafter_counts_by_shape(w.serving_drafter, fixed, CURVE_SHAPES),
-                   "frozen": drafter_counts_by_shape(w.frozen_drafter, fixed, CURVE_SHAPES)}  # fmt: skip
+    assert got == {"online": drafter_counts_by_shape(w.drafter_role.serving, fixed, CURVE_SHAPES),
+                   "frozen": drafter_counts_by_shape(w.drafter_role.frozen, fixed, CURVE_SHAPES)}  # fmt: skip
     assert got["online"] == got["frozen"]  # nothing trained yet
     tokens, steps = got["frozen"]["3_2_4"]
     assert tokens / steps < 1.5  # an untrained drafter: about one token per step
@@ -217,22 +218,22 @@ def test_worker_drafter_curve_online_moves_and_frozen_stays(tiny, tmp_path):
     assert set(w.accept_ceiling()) == set(CURVE_SHAPES)  # the ceiling reads the same answers on its own
     # the online drafter learns this policy's "1", "2" and spaces; the frozen copy stays where the run started
     for _ in range(30):
-        w.trainer.step()
+        w.drafter_role.trainer.step()
     w.merge_drafter(30, 30)
-    online = drafter_counts_by_shape(w.serving_drafter, fixed, CURVE_SHAPES)
-    frozen = drafter_counts_by_shape(w.frozen_drafter, fixed, CURVE_SHAPES)
+    online = drafter_counts_by_shape(w.drafter_role.serving, fixed, CURVE_SHAPES)
+    frozen = drafter_counts_by_shape(w.drafter_role.frozen, fixed, CURVE_SHAPES)
     assert frozen == got["frozen"]
-    assert all(torch.equal(v, start[k]) for k, v in w.frozen_drafter.state_dict().items())
+    assert all(torch.equal(v, start[k]) for k, v in w.drafter_role.frozen.state_dict().items())
     accept = {name: {k: e / n for k, (e, n) in c.items()} for name, c in (("online", online), ("frozen", frozen))}
     # of at most ~1.5 (top-1) and ~2.3 (top-2) here: the policy picks among three tokens at T = 1
     assert all(accept["online"][k] > accept["frozen"][k] + 0.3 for k in CURVE_SHAPES), accept
     # the next step's answers, sub-sampled evenly: 2 of 4
     w.rollout(1, CURVE_PROMPTS, CURVE_PARAMS)
-    answers = list(w._answers["curve"])
+    answers = list(w.rollout_role._answers["curve"])
     picked = [answers[0], answers[2]]
     got = w.drafter_curve(2)
-    assert got == {"online": drafter_counts_by_shape(w.serving_drafter, picked, CURVE_SHAPES),
-                   "frozen": drafter_counts_by_shape(w.frozen_drafter, picked, CURVE_SHAPES)}  # fmt: skip
+    assert got == {"online": drafter_counts_by_shape(w.drafter_role.serving, picked, CURVE_SHAPES),
+                   "frozen": drafter_counts_by_shape(w.drafter_role.frozen, picked, CURVE_SHAPES)}  # fmt: skip
     assert got["online"]["3_2_4"][0] / got["online"]["3_2_4"][1] > got["frozen"]["3_2_4"][0] / got["frozen"]["3_2_4"][1]
 
 
@@ -240,7 +241,7 @@ def test_resumed_worker_keeps_the_runs_starting_drafter_frozen(tiny, tmp_path):
     w = curve_worker(tiny, tmp_path)
     w.rollout(0, CURVE_PROMPTS, CURVE_PARAMS)
     for _ in range(3):
-        w.trainer.step()
+        w.drafter_role.trainer.step()
     w.merge_drafter(3, 3)
     folder = tmp_path / "ckpt"
     folder.mkdir()
@@ -249,10 +250,10 @@ def test_resumed_worker_keeps_the_runs_starting_drafter_frozen(tiny, tmp_path):
 
     again = Worker(0, 1, to_dict(w.cfg), str(tmp_path / "w"), policy_path=str(folder / "policy"))
     again.load_checkpoint(str(folder))
-    frozen, resumed = again.frozen_drafter.state_dict(), again.serving_drafter.state_dict()
-    assert all(torch.equal(v, w.frozen_drafter.state_dict()[k]) for k, v in frozen.items())
-    assert all(torch.equal(v, w.serving_drafter.state_dict()[k]) for k, v in resumed.items())
+    frozen, resumed = again.drafter_role.frozen.state_dict(), again.drafter_role.serving.state_dict()
+    assert all(torch.equal(v, w.drafter_role.frozen.state_dict()[k]) for k, v in frozen.items())
+    assert all(torch.equal(v, w.drafter_role.serving.state_dict()[k]) for k, v in resumed.items())
     assert not torch.equal(frozen["fc.weight"], resumed["fc.weight"])
-    assert curve_worker(tiny, tmp_path, "plain").frozen_drafter is not None
+    assert curve_worker(tiny, tmp_path, "plain").drafter_role.frozen is not None
     off = tiny_config(tiny, tmp_path, "off", "drafter.train_online=true")
-    assert Worker(0, 1, to_dict(off), str(tmp_path / "off")).frozen_drafter is None
+    assert Worker(0, 1, to_dict(off), str(tmp_path / "off")).drafter_role.frozen is None

@@ -177,20 +177,20 @@ def test_worker_in_process_rollout_train_merge_learn(tiny, tmp_path):
     w = Worker(0, 1, to_dict(cfg), str(tmp_path / "w"))
     params = dict(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=4, seed=3)
     res = w.rollout(0, [[1, 2, 3], [4, 5]], params)
-    assert len(res.samples) == 4 and res.timeline and w.buffer.num_tokens > 0
+    assert len(res.samples) == 4 and res.timeline and w.drafter_role.buffer.num_tokens > 0
     w.stop_drafter(7)  # a stop that arrives before its training call still stops it
     assert w.train_drafter(7).steps == 0
     box = {}
     t = threading.Thread(target=lambda: box.update(vars(w.train_drafter(1))))
     t.start()
-    while w.trainer.steps < 2:
+    while w.drafter_role.trainer.steps < 2:
         t.join(0.01)
     w.stop_drafter(1)
     t.join()
     assert box["steps"] >= 2 and box["end"] >= box["start"]
     w.merge_drafter(box["steps"], box["steps"])
-    served = w.engine.drafter_runner.drafter.state_dict()
-    for k, v in w.drafter.state_dict().items():
+    served = w.rollout_role.engine.drafter_runner.drafter.state_dict()
+    for k, v in w.drafter_role.replica.state_dict().items():
         assert torch.equal(served[k], v.to(served[k].dtype)), k
     toks, lps = res.samples[0].token_ids, res.samples[0].logprobs
     out = w.learn(0, [MiniBatch([LearnSample([1, 2, 3], toks, lps, 1.0)], len(toks), 1)])
@@ -202,9 +202,9 @@ def test_worker_in_process_rollout_train_merge_learn(tiny, tmp_path):
     assert not (tmp_path / "w" / "profile" / "learner-step1-rank0.txt").exists()
     other = Worker(1, 1, to_dict(cfg), str(tmp_path / "w"))
     other.import_state(w.export_state())
-    for k, v in w.model.state_dict().items():
-        assert torch.equal(other.model.state_dict()[k], v), k
-    assert other.learner.version == 2
+    for k, v in w.learner_role.model.state_dict().items():
+        assert torch.equal(other.learner_role.model.state_dict()[k], v), k
+    assert other.learner_role.version == 2
 
 
 def test_a_configured_draft_vocab_is_sized_before_capture_and_rebuilt_in_place(tiny, tmp_path):
@@ -216,22 +216,22 @@ def test_a_configured_draft_vocab_is_sized_before_capture_and_rebuilt_in_place(t
     cfg = tiny_config(tiny, tmp_path, "v", "drafter.train_online=true", "drafter.batch_tokens=32",
                       "drafter.draft_vocab=24")  # fmt: skip
     w = Worker(0, 1, to_dict(cfg), str(tmp_path / "v"))
-    serving = w.serving_drafter
-    assert serving.draft_vocab_size == 24 and w.drafter.draft_vocab_size == 24
+    serving = w.drafter_role.serving
+    assert serving.draft_vocab_size == 24 and w.drafter_role.replica.draft_vocab_size == 24
     assert set(serving.arch.eos_token_ids) <= set(serving.d2t.tolist())
     d2t, head = serving.d2t, serving.draft_head
     placeholder = d2t.clone()
     w.rollout(0, [[1, 2, 3], [4, 5]], dict(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=6, seed=3))
     t = threading.Thread(target=w.train_drafter, args=(1,))
     t.start()
-    while w.trainer.steps < 1:
+    while w.drafter_role.trainer.steps < 1:
         t.join(0.01)
     w.stop_drafter(1)
     t.join()
-    assert not torch.equal(w.drafter.d2t, placeholder)  # rebuilt from the rollout's tokens
-    w.merge_drafter(w.trainer.steps, w.trainer.steps)
+    assert not torch.equal(w.drafter_role.replica.d2t, placeholder)  # rebuilt from the rollout's tokens
+    w.merge_drafter(w.drafter_role.trainer.steps, w.drafter_role.trainer.steps)
     assert serving.d2t is d2t and serving.draft_head is head  # the same tensors, new contents
-    assert torch.equal(serving.d2t, w.drafter.d2t.to(d2t.device))
+    assert torch.equal(serving.d2t, w.drafter_role.replica.d2t.to(d2t.device))
     torch.testing.assert_close(serving.draft_head, serving.lm_head.weight.detach()[serving.d2t])
 
 

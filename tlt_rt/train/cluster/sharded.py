@@ -38,8 +38,9 @@ from tlt_rt.rollout import Engine
 from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine
 from tlt_rt.train.cluster.comm import all_reduce_sum
 from tlt_rt.train.cluster.fsdp import full_state_for_engine, iter_full_state, reshard_for_tp, shard_learner
+from tlt_rt.train.cluster.learner_role import copy_tokenizer_files
 from tlt_rt.train.cluster.results import RolloutResult, Sample
-from tlt_rt.train.cluster.worker import Worker, copy_tokenizer_files
+from tlt_rt.train.cluster.worker import Worker
 from tlt_rt.train.rl.checkpoint import load_pt, rng_state, set_rng_state
 from tlt_rt.train.rl.learner import Learner, LearnResult, MiniBatch
 
@@ -66,24 +67,25 @@ class ShardedWorker(Worker):
         super().__init__(rank, world_size, cfg, run_dir, policy_path)
         self.tp = self.cfg.cluster.tensor_parallel
         self.fsdp = self.cfg.rl.learner_shard == "fsdp"
-        self.collects = tp_rank == 0  # peers generate the same tokens; rank 0 keeps and trains on them
-        check_tp_divisible(self.model.arch, self.tp)
-        if self.model.arch.vocab_size % self.tp:
-            raise ValueError(f"arch.vocab_size={self.model.arch.vocab_size} must divide by the tensor-parallel "
+        self.rollout_role.collects = tp_rank == 0  # peers generate the same tokens; rank 0 keeps and trains on them
+        arch = self.learner_role.model.arch
+        check_tp_divisible(arch, self.tp)
+        if arch.vocab_size % self.tp:
+            raise ValueError(f"arch.vocab_size={arch.vocab_size} must divide by the tensor-parallel "
                              f"world {self.tp} for the weight handoff")  # fmt: skip
         self.global_rank = rank * self.tp + tp_rank
 
-    def _drafter_target(self):
-        self.engine_model = copy.deepcopy(self.model)
+    def _drafter_target(self, model):
+        self.engine_model = copy.deepcopy(model)
         self.heads = TargetHeads(self.engine_model)  # kept whole when the engine model is sharded
         return self.heads
 
-    def _make_engine(self):
+    def _make_engine(self, model, serving):
         return None  # built in form_group, once the TP group exists
 
     # ----------------------------------------------------------------------------- process group
     def form_group(self, addr: str, port: int, world_size: int) -> None:
-        if self.engine is not None:
+        if self.rollout_role.engine is not None:
             raise RuntimeError("sharded workers form their groups once; resume=true restarts from a checkpoint")
         tp, total = self.tp, world_size * self.tp
         self.world_size = total  # the drafter merge and gradient sums run over every process
@@ -98,16 +100,19 @@ class ShardedWorker(Worker):
         if tp > 1:
             self.tp_group = groups[self.rank]
             shard_for_tp(self.engine_model, self.tp_group)
-            self.engine = lockstep_engine(self.engine_model, self.tp_group, **self.engine_options())
+            engine = lockstep_engine(self.engine_model, self.tp_group, **self.engine_options())
         else:
-            self.engine = Engine(self.engine_model, **self.engine_options())
+            engine = Engine(self.engine_model, **self.engine_options())
+        self.rollout_role.engine = engine
         if self.device.type == "cuda":  # every rank captures the same keys in the same order
-            self.engine.capture()
+            engine.capture()
+        learner = self.learner_role
         if self.fsdp:
-            shard_learner(self.model, mixed_precision=self.device.type == "cuda")
-            self.learner = Learner(self.model, self.cfg.rl, self.sampling, None, self.learner.ref_model, lockstep=True)
+            shard_learner(learner.model, mixed_precision=self.device.type == "cuda")
+            learner.learner = Learner(learner.model, self.cfg.rl, learner.sampling, None, learner.learner.ref_model,
+                                      lockstep=True)  # fmt: skip
         elif total > 1:
-            self.learner.grad_sync = all_reduce_sum
+            learner.learner.grad_sync = all_reduce_sum
 
     # ----------------------------------------------------------------------------------- lockstep
     def rollout(self, step: int, prompts: list[list[int]], params: dict) -> RolloutResult:
@@ -147,7 +152,8 @@ class ShardedWorker(Worker):
         """Copy the learner's new weights into the engine's TP slice and the drafter's full heads, in place."""
         engine = self.engine_model.state_dict(keep_vars=True)
         heads = self.heads.state_dict(keep_vars=True)
-        source = iter_full_state(self.model) if self.fsdp else self.model.state_dict().items()
+        model = self.learner_role.model
+        source = iter_full_state(model) if self.fsdp else model.state_dict().items()
         for name, full in source:  # FSDP: every process gathers every tensor (a collective each)
             if name in heads:
                 heads[name].copy_(full)
@@ -165,27 +171,27 @@ class ShardedWorker(Worker):
         """Collective over every process: the policy is gathered (FSDP) and written by global rank 0, the
         learner state by each process (its own shard), the drafter and SD policy by each replica's rank 0."""
         refs = [p.save_checkpoint.remote(folder) for p in self.peers]
-        folder = Path(folder)
-        state = full_state_for_engine(self.model) if self.fsdp else None
+        folder, model = Path(folder), self.learner_role.model
+        state = full_state_for_engine(model) if self.fsdp else None
         if self.global_rank == 0:
-            save_target(_SavedPolicy(self.model.arch, state) if self.fsdp else self.model, folder / "policy")
+            save_target(_SavedPolicy(model.arch, state) if self.fsdp else model, folder / "policy")
             copy_tokenizer_files(self.cfg.model.path, folder / "policy")
-            self.trainer.save_checkpoint(folder / "drafter", async_=False)
-        torch.save(self.learner.state_dict(), folder / f"learner_{self.global_rank}.pt")
+            self.drafter_role.trainer.save_checkpoint(folder / "drafter", async_=False)
+        torch.save(self.learner_role.learner.state_dict(), folder / f"learner_{self.global_rank}.pt")
         if self.tp_rank == 0:
-            torch.save({"rng": rng_state(), "sd_policy": self.engine.policy.state_dict()},
+            torch.save({"rng": rng_state(), "sd_policy": self.rollout_role.engine.policy.state_dict()},
                        folder / f"worker_{self.rank}.pt")  # fmt: skip
         ray.get(refs)
 
     def load_checkpoint(self, folder: str) -> None:
         refs = [p.load_checkpoint.remote(folder) for p in self.peers]
         folder = Path(folder)
-        self.learner.load_state_dict(load_pt(folder / f"learner_{self.global_rank}.pt"))
-        self.trainer.load_checkpoint(folder / "drafter")
-        self._push_drafter()
+        self.learner_role.learner.load_state_dict(load_pt(folder / f"learner_{self.global_rank}.pt"))
+        self.drafter_role.trainer.load_checkpoint(folder / "drafter")
+        self.drafter_role.push()
         own = folder / f"worker_{self.rank}.pt"
         if self.tp_rank == 0 and own.is_file():
             state = load_pt(own)
             set_rng_state(state["rng"])
-            self.engine.policy.load_state_dict(state["sd_policy"])
+            self.rollout_role.engine.policy.load_state_dict(state["sd_policy"])
         ray.get(refs)
