@@ -276,13 +276,13 @@ def main(argv: list[str] | None = None) -> None:
     model = build_model(args.model)
     model.attn_backend = select_backend("cuda")
     if not args.eager_glue:  # the fused RMSNorm / rotary / SwiGLU the engine runs with on CUDA
-        from tlt_rt.models.llama import CompiledGlue
+        from tlt_rt.codegen.model_kernels import KernelGlue
 
         if args.skinny_min_weight is not None:
             from tlt_rt.codegen.kernels import skinny_gemm
 
             skinny_gemm.MIN_WEIGHT = args.skinny_min_weight
-        model.compile_glue(CompiledGlue(skinny=args.skinny, fused_rope=not args.no_fused_rope))
+        model.compile_glue(KernelGlue(skinny=args.skinny, fused_rope=not args.no_fused_rope))
     if not args.unfused:
         model.fuse_projections()
     if args.profile:

@@ -86,12 +86,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("report", "compile"),
     ("__main__",),
 ]
-KNOWN: dict[tuple[str, str], str] = {
-    # the model's inference glue calls two Triton kernels (imported inside the functions that run them); the
-    # glue belongs in codegen, which the engine would hand to the model
-    ("tlt_rt.models.llama", "tlt_rt.codegen.kernels.skinny_gemm"): "CompiledGlue's skinny matmuls",
-    ("tlt_rt.models.llama", "tlt_rt.codegen.kernels.rope_cache"): "CompiledGlue's fused rotary + KV write",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def package_of(module: str) -> str:

@@ -1,5 +1,3 @@
-# Over ~300 lines on purpose: the drafter module and the packed attention its training forward needs stay
-# together, laid out with the names serving engines load (EAGLE's state dict).
 """The one-layer EAGLE-style drafter, laid out as serving engines load an EAGLE(-2) draft model.
 
     feature f_t    = target.norm(h_t)                       # the target's final-norm output (EAGLE's "feature")
@@ -38,114 +36,24 @@ where the one-layer drafter does; `target_features` is always the final-norm fea
 target's own logits, the regression target). The drafter's own outputs are fed back H wide, as before.
 Serving engines' EAGLE loaders do not know `fuse`: a fused drafter serves in tlt_rt.
 
-Training-time test (`forward_unrolled`, EAGLE-3 / HASS): pass k of a dense batch feeds row t the previous
-pass's prediction at row t-1, and row t attends to what the engine's depth-(k+1) draft from root r = t-k
-sees: the true rows up to r, then its own chain (pass m's row r+m for m = 1..k), never other chains.
+Training runs through packed attention (packed_attention.py) and the training-time test of EAGLE-3 / HASS
+(`forward_unrolled`, drafter_unrolled.py).
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.attention import AttentionBackend, AttnMetadata, TorchAttention
-from tlt_rt.models.llama import (
-    CausalLM,
-    DecoderLayer,
-    KVCache,
-    ModelOutput,
-    Rotary,
-    apply_linear,
-    feature_layer_ids,
-)
+from tlt_rt.models.drafter_unrolled import forward_unrolled
+from tlt_rt.models.glue import apply_linear
+from tlt_rt.models.layers import DecoderLayer, Rotary
+from tlt_rt.models.llama import CausalLM, KVCache, ModelOutput, feature_layer_ids
+from tlt_rt.models.packed_attention import PackedAttn, packed_causal_attention, xformers_works
 
-PackedAttn = str  # "auto" | "xformers" | "sdpa"
-
-
-# ---- packed (block-diagonal causal) attention for training ------------------------------------------------
-
-
-def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """[B, T] segment ids -> [B, T, T] bool: same segment and key <= query (block-diagonal causal)."""
-    t = segment_ids.shape[-1]
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    return same & torch.ones(t, t, dtype=torch.bool, device=segment_ids.device).tril()
-
-
-def _sdpa_packed(q, k, v, scale, segment_ids):
-    rep = q.shape[2] // k.shape[2]
-    # K/V heads expanded here rather than enable_gqa: with a mask, SDPA's fused kernel takes no GQA and
-    # would fall back to the (much slower) math path
-    qt, kt, vt = (
-        q.transpose(1, 2),
-        k.repeat_interleave(rep, 2).transpose(1, 2),
-        v.repeat_interleave(rep, 2).transpose(1, 2),
-    )
-    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=segment_mask(segment_ids)[:, None], scale=scale)
-    return out.transpose(1, 2)
-
-
-def _run_lengths(segment_ids: torch.Tensor) -> list[int]:
-    """Lengths of the runs of equal ids in row-major order, a row end always closing a run."""
-    b, t = segment_ids.shape
-    key = segment_ids.long() + torch.arange(b, device=segment_ids.device).view(b, 1) * (segment_ids.max() + 2)
-    return torch.unique_consecutive(key.flatten(), return_counts=True)[1].tolist()
-
-
-def _xformers_packed(q, k, v, scale, segment_ids):
-    from xformers.ops import fmha, memory_efficient_attention  # local: optional extra (tlt_rt[xformers])
-
-    b, t, hq, d = q.shape
-    rep = hq // k.shape[2]
-    bias = fmha.attn_bias.BlockDiagonalCausalMask.from_seqlens(_run_lengths(segment_ids))
-    # every row's segments become one long batch-1 sequence: [1, B*T, H, D]
-    kf = k.repeat_interleave(rep, dim=2).reshape(1, b * t, hq, d)
-    vf = v.repeat_interleave(rep, dim=2).reshape(1, b * t, hq, d)
-    out = memory_efficient_attention(q.reshape(1, b * t, hq, d), kf, vf, attn_bias=bias, scale=scale)
-    return out.view(b, t, hq, d)
-
-
-@functools.cache
-def xformers_works(device_type: str, dtype: torch.dtype = torch.float32) -> bool:
-    """True when xformers imports AND its kernel runs a tiny packed call on this device type and dtype.
-
-    Some installs import fine but fail when a kernel loads, so this tries once instead of trusting the import.
-    """
-    try:
-        x = torch.randn(1, 8, 2, 16, device=device_type, dtype=dtype)
-        seg = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]], device=device_type)
-        got = _xformers_packed(x, x, x, 0.25, seg)
-        return bool(torch.allclose(got.float(), _sdpa_packed(x, x, x, 0.25, seg).float(), atol=2e-2, rtol=2e-2))
-    except Exception:  # ImportError, missing kernels, unsupported device: all mean "use our path"
-        return False
-
-
-def packed_causal_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    segment_ids: torch.Tensor,
-    impl: PackedAttn = "auto",
-) -> torch.Tensor:
-    """q [B, T, Hq, D], k/v [B, T, Hkv, D], segment_ids [B, T] -> [B, T, Hq, D], attention block-diagonal causal.
-
-    Each row holds several samples back to back; a token sees only earlier tokens of its own segment.
-    Segments must be contiguous runs within a row. `impl`: "xformers", "sdpa" or "auto" (xformers when it
-    works here, else SDPA with a boolean block-diagonal mask).
-    """
-    if impl not in ("auto", "xformers", "sdpa"):
-        raise ValueError(f"packed attention impl must be 'auto', 'xformers' or 'sdpa', got {impl!r}")
-    if impl == "xformers" or (impl == "auto" and xformers_works(q.device.type, q.dtype)):
-        return _xformers_packed(q, k, v, scale, segment_ids)
-    return _sdpa_packed(q, k, v, scale, segment_ids)
-
-
-# ---- the drafter -----------------------------------------------------------------------------------------
+__all__ = ["Drafter", "PackedAttn", "draft_vocab_from_counts", "packed_causal_attention", "xformers_works"]
 
 
 def draft_vocab_from_counts(counts: torch.Tensor, size: int) -> torch.Tensor:
@@ -404,56 +312,9 @@ class Drafter(nn.Module):
         segment_ids: torch.Tensor,
         steps: int,
     ) -> list[tuple[ModelOutput, torch.Tensor]]:
-        """Training-time test: `steps` dense passes, pass k being every row's depth-(k+1) draft.
-
-        input_ids [B, T] (x_{t+1}), hidden [B, T, H] input features of pass 0, positions [B, T], segment_ids
-        [B, T] (one id per sample, -1 on padding). Pass k >= 1 feeds row t pass k-1's predicted feature at row
-        t-1 and lets row t attend to pass-0 keys of rows <= t-k (the true rows up to the root) and to pass m's
-        key at row t-k+m for m = 1..k (its own chain). Returns per pass (output, valid [B, T] bool): valid
-        where rows t-k .. t are one sample (the chain's root lies in it); other rows are finite but moot.
-        Pass 0 is `forward` itself (dense causal within each segment).
-        """
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
-        layer, attn = self.layer, self.layer.self_attn
-        rot = self._rotary(input_ids.device)
-        b, t = input_ids.shape
-        rows = torch.arange(t, device=input_ids.device)
-        same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T(query), T(key)]
-        ks, vs, outs = [], [], []
-        feed = hidden
-        for k in range(steps):
-            x = self._fuse(input_ids, feed)
-            q, key, val = attn._qkv(x, positions, rot)  # [B, T, H, D]
-            ks.append(key)
-            vs.append(val)
-            masks = [same & (rows[None, :] <= rows[:, None] - k)[None]]  # the true rows up to the root
-            for m in range(1, k + 1):  # own chain: pass m's row t-k+m (m = k: the row itself)
-                diag = rows[None, :] == rows[:, None] - (k - m)
-                # the row itself is always a key, so that rows with no valid chain still see something
-                masks.append(diag[None].expand_as(same) if m == k else same & diag[None])
-            mask = torch.cat(masks, -1)  # [B, T, (k+1) T]
-            kk, vv = torch.cat(ks, 1), torch.cat(vs, 1)
-            rep = q.shape[2] // kk.shape[2]
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                kk.repeat_interleave(rep, 2).transpose(1, 2),
-                vv.repeat_interleave(rep, 2).transpose(1, 2),
-                attn_mask=mask[:, None],
-                scale=attn.scale,
-            ).transpose(1, 2)
-            h = x + attn.o_proj(out.flatten(-2))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-            valid = segment_ids >= 0
-            if k > 0:
-                valid = valid & torch.cat(
-                    [torch.zeros(b, k, dtype=torch.bool, device=h.device), segment_ids[:, k:] == segment_ids[:, :-k]],
-                    1,
-                )
-            outs.append((ModelOutput(logits=self.logits(h), hidden=h), valid))
-            if k + 1 < steps:
-                feed = torch.cat([feed[:, :1], h[:, :-1].to(feed.dtype)], 1)
-        return outs
+        """Training-time test: `steps` dense passes, pass k being every row's depth-(k+1) draft; per pass
+        (output, valid [B, T]). See `drafter_unrolled.forward_unrolled`."""
+        return forward_unrolled(self, input_ids, hidden, positions, segment_ids, steps)
 
     def make_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device=None) -> KVCache:
         p = self.fc.weight

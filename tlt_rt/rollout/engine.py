@@ -21,6 +21,7 @@ from collections import Counter
 import torch
 
 from tlt_rt.codegen.backend import select_backend
+from tlt_rt.codegen.model_kernels import engine_glue
 from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import prepare
@@ -69,7 +70,7 @@ class Engine:
         # the engine chooses the kernels of the model it is given: attention backend, compiled glue, fused
         # projections (the learner sharing the model computes the same function through them)
         target.attn_backend = select_backend(self.device, attn_backend)
-        self.glue = target.compile_glue() if self.device.type == "cuda" and not enforce_eager else None
+        self.glue = engine_glue(target) if self.device.type == "cuda" and not enforce_eager else None
         target.fuse_projections()
         self.buckets = sorted({*cfg.graph_batches, max_batch}) if cfg.graph_batches else batch_buckets(max_batch)
         self.enforce_eager = enforce_eager

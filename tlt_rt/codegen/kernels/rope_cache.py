@@ -8,7 +8,7 @@ x = (x1, x2) the two halves of a head vector (rotate-half convention, HF layout)
 q_out[n] = rot(q[n]) is returned; rot(k[n]) and v[n] are stored at cache slot slots[n] of k_cache / v_cache
 ([num_blocks, page, Hkv, D], a slot is block * page + row). Slots must be resolved already (no -1: see
 `tlt_rt.models.attention.resolve_slots`). Arithmetic in float32, rounded once to the output dtype, as
-`tlt_rt.models.llama.rotate_pair` does; the reference is that function plus `write_kv`. One program per
+`tlt_rt.models.arch.rotate_pair` does; the reference is that function plus `write_kv`. One program per
 (token, KV head) rotates that KV head's k, copies its v and rotates the query heads that share it, so a
 one-token decode still spreads over Hkv programs; q / k / v may be strided views of a fused projection
 (unit stride along D).

@@ -12,7 +12,7 @@ LM head 104% / 96% (L2 helps both), but q/k/v and o (< 20M elements) 67-73% agai
 cuBLAS's tensor-core kernels stay at 72-95% where this one drops under 70%. Everything else goes to F.linear
 (more rows, small weights, unsupported dtypes, strided weights, no Triton), so callers never need to check.
 In a whole graphed decode step the gain stayed within run-to-run noise, so the engine's glue uses it only
-when asked (`CompiledGlue(skinny=True)`, `benchmarks/step_costs.py --skinny`).
+when asked (`model_kernels.KernelGlue(skinny=True)`, `benchmarks/step_costs.py --skinny`).
 """
 
 from __future__ import annotations
