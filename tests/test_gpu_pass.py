@@ -90,22 +90,34 @@ def test_gpu_x2_with_the_tests_in_phase_2_and_no_killed_worker(tmp_path):
 
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
 def test_gpu_x4_warms_up_then_runs_four_workers_then_tp4(tmp_path):
-    """The 4-GPU run: the warm-up beside the tests, the decode step and the killed worker; then the four-worker
-    comparison on the warm-up's drafter; then TP=4 on the 32B shape."""
+    """The 4-GPU run: the warm-up beside the tests (on two GPUs), the decode step and the killed worker; auto
+    against off on the warm-up's drafter; then the four-worker comparison on it; then TP=4 on the 32B shape."""
     calls, main = _pass(tmp_path, "gpu_x4.sh", TP_SCALE="0.25")
     assert "all done" in main
     where = {k: next(i for i, c in enumerate(calls) if k in c) for k in
-             ("convert_gguf", "--warmup-only", "-m gpu", "step_costs.py", "cluster.debug_fail", "4gpu.yaml",
-              "tp_throughput.py")}  # fmt: skip
+             ("convert_gguf", "--warmup-only", "-m gpu", "step_costs.py", "cluster.debug_fail", "engine_throughput",
+              "4gpu.yaml", "tp_throughput.py")}  # fmt: skip
     assert where["convert_gguf"] == 0
-    phase1 = ("--warmup-only", "-m gpu", "step_costs.py", "cluster.debug_fail")
-    assert max(where[k] for k in phase1) < where["4gpu.yaml"]
-    assert where["4gpu.yaml"] < where["tp_throughput.py"]
-    assert f"--drafter {tmp_path / 'out' / 'w0' / 'drafter'}" in calls[where["4gpu.yaml"]]
+    phase1 = ("--warmup-only", "-m gpu", "step_costs.py")
+    assert max(where[k] for k in phase1) < min(where["engine_throughput"], where["cluster.debug_fail"])
+    assert max(where["engine_throughput"], where["cluster.debug_fail"]) < where["4gpu.yaml"] < where["tp_throughput.py"]
+    drafter = f"--drafter {tmp_path / 'out' / 'w0' / 'drafter'}"
+    assert drafter in calls[where["4gpu.yaml"]] and drafter in calls[where["engine_throughput"]]
     tp = calls[where["tp_throughput.py"]]
     assert "--shape qwen2.5-32b --tp 4 --scale 0.25" in tp
     warm = calls[where["--warmup-only"]]
-    assert "--warmup-prompts 1024" in warm and "--warmup-epochs 3" in warm
+    assert "--warmup-prompts 3072" in warm and "--warmup-epochs 1.5" in warm and "--gen-batch=512" in warm
+    assert not [c for c in calls if "q05" in c or "0.5b" in c]  # no 0.5B GGUF given
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
+def test_gpu_x4_with_the_small_model_warms_and_times_it_too_and_tp_0_skips_tp4(tmp_path):
+    calls, main = _pass(tmp_path, "gpu_x4.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TP="0", KILL="0")
+    assert "all done" in main
+    small = [c for c in calls if "q05" in c]
+    assert len(small) == 2 and "--warmup-only" in small[0] and "qwen2.5-0.5b" in small[0]
+    assert "engine_throughput" in small[1] and f"--drafter {tmp_path / 'out' / 'w05' / 'drafter'}" in small[1]
+    assert not [c for c in calls if "tp_throughput.py" in c or "cluster.debug_fail" in c]
 
 
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
