@@ -682,6 +682,10 @@ def test_one_dear_first_try_does_not_lock_a_paying_strategy_out_of_a_large_batch
     p.costs.set(128, s, cost)
     assert _engine_like(p, 128, plain, cost, accept, 1500) > 600  # 11 before: one cold try, then plain for good
     assert p.stats()["current"][128] == "6_2_12" and p.stats()["follow_up_steps"] > 0
+    p._follow = (128, "6_2_12")  # a try's second step pending: it survives a save and load
+    again = SDPolicy([s], [128], epsilon=0.05, explore_budget=0.02)
+    again.load_state_dict(json.loads(json.dumps(p.state_dict())))
+    assert again._follow == (128, "6_2_12") and again.decide(128, 0) is s
     # and a strategy that loses there stays a small share of the steps
     q = SDPolicy([s], [128], epsilon=0.05, explore_budget=0.02)
     q.costs.set(128, None, plain)

@@ -20,12 +20,12 @@ rather than committed from the draft, so the drafter always conditions on true f
 
 `draft_tree` (block, depth-1 levels, reranking) reads only device tensors, never syncs with the host and
 has shapes fixed by (B, strategy): it is the DRAFT node of the captured step (rollout/step_graph.py).
+`DrafterRunner` is the eager side: the drafter's cache, the catch-up beyond the block, the draft inputs; the
+hidden windows it reads between steps are kept by `DraftWindows` (rollout/draft_windows.py).
 """
 
 from __future__ import annotations
 
-import operator
-from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -37,8 +37,20 @@ from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import KVCache
 from tlt_rt.rollout.compiled import maybe_compiled
 from tlt_rt.rollout.draft_ops import fused_build_tree, next_level, top_children
+from tlt_rt.rollout.draft_windows import DraftWindows, PlainRun
 from tlt_rt.rollout.runner import Layout, build_meta, to_device
 from tlt_rt.rollout.sequence import Sequence, flush_hidden
+
+__all__ = [
+    "DraftInputs",
+    "DrafterRunner",
+    "PlainRun",
+    "catch_up_block",
+    "draft_candidates",
+    "draft_tree",
+    "grow_candidates",
+    "upload",
+]
 
 
 @dataclass
@@ -170,21 +182,16 @@ def draft_tree(
     return build(cands, ins.tokens[:, -1], ins.prefix_lens, strategy.verify_tokens)
 
 
-class DrafterRunner:
-    """The drafter's one-layer paged cache (sharing the target's block tables) and its step.
-
-    window_rows: target hidden rows each sequence keeps on the device for the catch-up block (the deepest
-    strategy's depth + 1, one more in auto mode); 0 keeps exactly what each step needs.
+class DrafterRunner(DraftWindows):
+    """The drafter's one-layer paged cache (sharing the target's block tables) and its step, over the
+    hidden windows of `DraftWindows` (window_rows: see there).
     """
 
     def __init__(self, drafter, num_blocks: int, block_size: int, window_rows: int = 0):
+        super().__init__(window_rows, drafter.fc.weight.device)
         self.drafter = drafter
         self.block_size = block_size
         self.cache: KVCache = drafter.make_cache(num_blocks + 1, block_size)  # + the trash block
-        self.device = drafter.fc.weight.device
-        self.window_rows = window_rows
-        self._recent: tuple[tuple[int, ...], Tensor] | None = None  # (sequence ids, their windows) of the last step
-        self._plain: PlainRun | None = None  # plain steps since, whose rows the windows have not taken yet
 
     def rows_behind(self, seqs: list[Sequence]) -> int:
         """Drafter rows of `seqs` a speculative step would catch up eagerly before its block (beyond the window)."""
@@ -237,68 +244,6 @@ class DrafterRunner:
         flush_hidden(seqs)  # the logged rows of every sequence at once, before any window reads them
         return torch.stack([self._window(s, width) for s in seqs])
 
-    def _current_windows(self, seqs: list[Sequence], width: int) -> Tensor | None:
-        """The windows the last step kept, if every sequence's is there and ends at its num_cached (no
-        history read): as they are for the same batch, the survivors' in one gather for a batch that lost
-        sequences since; else None."""
-        recent = self._recent
-        if recent is None or recent[1].shape[1] < width:
-            return None
-        src = recent[1]
-        if not all(s.window_src is src and s.window_end == s.num_cached for s in seqs):
-            return None
-        if recent[0] == tuple(s.seq_id for s in seqs):
-            return src
-        rows = to_device(torch.tensor([s.window_row for s in seqs], dtype=torch.long), self.device)
-        return src.index_select(0, rows)
-
-    def move_windows(self, seqs: list[Sequence], hidden: Tensor) -> None:
-        """After a plain step (hidden [B, 1, H]: each sequence's row of position num_cached): the windows move
-        on by that row, so that the next speculative step after plain ones reads no history. The move waits
-        for that step (`settle_windows`): a plain step only notes its rows, and a stretch of plain steps over
-        one batch moves the windows once, by all of its rows, in one concatenation; a plain step thus costs
-        what it costs without a drafter but for the rows it logs. Nothing moves unless every window was
-        current when the stretch began (as a speculative step leaves them)."""
-        run = self._plain
-        if run is not None and len(seqs) == len(run.seqs) and all(map(operator.is_, seqs, run.seqs)):
-            run.rows.append(hidden)
-            run.steps += 1
-            return
-        self.settle_windows()  # the batch changed (a finish, a preemption): the last stretch ends here
-        current = self._current_windows(seqs, self.window_rows)
-        if current is not None:
-            self._plain = PlainRun(seqs, current, deque([hidden], maxlen=current.shape[1]))
-
-    def settle_windows(self) -> None:
-        """Move the windows on by the rows of the plain steps noted since they were last kept (`move_windows`):
-        row i of the result is sequence i's window, as many steps later (its last W rows of window ++ rows).
-        A sequence preempted meanwhile (its window dropped) keeps none."""
-        run, self._plain = self._plain, None
-        if run is None:
-            return
-        w = run.windows
-        m = len(run.rows)  # min(steps, W): older rows fall out of every window
-        moved = torch.cat([w[:, m:], *(h[:, :1].to(w.dtype) for h in run.rows)], 1)
-        for i, s in enumerate(run.seqs):
-            if s.window_src is not None:
-                s.window_src, s.window_row, s.window_end = moved, i, s.window_end + run.steps
-        self._recent = (tuple(s.seq_id for s in run.seqs), moved)
-
-    def _window(self, s: Sequence, width: int) -> Tensor:
-        if s.window is not None and s.window_end == s.num_cached and s.window.shape[0] >= width:
-            return s.window[-width:]
-        L = s.num_cached
-        h = s.hidden_rows(max(0, L - width), L).to(self.device)
-        if h.shape[0] < width:
-            h = torch.cat([h.new_zeros(width - h.shape[0], h.shape[1]), h])
-        return h
-
-    def keep_windows(self, seqs: list[Sequence], windows: Tensor, ends: list[int]) -> None:
-        """After a step: sequence i's window [W, H] now ends at position ends[i]."""
-        for i, (s, end) in enumerate(zip(seqs, ends, strict=True)):  # row i, viewed only when read
-            s.window_src, s.window_row, s.window_end = windows, i, end
-        self._recent = (tuple(s.seq_id for s in seqs), windows)
-
     @torch.no_grad()
     def draft(
         self, seqs: list[Sequence], tables: list[list[int]], table_t: Tensor, strategy: Strategy, device=None
@@ -315,16 +260,6 @@ class DrafterRunner:
         rows = [[s.num_cached, min(s.num_cached, r), *s.last_tokens(r)] for s in seqs]
         (lens, valid), tokens = upload(rows, 2, self.device)
         return DraftInputs(tokens, window[:, -r:], valid, lens, table_t)
-
-
-@dataclass
-class PlainRun:
-    """Plain steps over one batch whose rows the drafter's windows have not taken yet (`DrafterRunner.move_windows`)."""
-
-    seqs: list[Sequence]  # the batch, the same sequences every step
-    windows: Tensor  # [B, W, H] their windows when the stretch began, each ending at its num_cached then
-    rows: deque  # the last (at most W) steps' hidden rows, each [B, 1, H]
-    steps: int = 1
 
 
 def upload(rows: list[list[int]], scalars: int, device) -> tuple[list[Tensor], Tensor]:

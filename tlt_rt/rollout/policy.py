@@ -25,6 +25,8 @@ strategy's steady step cost, and weighs the catch-up per step of the speculative
 the plain stretch that left the rows behind) wherever it counts: in a step's regret, expected and paid, when
 leaving plain decoding, exploring, or letting a strategy prove itself over budget. A try that pays a catch-up
 runs a second step, whose time is the strategy's own.
+
+What the policy reports and saves (`stats`, `state_dict`) is in rollout/policy_state.py.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from tlt_rt.rollout.accept_stats import AcceptStats
 from tlt_rt.rollout.catchup import CatchupCosts, rows_once
 from tlt_rt.rollout.config import PolicyConfig
 from tlt_rt.rollout.costs import CostTable, option_name
+from tlt_rt.rollout.policy_state import PolicyState
 from tlt_rt.rollout.rng import decision_uniform as _uniform
 
 __all__ = ["AcceptStats", "SDPolicy"]
@@ -45,7 +48,7 @@ __all__ = ["AcceptStats", "SDPolicy"]
 PLAIN_READINGS = 3  # plain decoding steps timed online per bucket before speculating there in auto mode
 
 
-class SDPolicy:
+class SDPolicy(PolicyState):
     """Decides, per decode step, plain decoding (None) or a `Strategy`.
 
     mode "off": always None. "auto": the option with the highest expected tokens/s among plain decoding
@@ -116,8 +119,8 @@ class SDPolicy:
         self._counts: Counter = Counter()  # decisions / explore / measure / switches
         self.catchup = CatchupCosts()  # what catching the drafter up costs here, per bucket
         self._known: dict[int, int] = {}  # bucket -> the cost table's revision when every option had a cost
-        # bucket -> the strategy of a try that paid a catch-up: its next decision there runs it once more
-        self._follow: dict[int, str] = {}
+        # (bucket, strategy) of a try that paid a catch-up: the next decision, if it is there, runs it once more
+        self._follow: tuple[int, str] | None = None
 
     def bucket(self, batch_size: int) -> int:
         b = self._bucket_of.get(batch_size)
@@ -145,9 +148,9 @@ class SDPolicy:
         n = self._calls[b]
         self._calls[b] += 1
         self._counts["decisions"] += 1
-        follow = self._follow.pop(b, None)
-        if follow is not None:  # the second step of a try: no catch-up, so its time is the strategy's own
-            choice = self._within_budget(b, self._by_name[follow], rows)
+        follow, self._follow = self._follow, None
+        if follow is not None and follow[0] == b:  # the second step of a try: no catch-up, so its own time
+            choice = self._within_budget(b, self._by_name[follow[1]], rows)
             self._counts["follow_ups"] += choice is not None
             return self._use_option(choice)
         if self._known.get(b) != self.costs.revision:  # a bucket stays known until a cell turns provisional
@@ -200,7 +203,7 @@ class SDPolicy:
         ran cold (an H200 read 8_4_8 at batch 128 as 16.9 ms against 7.2 ms steady) then stood, and the
         strategy never looked worth switching to."""
         if self.mode == "auto" and rows() > 0:
-            self._follow[bucket] = option_name(strategy)
+            self._follow = (bucket, option_name(strategy))
 
     def _worth_switching(self, batch_size: int, bucket: int, best: str, cur: str, rates: dict, rows) -> bool:
         """Whether leaving plain decoding for strategy `best` still beats staying once its catch-up is paid
@@ -318,65 +321,3 @@ class SDPolicy:
             self.accept.observe(b, strategy, tokens_per_seq)
             if plain is not None:
                 acc[0] += charged - max(1.0, tokens_per_seq) * plain
-
-    def stats(self) -> dict:
-        return {
-            "mode": self.mode,
-            "decisions": self._counts["decisions"],
-            "explore_steps": self._counts["explore"],
-            "measure_steps": self._counts["measure"],
-            "plain_timing_steps": self._counts["plain_timing"],
-            "switch_readings": self._counts["switch_readings"],
-            "switches": self._counts["switches"],
-            "follow_up_steps": self._counts["follow_ups"],
-            "held_back_steps": self._counts["held_back"],
-            "regret_share": {b: r / e for b, (r, e) in sorted(self._regret.items()) if e > 0},
-            "catchup_us_per_row": self.catchup.us_per_row(),
-            "strategy_use": dict(self._use),
-            "current": {b: self._current[b] for b in sorted(self._current)},
-            "accept_mean": {str(s): self.accept.pooled_mean(s) for s in self.strategies},
-            "accept_hist": self.accept.histogram(),
-        }
-
-    def state_dict(self) -> dict:
-        """What the policy learned, JSON-safe. Mode, epsilon and hysteresis are configuration and stay
-        as constructed on load; the seed and per-bucket counters travel so decisions replay exactly."""
-        return {
-            "version": 1,
-            "strategies": [str(s) for s in self.strategies],
-            "buckets": list(self.buckets),
-            "seed": self.seed,
-            "costs": self.costs.to_dict(),
-            "accept": self.accept.state_dict(),
-            "current": {str(b): name for b, name in self._current.items()},
-            "calls": {str(b): n for b, n in self._calls.items()},
-            "use": dict(self._use),
-            "counts": dict(self._counts),
-            "regret": {str(b): list(v) for b, v in self._regret.items()},
-            "catchup": self.catchup.state_dict(),
-            "plain_at": {str(b): n for b, n in self._plain_at.items()},
-            "plain_run": self._plain_run,
-            "follow": {str(b): name for b, name in self._follow.items()},
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        mine = [str(s) for s in self.strategies]
-        if state.get("version") != 1:
-            raise ValueError("not a version-1 SDPolicy state")
-        if state["strategies"] != mine or state["buckets"] != self.buckets:
-            raise ValueError(
-                f"SDPolicy state is for strategies {state['strategies']} and buckets {state['buckets']}, "
-                f"this policy has {mine} and {self.buckets}"
-            )
-        self.seed = state["seed"]
-        self.costs = CostTable.from_dict(state["costs"])
-        self.accept.load_state_dict(state["accept"])
-        self._current = {int(b): name for b, name in state["current"].items()}
-        self._calls = Counter({int(b): n for b, n in state["calls"].items()})
-        self._use = Counter(state["use"])
-        self._counts = Counter(state["counts"])
-        self._regret = {int(b): list(v) for b, v in state.get("regret", {}).items()}
-        self.catchup.load_state_dict(state.get("catchup", {}))
-        self._plain_at = {int(b): n for b, n in state.get("plain_at", {}).items()}
-        self._plain_run = int(state.get("plain_run", self.plain_settle + 1))
-        self._follow = {int(b): name for b, name in state.get("follow", {}).items()}
