@@ -10,11 +10,9 @@ step on those instead (`train`). AdamW state lives across `step()` / `train()` c
 On CUDA the forward runs under bf16 autocast by default (the drafter's weights and AdamW state stay in
 their own dtype, fp32 usually).
 
-Checkpoints (a folder): drafter.safetensors (the drafter's own weights, plus `d2t` when the draft
-vocabulary is reduced), optimizer.pt, trainer.pt (step count, buffer cursor, noise generator state).
-`save_checkpoint(async_=True)` copies every tensor to the CPU first, then writes from a background thread
-into a temporary folder that is renamed into place; `wait()` joins it and re-raises its error.
-The buffer itself is not saved: a resumed trainer expects the same samples re-added, then the cursor.
+Checkpoints (train/drafter/checkpoint.py): the drafter's weights, the optimizer state, the step count, the
+buffer cursor and the noise generator; `save_checkpoint(async_=True)` writes in the background and `wait()`
+joins it. The buffer itself is not saved: a resumed trainer expects the same samples re-added, then the cursor.
 The buffer is not thread-safe: add data between `train()` calls, not during one.
 
 Reduced draft vocabulary (`draft_vocab` = size > 0): before a step, whenever the buffer's contents changed
@@ -28,23 +26,21 @@ and with several workers each keeps the vocabulary of its own buffer (replicas a
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import FEATURE_LAYERS_KEY
+from tlt_rt.train.drafter.checkpoint import CheckpointWriter, read_checkpoint
 from tlt_rt.train.drafter.config import DrafterConfig
 from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.loss import batch_loss
+from tlt_rt.train.drafter.schedule import scheduled_lr
 from tlt_rt.train.drafter.vocab import DraftVocab
 
 StopFlag = threading.Event | Callable[[], bool]
@@ -52,29 +48,6 @@ METRICS = ("loss", "hidden_loss", "token_loss", "top1")  # a step's token-weight
 # cuDNN attention re-plans for every new sequence shape (~75 ms of host time a call on an H100 with torch
 # 2.11) and packed batches change shape every step: training uses flash / mem-efficient / math only
 TRAIN_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def _cpu_copy(obj):
-    """Deep copy of a (nested) state dict with every tensor copied to the CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_cpu_copy(v) for v in obj)
-    return obj
-
-
-def scheduled_lr(cfg: DrafterConfig, step: int) -> float:
-    """Learning rate of optimizer step `step` (0-based) under `cfg.lr_schedule`: constant, or a linear rise
-    over lr_warmup_steps then a cosine fall to lr_min_ratio * lr at lr_total_steps (held there after)."""
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    if step < cfg.lr_warmup_steps:
-        return cfg.lr * (step + 1) / cfg.lr_warmup_steps
-    span = cfg.lr_total_steps - cfg.lr_warmup_steps
-    frac = min(1.0, (step - cfg.lr_warmup_steps) / max(span - 1, 1))
-    return cfg.lr * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 # the trainer's own keyword names for DrafterConfig fields (kept: benchmarks and tests use them)
@@ -128,8 +101,7 @@ class DrafterTrainer:
         )
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.steps = 0
-        self._saver: threading.Thread | None = None
-        self._save_error: BaseException | None = None
+        self._writer = CheckpointWriter()
 
     @classmethod
     def from_config(cls, drafter: Drafter, buffer: DrafterBuffer, cfg: DrafterConfig, **kwargs) -> DrafterTrainer:
@@ -287,10 +259,6 @@ class DrafterTrainer:
     # -- checkpoints --
     def save_checkpoint(self, folder: str | Path, async_: bool = True) -> None:
         """Write weights, optimizer state and cursor to `folder` (replaced whole); in the background if async_."""
-        self.wait()
-        folder = Path(folder)
-        weights = {k: v.contiguous() for k, v in _cpu_copy(self.drafter.state_dict()).items()}
-        opt = _cpu_copy(self.optimizer.state_dict())
         meta = {"steps": self.steps, "buffer": self.buffer.state_dict(), "rng": self.generator.get_state().clone()}
         info = {
             "steps": self.steps,
@@ -299,55 +267,19 @@ class DrafterTrainer:
         }
         if self.drafter.feature_layers:
             info[FEATURE_LAYERS_KEY] = list(self.drafter.feature_layers)
-
-        def write() -> None:
-            tmp = folder.with_name(folder.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            save_file(weights, str(tmp / "drafter.safetensors"), metadata={"format": "pt"})
-            torch.save(opt, tmp / "optimizer.pt")
-            torch.save(meta, tmp / "trainer.pt")
-            (tmp / "info.json").write_text(json.dumps(info, indent=2))
-            old = folder.with_name(folder.name + ".old")
-            if folder.exists():
-                shutil.rmtree(old, ignore_errors=True)
-                folder.rename(old)
-            tmp.rename(folder)
-            shutil.rmtree(old, ignore_errors=True)
-
-        if not async_:
-            write()
-            return
-
-        def run() -> None:
-            try:
-                write()
-            except BaseException as e:  # handed to the caller by wait()
-                self._save_error = e
-
-        self._saver = threading.Thread(target=run, name="drafter-checkpoint", daemon=True)
-        self._saver.start()
+        self._writer.save(Path(folder), self.drafter.state_dict(), self.optimizer.state_dict(), meta, info, async_)
 
     def wait(self) -> None:
         """Block until a background checkpoint write finishes; re-raise its error, if any."""
-        if self._saver is not None:
-            self._saver.join()
-            self._saver = None
-        if self._save_error is not None:
-            err, self._save_error = self._save_error, None
-            raise RuntimeError("writing the drafter checkpoint failed") from err
+        self._writer.wait()
 
     def load_checkpoint(self, folder: str | Path) -> None:
         """Restore weights, optimizer state, step count, buffer cursor and noise generator from `folder`."""
         self.wait()
-        folder = Path(folder)
-        if not (folder / "drafter.safetensors").is_file():
-            raise FileNotFoundError(f"no drafter checkpoint in {folder} (expected drafter.safetensors)")
-        weights = load_file(str(folder / "drafter.safetensors"))
+        weights, optimizer, meta = read_checkpoint(Path(folder))
         self.drafter.set_draft_vocab(weights.get("d2t"))
         self.drafter.load_state_dict(weights, strict=True)
-        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-        meta = torch.load(folder / "trainer.pt", weights_only=True)
+        self.optimizer.load_state_dict(optimizer)
         self.steps = int(meta["steps"])
         self.buffer.load_state_dict(meta["buffer"])
         self.generator.set_state(meta["rng"])

@@ -11,6 +11,9 @@ same number of micro-batches: a rank with fewer samples runs zero-weighted dummy
 
 Low-precision weights (bf16 on GPU) are stepped through fp32 master copies: an lr of 1e-6 is below
 bf16's resolution, so a direct bf16 AdamW step would drop most updates.
+
+The samples, their padding and the cut into micro-batches are in learn_batch.py (re-exported here), the
+warm-up's shapes in warm_up_shapes.py.
 """
 
 from __future__ import annotations
@@ -27,27 +30,12 @@ from torch.distributed.tensor import DTensor
 from tlt_rt.train.rl.config import RLConfig
 from tlt_rt.train.rl.flops import update_flops
 from tlt_rt.train.rl.grpo import policy_loss, token_logprobs
+from tlt_rt.train.rl.learn_batch import LearnSample, MiniBatch, pad_batch, to_device
+from tlt_rt.train.rl.learn_batch import count_chunks as _chunks
+from tlt_rt.train.rl.learn_batch import token_chunks as _token_chunks
 from tlt_rt.train.rl.logprobs import chunked_token_logprobs, kept_ids
-
-
-@dataclass
-class LearnSample:
-    """One response to learn from; `old_logprobs[i]` is the rollout's log-prob of `response[i]`."""
-
-    prompt: list[int]
-    response: list[int]
-    old_logprobs: list[float]
-    advantage: float
-
-
-@dataclass
-class MiniBatch:
-    """This worker's part of one optimizer step, with the step's global counts (over all workers)."""
-
-    samples: list[LearnSample]
-    num_tokens: int
-    num_seqs: int
-
+from tlt_rt.train.rl.warm_up_shapes import SDPA_ALIGN
+from tlt_rt.train.rl.warm_up_shapes import warm_up_shapes as _warm_up_shapes
 
 # the loss's own statistics (grpo.LossStats), summed over micro-batches
 LOSS_STATS = ("tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum")
@@ -102,39 +90,6 @@ class SamplingFilter:
 def unique_parameters(model: nn.Module) -> list[nn.Parameter]:
     # named_parameters() already skips the tied lm_head, so each tensor is stepped once
     return [p for _, p in model.named_parameters() if p.requires_grad]
-
-
-def to_device(t: Tensor, device) -> Tensor:
-    """`t` (built on the host) on `device`; to a GPU through pinned memory without waiting: a copy from
-    pageable memory would first wait for everything queued on the stream (the previous backward)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
-def pad_batch(samples: list[LearnSample], pad_id: int, device) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """-> input_ids [B, L-1], targets [B, L-1], mask [B, L-1], old_logprobs [B, L-1] (right padded), and the
-    flat positions [R] of the mask's ones (row-major), found on the host: the response rows the head
-    projects, picked without a device-to-host read.
-
-    Row t of the logits predicts token t+1, so response token k of a prompt of length P is scored at
-    position P-1+k; the last token is never an input whose prediction is needed.
-    """
-    length = max(len(s.prompt) + len(s.response) for s in samples)
-    b = len(samples)
-    ids = torch.full((b, length), pad_id, dtype=torch.long)
-    mask = torch.zeros(b, length - 1)
-    old = torch.zeros(b, length - 1)
-    for i, s in enumerate(samples):
-        full = s.prompt + s.response
-        ids[i, : len(full)] = torch.tensor(full, dtype=torch.long)
-        p, r = len(s.prompt), len(s.response)
-        mask[i, p - 1 : p - 1 + r] = 1.0
-        old[i, p - 1 : p - 1 + r] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-    ids = to_device(ids, device)
-    rows = mask.flatten().nonzero().squeeze(1)
-    return ids[:, :-1], ids[:, 1:], to_device(mask, device), to_device(old, device), to_device(rows, device)
 
 
 class Learner:
@@ -357,76 +312,3 @@ class Learner:
             with torch.no_grad():
                 for m, saved in zip(self.master, state["master"], strict=True):
                     m.copy_(saved)
-
-
-def _chunks(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def _token_chunks(samples: list[LearnSample], budget: int) -> list[list[LearnSample]]:
-    """Samples by length, cut where one more would take the padded batch (count x longest) past `budget`
-    tokens; a sample longer than the budget goes alone. The loss is a sum normalised by the mini-batch's
-    global counts, so how its samples are cut into micro-batches does not change the update."""
-    out: list[list[LearnSample]] = []
-    cur: list[LearnSample] = []
-    longest = 0
-    for s in sorted(samples, key=lambda s: len(s.prompt) + len(s.response)):
-        n = len(s.prompt) + len(s.response) - 1  # the rows pad_batch makes
-        if cur and max(longest, n) * (len(cur) + 1) > budget:
-            out.append(cur)
-            cur, longest = [], 0
-        cur.append(s)
-        longest = max(longest, n)
-    return out + ([cur] if cur else [])
-
-
-SDPA_ALIGN = 8  # torch.compile'd attention on CUDA guards on the length being a multiple of this (or not)
-
-
-def _warm_up_shapes(budget: int, per_batch: int, max_len: int, align: int = 0,
-                    avoid: tuple[int, ...] = ()) -> list[tuple[int, int]]:  # fmt: skip
-    """(samples, rows each) of `Learner.warm_up`'s micro-batches: a batch of one at each length of a ladder up to
-    the longest sample's rows (`max_len` - 1, else `budget`), then batches of several at each row count of the
-    ladder up to the largest micro-batch's (`budget` rows, else `per_batch` longest samples). With `align`, each
-    shape again with its rows a multiple of `align` (up where that fits, else down), none of them in `avoid`:
-    the ladder's own sizes are odd, and on a GPU a compiled layer's attention guards on its length being a
-    multiple of 8, so a run's first micro-batch of such a length compiled the layer again (3-7 s an update,
-    seen in one-GPU RL runs on Qwen2.5-1.5B). From 64 rows on the ladder has four rungs a doubling (5/8, 3/4, 7/8
-    and all of it, less one): inductor's size guards are not all at powers of two (on Qwen2.5-1.5B's layer on a
-    GPU, rows < 4096 and 1536 x rows < 5,242,880, i.e. rows < 3413, whose band a run met mid-run). A rung whose
-    guards an earlier graph passes compiles nothing; it costs one dummy forward and backward.
-
-    Why a ladder: a batch of one is a shape of its own to torch.compile (sizes 0 and 1 are specialised), and
-    inductor fits its code to the sizes it compiles with and guards on them. On a CPU the backward of a norm
-    sums its weight gradient over the B x T rows and changes how it accumulates past 4096 rows (guard
-    B*T <= 4096): after a warm-up of 7-row micro-batches, the first update's micro-batches of thousands of rows
-    compiled both norms again, and so did a later update whose only batch of one was a long sample. A size in
-    every doubling puts compiled graphs on both sides of every such threshold (of sizes, or rows B*T) that is
-    at least a doubling from the next, for both kinds; the ladder's sizes are 2^k - 1, odd, so that no row
-    count equals a model width by chance (dynamo would tie the two sizes into one symbol for that graph)."""
-    longest = max(max_len - 1 if max_len > 1 else budget, 7)
-    largest = budget or per_batch * longest
-
-    def ladder(top: int) -> list[int]:  # 7, 15, 31, ... and from 64 on 5/8, 3/4, 7/8 of each doubling; then top
-        sizes = [(1 << k) - 1 for k in range(3, top.bit_length() + 1)]
-        sizes += [(f << (k - 3)) - 1 for k in range(7, top.bit_length() + 1) for f in (5, 6, 7)]
-        return sorted(n for n in set(sizes) if n < top) + [top]
-
-    shapes = [(1, t) for t in ladder(longest)]
-    for n in ladder(largest) if budget or per_batch > 1 else []:
-        t = min(longest, n // 2)
-        if t >= 2:
-            shapes.append((n // t, t))
-    if align:
-        for b, t in list(shapes):
-            up = -(-t // align) * align
-            while up in avoid:
-                up += align
-            fits = up <= longest and (b == 1 or b * up <= largest)
-            down = t // align * align
-            while down in avoid:
-                down -= align
-            aligned = up if fits else down
-            if aligned >= align:
-                shapes.append((b, aligned))
-    return list(dict.fromkeys(shapes))
