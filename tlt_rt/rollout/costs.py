@@ -17,6 +17,10 @@ from pathlib import Path
 from tlt_rt.ir.strategy import Strategy
 
 OFF = "off"  # name of plain decoding wherever options are keyed by name
+# a reading below estimate / LOW_READING replaces the estimate: step times have a hard floor and upward noise,
+# so such a reading says the estimate was an outlier (a first 8_4_8 step at batch 128 read 16.9 ms against 7.2
+# ms steady on an H200)
+LOW_READING = 1.5
 _REVISIONS = itertools.count()
 
 
@@ -99,8 +103,9 @@ class CostTable:
         first online reading of a profiled cell replaces the profile (which saw the graphs, not the whole
         step). After that a running mean until 1/alpha readings, then an EMA: step times have a hard floor
         and their noise is upward (host hiccups, allocator, preemption work), so a reading above
-        clip x estimate is clipped, while one below estimate / clip means the estimate itself was an
-        outlier and is replaced.
+        clip x estimate is clipped, while one below estimate / LOW_READING means the estimate itself was an
+        outlier and is replaced (a profiled cell's cold first reading would otherwise be averaged out over
+        several more readings, each of which the SD policy must first afford).
         """
         seconds = _positive("seconds", seconds)
         name, bucket = option_name(strategy), int(bucket)
@@ -110,7 +115,7 @@ class CostTable:
             self._provisional.add(cell)
             self.revision = next(_REVISIONS)
             new = seconds
-        elif cell in self._provisional or n == 1 or seconds < cur / self.clip:
+        elif cell in self._provisional or n == 1 or seconds < cur / LOW_READING:
             self._provisional.discard(cell)
             new = seconds
         else:
