@@ -201,6 +201,12 @@ def load_drafter(path, target):
     return load_eagle(path, target)
 
 
+# what the auto policy did, and what kept it from speculating: steps held back by the regret budget, second steps
+# of tries that caught the drafter up, and the catch-up it priced per row
+POLICY_KEYS = ("strategy_use", "measure_steps", "plain_timing_steps", "explore_steps", "switches", "held_back_steps",
+               "follow_up_steps", "catchup_us_per_row")  # fmt: skip
+
+
 def engine_row(eng: Engine, name: str, batch: int, timed: dict) -> dict:
     """One result row: the timing, the engine's step counts and the mean step ms per option it ran."""
     st = eng.stats()
@@ -224,9 +230,7 @@ def engine_row(eng: Engine, name: str, batch: int, timed: dict) -> dict:
         accept=st["mean_accept_length"],
         sd_steps=st["sd_steps"],
         steps=st["steps"],
-        policy={
-            k: pol[k] for k in ("strategy_use", "measure_steps", "plain_timing_steps", "explore_steps", "switches")
-        },
+        policy={k: pol[k] for k in POLICY_KEYS},
         step_ms={k: statistics.fmean(v) for k, v in mean_ms.items()},
         # where a call's stepped time goes: a short call at a large batch spends much of it prefilling
         time_share={k: v / stepped for k, v in spent.items()} if stepped else {},
