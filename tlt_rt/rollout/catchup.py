@@ -30,6 +30,15 @@ def rows_once(behind: int | Callable[[], int]) -> Callable[[], int]:
     return rows
 
 
+def spread(seconds: float, rows: int, batch_size: int) -> float:
+    """A catch-up's `seconds` spread over a stretch of speculation as long as the plain one that left its `rows`
+    behind (about rows / batch steps): what each step of that stretch pays for it. Counted whole in one step, the
+    catch-up of a long plain stretch grew faster than the regret budget its plain steps earned (a batch of 128
+    leaves 128 rows a step; at the prior's 0.25 of a plain step per row that is 32 plain steps' regret a step
+    against the budget's 0.02), so one dear first try kept speculation out of that bucket for good."""
+    return seconds / max(1.0, rows / batch_size)
+
+
 class CatchupCosts:
     """Per bucket, faded sums of [extra seconds, rows] of the catch-ups steps have paid."""
 
@@ -65,16 +74,7 @@ class CatchupCosts:
         per_row = self.per_row(bucket)
         if rows <= 0 or per_row is None:
             return 0.0
-        return rows * per_row / max(1.0, rows / batch_size)
-
-    def amortized(self, bucket: int, batch_size: int, rows: int, plain: float | None) -> float:
-        """`seconds` spread over a stretch of speculation as long as the plain one that left the rows behind
-        (about rows / batch steps, as `per_step`), the prior standing in until a catch-up is measured: what a
-        step's expected regret counts for the catch-up. Counted whole in one step, the catch-up of a long plain
-        stretch grew faster than the budget its plain steps earned (a batch of 128 leaves 128 rows a step; at
-        the prior's 0.25 of a plain step per row that is 32 plain steps' regret a step against the budget's 0.02),
-        so one dear first reading kept speculation out of that bucket for good."""
-        return self.seconds(bucket, rows, plain) / max(1.0, rows / batch_size)
+        return spread(rows * per_row, rows, batch_size)
 
     def us_per_row(self) -> dict[int, float]:
         return {b: 1e6 * t / n for b, (t, n) in sorted(self.seen.items()) if n > 0}

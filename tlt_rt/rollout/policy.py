@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 from tlt_rt.ir.strategy import Strategy, bucket_for
 from tlt_rt.rollout.accept_stats import AcceptStats
-from tlt_rt.rollout.catchup import CatchupCosts, rows_once
+from tlt_rt.rollout.catchup import CatchupCosts, rows_once, spread
 from tlt_rt.rollout.config import PolicyConfig
 from tlt_rt.rollout.costs import CostTable, option_name
 from tlt_rt.rollout.policy_state import PolicyState
@@ -236,7 +236,8 @@ class SDPolicy(PolicyState):
         cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
         if cost is None or plain is None:
             return 0.0, 0.0
-        cost += self.catchup.amortized(bucket, bucket, behind(), plain)
+        rows = behind()
+        cost += spread(self.catchup_seconds(bucket, rows), rows, bucket)
         return cost - max(1.0, self.accept.mean(bucket, choice)) * plain, cost
 
     def catchup_seconds(self, bucket: int, rows: int) -> float:
@@ -313,7 +314,7 @@ class SDPolicy(PolicyState):
                 self.catchup.observe(b, 0.0, behind)
             else:  # a catch-up step: its excess over the steady cost teaches the per-row catch-up cost only
                 self.catchup.observe(b, seconds - steady, behind)
-                charged = steady + (seconds - steady) / max(1.0, behind / b)
+                charged = steady + spread(seconds - steady, behind, b)
         acc = self._regret.setdefault(b, [0.0, 0.0])
         acc[0] *= self._fade
         acc[1] = acc[1] * self._fade + seconds
