@@ -48,20 +48,25 @@ def ceiling(target, answers: list[dict], temperature: float, strategy: str) -> f
 BLOCK_SIZE = 16  # the KV-cache blocks of `strategy_accept`'s engines
 
 
+def measuring_options(strategy: str, prompts: list[list[int]], max_new_tokens: int, n: int = 1) -> dict:
+    """Engine options for measuring `strategy` on `prompts` (`n` answers each, at most `max_new_tokens`):
+    speculation on every step, the context as long as the longest answer needs, and steps captured at the whole
+    batch alone (padding rows change no accept length, and a capture and a compile per size cost more than
+    padding the last answers' steps does)."""
+    batch = max(1, len(prompts) * n)
+    longest = max(len(p) for p in prompts) + max_new_tokens + scratch_tokens(Strategy.parse(strategy)) + 1
+    return dict(speculative="on", strategies=(strategy,), max_batch=batch, graph_batches=[batch], max_context=longest)
+
+
 def strategy_accept(target, drafter, strategy: str, prompts: list[list[int]], params: SamplingParams,
                     temperature: float) -> dict:  # fmt: skip
     """{"accept", "ceiling"} of `drafter` with `strategy` on `prompts` (an engine of its own, its KV cache sized
-    for these prompts rather than half the free memory, released after). Padding rows change no accept length,
-    so its steps are captured at the whole batch alone: a capture and a compile per size cost more than
-    padding the last answers' steps does."""
-    st = Strategy.parse(strategy)
-    longest = max(len(p) for p in prompts) + params.max_new_tokens + scratch_tokens(st) + 1
-    blocks = 2 * len(prompts) * params.n * -(-longest // BLOCK_SIZE)
+    for these prompts rather than half the free memory, released after)."""
+    options = measuring_options(strategy, prompts, params.max_new_tokens, params.n)
+    blocks = 2 * options["max_batch"] * -(-options["max_context"] // BLOCK_SIZE)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        batch = max(1, len(prompts) * params.n)  # one captured size: the shrinking batch runs padded to it
-        engine = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,), num_blocks=blocks,
-                        block_size=BLOCK_SIZE, max_batch=batch, graph_batches=[batch], max_context=longest)  # fmt: skip
+        engine = Engine(target, drafter=drafter, num_blocks=blocks, block_size=BLOCK_SIZE, **options)
     acc, answers = accept_and_answers(engine, prompts, params)
     out = {"accept": acc, "ceiling": ceiling(target, answers, temperature, strategy)}
     del engine

@@ -13,18 +13,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from tlt_rt.ir.strategy import Strategy
 from tlt_rt.models.default import load_tokenizer
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import export_eagle
 from tlt_rt.rollout import Engine, SamplingParams
-from tlt_rt.rollout.speculative import scratch_tokens
 from tlt_rt.rollout.stats import timeline_split
 from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.measure import (
     accept_and_answers,
     accept_length,
     ceiling,
+    measuring_options,
     plot_curve,
     strategy_accept,
 )
@@ -193,9 +192,7 @@ def warmup(
         drafter = Drafter(target.arch, target, fc_bias=fc_bias, feature_layers=target.feature_layers).to(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sized for the held-out prompts, its steps captured at their batch alone
-        longest = max(len(p) for p in eval_prompts) + max_new_tokens + scratch_tokens(Strategy.parse(strategy)) + 1
-        spec = Engine(target, drafter=drafter, speculative="on", strategies=(strategy,), max_batch=len(eval_prompts),
-                      graph_batches=[len(eval_prompts)], max_context=longest)  # fmt: skip
+        spec = Engine(target, drafter=drafter, **measuring_options(strategy, eval_prompts, max_new_tokens))
     drafter.eval()
     t_before = time.perf_counter()
     before = {t: accept_length(spec, eval_prompts, p) for t, p in evals.items()}
