@@ -21,7 +21,6 @@ export PYTHONUNBUFFERED=1
 share_cores 2
 cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 prompts=${WARMUP_PROMPTS:-5120}; epochs=${WARMUP_EPOCHS:-1.3}; tests=${TESTS:-1}
-DEFAULT="8_4_48 8_4_32 8_4_16 8_4_8 6_2_12"
 
 main() {
   local t0
@@ -29,20 +28,15 @@ main() {
   if [ "$tests" = 1 ]; then
     timeout 540 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1 &
   fi
-  python benchmarks/e2e_rl.py --config "$cfg05" --out "$out/w05" --warmup-only --warmup-prompts "$prompts" \
-      --warmup-epochs "$epochs" --warmup-max-new-tokens 512 --warmup-curve 3 \
-      --warmup-arg=--also-strategies=default --warmup-arg=--gen-batch=512 -- "model.path=$q05" > "$out/w05.log" 2>&1
+  warm_up 0 "$cfg05" "$q05" "$prompts" "$epochs" "$out/w05"
   echo "warm-up done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
   if [ ! -f "$out/w05/drafter/warmup.json" ]; then echo "no drafter: see w05.log" >> "$out/main.log"; wait; return 1; fi
   # shellcheck disable=SC2086  # the strategy list splits on purpose
-  python benchmarks/engine_throughput.py --target "$q05" --temperature 1 --task-config "$cfg05" \
-      --drafter "$out/w05/drafter" --interleave --learn-rounds 1 --repeats 3 --max-new-tokens 384 \
-      --batch 1 8 32 128 --hf-prompts 0 --configs off auto --strategies $DEFAULT \
-      --out "$out/auto-off-q05.jsonl" > "$out/auto-off-q05.log" 2>&1
+  auto_off 0 "$q05" "$cfg05" "$out/w05/drafter" auto-off-q05 "1 8 32 128" --configs off auto --strategies $DEFAULT
   wait
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main); $(declare -p out q05 cfg05 prompts epochs tests DEFAULT); main" \
+setsid nohup bash -c "$(declare -f main warm_up auto_off); $(declare -p out q05 cfg05 prompts epochs tests DEFAULT); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_drafter_one.sh --snapshot $out DEST"

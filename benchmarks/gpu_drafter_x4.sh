@@ -31,26 +31,10 @@ share_cores 4
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 p0=${WARMUP_PROMPTS:-2048}; e0=${WARMUP_EPOCHS:-2}; p1=${WARMUP_PROMPTS1:-3072}; e1=${WARMUP_EPOCHS1:-1.5}
 p05=${WARMUP_PROMPTS05:-2048}
-DEFAULT="8_4_48 8_4_32 8_4_16 8_4_8 6_2_12"
 
 main() {
   local t0 best
   t0=$(date +%s)
-  # warm_up GPU CONFIG MODEL PROMPTS EPOCHS DIR: one warm-up into DIR/drafter (log DIR.log)
-  warm_up() {
-    CUDA_VISIBLE_DEVICES=$1 python benchmarks/e2e_rl.py --config "$2" --out "$6" --warmup-only \
-        --warmup-prompts "$4" --warmup-epochs "$5" --warmup-max-new-tokens 512 --warmup-curve 3 \
-        --warmup-arg=--also-strategies=default --warmup-arg=--gen-batch=512 -- "model.path=$3" > "$6.log" 2>&1
-  }
-  # auto_off GPU MODEL CONFIG DRAFTER NAME BATCHES [extra engine_throughput.py arguments]: interleaved rounds
-  auto_off() {
-    local gpu=$1 model=$2 cfg=$3 drafter=$4 name=$5 batches=$6
-    shift 6
-    # shellcheck disable=SC2086  # the batch sizes split on purpose
-    CUDA_VISIBLE_DEVICES=$gpu python benchmarks/engine_throughput.py --target "$model" --temperature 1 \
-        --task-config "$cfg" --drafter "$drafter" --interleave --learn-rounds 1 --repeats 3 --max-new-tokens 384 \
-        --batch $batches --hf-prompts 0 --out "$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
-  }
   (
     CUDA_VISIBLE_DEVICES=3 timeout 480 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1
     echo "tests done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
@@ -85,6 +69,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main best_warmup convert_target); $(declare -p out q15 q05 cfg1 cfg05 p0 e0 p1 e1 p05 DEFAULT); main" \
+setsid nohup bash -c "$(declare -f main best_warmup convert_target warm_up auto_off); $(declare -p out q15 q05 cfg1 cfg05 p0 e0 p1 e1 p05 DEFAULT); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_drafter_x4.sh --snapshot $out DEST"

@@ -1,4 +1,4 @@
-# Shell functions the GPU passes share (benchmarks/gpu_one.sh, gpu_x2.sh, gpu_x4.sh source this file). They read
+# Shell functions the GPU passes share (benchmarks/gpu_one.sh, gpu_x2.sh, gpu_x4.sh and gpu_drafter_*.sh source this file). They read
 # the caller's globals: out (the pass folder), q15 (the Qwen 1.5B GGUF), cfg1 (the one-GPU config), prompts
 # (warm-up prompts), the array VARIANTS (one warm-up per entry, entry i on GPU i) and, where set, epochs, curve
 # and max_new (the warm-ups' passes, curve points and answer length; 4, 3 and WARMUP_MAX_NEW or 512).
@@ -8,6 +8,28 @@
 share_cores() {
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / $1 > 0 ? $(nproc) / $1 : 1 ))}
   export OMP_NUM_THREADS
+}
+
+# the engine's default strategy set (rollout.config.DEFAULT_STRATEGIES), which every auto-against-off timing gives auto
+DEFAULT="8_4_48 8_4_32 8_4_16 8_4_8 6_2_12"
+
+# warm_up GPU CONFIG MODEL PROMPTS EPOCHS DIR: one drafter warm-up on CONFIG's task into DIR/drafter (log DIR.log):
+# answers cut at 512 tokens and generated 512 at a time, every default strategy measured at the end
+warm_up() {
+  CUDA_VISIBLE_DEVICES=$1 python benchmarks/e2e_rl.py --config "$2" --out "$6" --warmup-only \
+      --warmup-prompts "$4" --warmup-epochs "$5" --warmup-max-new-tokens 512 --warmup-curve 3 \
+      --warmup-arg=--also-strategies=default --warmup-arg=--gen-batch=512 -- "model.path=$3" > "$6.log" 2>&1
+}
+
+# auto_off GPU MODEL CONFIG DRAFTER NAME BATCHES [more engine_throughput.py arguments: the configurations]: the
+# configurations in interleaved rounds at T=1.0 on CONFIG's task, into $out/NAME.jsonl and $out/NAME.log
+auto_off() {
+  local gpu=$1 model=$2 cfg=$3 drafter=$4 name=$5 batches=$6
+  shift 6
+  # shellcheck disable=SC2086  # the batch sizes split on purpose
+  CUDA_VISIBLE_DEVICES=$gpu python benchmarks/engine_throughput.py --target "$model" --temperature 1 \
+      --task-config "$cfg" --drafter "$drafter" --interleave --learn-rounds 1 --repeats 3 --max-new-tokens 384 \
+      --batch $batches --hf-prompts 0 --out "$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
 }
 
 # the Qwen GGUF converted to the project's model folder (the caller's t0: the pass's start, for main.log)

@@ -40,26 +40,15 @@ share_cores 4
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg4=configs/qwen2.5-1.5b-math-4gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 steps4=${E2E4_STEPS:-16}; budget4=${E2E4_SECONDS:-600}
 prompts=${WARMUP_PROMPTS:-3072}; epochs=${WARMUP_EPOCHS:-1.5}; tp_scale=${TP_SCALE:-0.5}; kill=${KILL:-1}
-p05=${WARMUP_PROMPTS05:-5120}; e05=${WARMUP_EPOCHS05:-1.3}; tp=${TP:-1}; auto_off=${AUTO_OFF:-1}
+p05=${WARMUP_PROMPTS05:-5120}; e05=${WARMUP_EPOCHS05:-1.3}; tp=${TP:-1}; timings=${AUTO_OFF:-1}
 VARIANTS=("--warmup-arg=--gen-batch=512")
-DEFAULT="8_4_48 8_4_32 8_4_16 8_4_8 6_2_12"
 
 main() {
   local t0 best drafter
   t0=$(date +%s)
-  # auto_off GPU MODEL CONFIG DRAFTER NAME: auto against off per batch size, interleaved rounds
-  auto_off() {
-    # shellcheck disable=SC2086  # the strategy list splits on purpose
-    CUDA_VISIBLE_DEVICES=$1 python benchmarks/engine_throughput.py --target "$2" --temperature 1 --task-config "$3" \
-        --drafter "$4" --interleave --learn-rounds 1 --repeats 3 --max-new-tokens 384 --batch 1 8 32 128 \
-        --hf-prompts 0 --configs off auto --strategies $DEFAULT --out "$out/$5.jsonl" > "$out/$5.log" 2>&1
-  }
   (   # GPU 3: the 0.5B warm-up (it converts its own GGUF)
     if [ -n "$q05" ]; then
-      CUDA_VISIBLE_DEVICES=3 python benchmarks/e2e_rl.py --config "$cfg05" --out "$out/w05" --warmup-only \
-          --warmup-prompts "$p05" --warmup-epochs "$e05" --warmup-max-new-tokens 512 --warmup-curve 3 \
-          --warmup-arg=--also-strategies=default --warmup-arg=--gen-batch=512 -- "model.path=$q05" \
-          > "$out/w05.log" 2>&1
+      warm_up 3 "$cfg05" "$q05" "$p05" "$e05" "$out/w05"
       echo "0.5B warm-up done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
     fi
   ) &
@@ -78,9 +67,13 @@ main() {
   if [ "$best" -lt 0 ]; then echo "no warm-up finished: see warmup*.log" >> "$out/choice.txt"; return 1; fi
   drafter=$out/w$best/drafter
   echo "chosen: variant $best, $drafter" >> "$out/choice.txt"
-  if [ "$auto_off" = 1 ]; then
-    auto_off 0 "$q15" "$cfg1" "$drafter" auto-off-q15 &
-    if [ -f "$out/w05/drafter/warmup.json" ]; then auto_off 1 "$q05" "$cfg05" "$out/w05/drafter" auto-off-q05 & fi
+  if [ "$timings" = 1 ]; then
+    # shellcheck disable=SC2086  # the strategy list splits on purpose
+    auto_off 0 "$q15" "$cfg1" "$drafter" auto-off-q15 "1 8 32 128" --configs off auto --strategies $DEFAULT &
+    if [ -f "$out/w05/drafter/warmup.json" ]; then
+      # shellcheck disable=SC2086
+      auto_off 1 "$q05" "$cfg05" "$out/w05/drafter" auto-off-q05 "1 8 32 128" --configs off auto --strategies $DEFAULT &
+    fi
   fi
   if [ "$kill" = 1 ]; then kill_run 2,3; fi
   wait
@@ -95,6 +88,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run convert_target); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg4 cfg05 steps4 budget4 prompts epochs p05 e05 tp_scale tp auto_off kill); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run convert_target warm_up auto_off); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg4 cfg05 steps4 budget4 prompts epochs p05 e05 tp_scale tp timings kill); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x4.sh --snapshot $out DEST"
