@@ -25,7 +25,7 @@
 #   benchmarks/gpu_x4.sh OUT QWEN15_GGUF [QWEN05_GGUF]   start it (the logs: OUT/*.log, progress: OUT/main.log)
 #   benchmarks/gpu_x4.sh --snapshot OUT DEST             progress lines, and the small records so far in DEST/snapshot.tgz
 # Settings: E2E4_STEPS (16), E2E4_SECONDS (600), WARMUP_PROMPTS (3072), WARMUP_EPOCHS (1.5), WARMUP_PROMPTS05 (5120),
-# WARMUP_EPOCHS05 (1.3), TP_SCALE (0.5), TP (1), AUTO_OFF (1), KILL (1).
+# WARMUP_EPOCHS05 (1.3), TP_SCALE (0.5), TP (1), AUTO_OFF (1), KILL (1), E2E4 (1: phase 3; 0 leaves it out).
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -40,7 +40,7 @@ share_cores 4
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg4=configs/qwen2.5-1.5b-math-4gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 steps4=${E2E4_STEPS:-16}; budget4=${E2E4_SECONDS:-600}
 prompts=${WARMUP_PROMPTS:-3072}; epochs=${WARMUP_EPOCHS:-1.5}; tp_scale=${TP_SCALE:-0.5}; kill=${KILL:-1}
-p05=${WARMUP_PROMPTS05:-5120}; e05=${WARMUP_EPOCHS05:-1.3}; tp=${TP:-1}; timings=${AUTO_OFF:-1}
+p05=${WARMUP_PROMPTS05:-5120}; e05=${WARMUP_EPOCHS05:-1.3}; tp=${TP:-1}; timings=${AUTO_OFF:-1}; e2e4=${E2E4:-1}
 VARIANTS=("--warmup-arg=--gen-batch=512")
 
 main() {
@@ -78,9 +78,11 @@ main() {
   if [ "$kill" = 1 ]; then kill_run 2,3; fi
   wait
   echo "phase 2 done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
-  CUDA_VISIBLE_DEVICES=0,1,2,3 python benchmarks/e2e_rl.py --config "$cfg4" --drafter "$drafter" --steps "$steps4" \
-      --time-limit "$budget4" --out "$out/e2e4" -- "model.path=$q15" > "$out/e2e4.log" 2>&1
-  echo "four-GPU run done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  if [ "$e2e4" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=0,1,2,3 python benchmarks/e2e_rl.py --config "$cfg4" --drafter "$drafter" --steps "$steps4" \
+        --time-limit "$budget4" --out "$out/e2e4" -- "model.path=$q15" > "$out/e2e4.log" 2>&1
+    echo "four-GPU run done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+  fi
   if [ "$tp" = 1 ]; then
     CUDA_VISIBLE_DEVICES=0,1,2,3 timeout -s USR1 -k 15 420 python benchmarks/tp_throughput.py --shape qwen2.5-32b \
         --tp 4 --scale "$tp_scale" --batch 1 8 32 --max-new-tokens 128 --sd 8_4_32 > "$out/tp4.log" 2>&1
@@ -88,6 +90,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run convert_target warm_up auto_off); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg4 cfg05 steps4 budget4 prompts epochs p05 e05 tp_scale tp timings kill); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run convert_target warm_up auto_off); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg4 cfg05 steps4 budget4 prompts epochs p05 e05 tp_scale tp timings kill e2e4); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x4.sh --snapshot $out DEST"
