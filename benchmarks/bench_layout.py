@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tlt_rt.rollout.params import check_prompts
-from tlt_rt.rollout.runner import Layout, build_meta, table_tensor
+from tlt_rt.rollout.step.target import Layout, build_meta, table_tensor
 
 BLOCK = 16
 

@@ -41,7 +41,7 @@ from tlt_rt.models.drafter import Drafter  # noqa: E402
 from tlt_rt.models.llama import CausalLM  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.rollout.sequence import PrefillJob, Sequence  # noqa: E402
-from tlt_rt.rollout.step_graph import StepValues, layout  # noqa: E402
+from tlt_rt.rollout.step.graph import StepValues, layout  # noqa: E402
 
 ARCH = ArchConfig(
     model_type="llama",

@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_throughput import prompts_for  # noqa: E402
 from step_ratio import Rotation  # noqa: E402
 
-import tlt_rt.rollout.draft_ops as draft_ops  # noqa: E402
-import tlt_rt.rollout.drafting as drafting  # noqa: E402
+import tlt_rt.rollout.step.drafting as drafting  # noqa: E402
+import tlt_rt.rollout.step.ops as ops  # noqa: E402
 from tlt_rt.ir.strategy import Strategy  # noqa: E402
 from tlt_rt.models.default import load_tokenizer  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
-from tlt_rt.rollout.step_graph import DirectModels  # noqa: E402
+from tlt_rt.rollout.step.graph import DirectModels  # noqa: E402
 
 PHASES = [
     "catch-up",
@@ -64,8 +64,8 @@ def instrument(engine: Engine) -> None:
                         ("grow_candidates", "levels"), ("fused_build_tree", "rerank"),
                         ("build_tree", "rerank")]:  # fmt: skip
         setattr(drafting, name, _ranged(getattr(drafting, name), label))
-    # the top-k: the root's children in drafting, each level's in draft_ops.next_level
-    for mod in (drafting, draft_ops):
+    # the top-k: the root's children in drafting, each level's in ops.next_level
+    for mod in (drafting, ops):
         mod.top_children = _ranged(mod.top_children, "level-topk")
     DirectModels.verify = _ranged(DirectModels.verify, "verify")
     steps = engine.runner.steps

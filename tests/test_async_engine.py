@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers.engine import PROMPTS, make_engine, tiny_pair
 from tlt_rt.rollout import AsyncEngine, SamplingParams
-from tlt_rt.rollout.requests import sampling_params_from
+from tlt_rt.rollout.scheduler import sampling_params_from
 
 # mixed settings: greedy, plain sampling, top-k, top-p, both; vLLM and SGLang spellings
 SETTINGS = [

@@ -6,7 +6,7 @@ import json
 
 import tlt_rt
 from tlt_rt.compile import cost_path, engine_cost_key, profile
-from tlt_rt.rollout.costs import CostTable
+from tlt_rt.rollout.policy.costs import CostTable
 
 
 def test_profile_and_cost_table_round_trip(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The captured step's glue that runs through torch.compile on CUDA (rollout/compiled.py) traces as one
+"""The captured step's glue that runs through torch.compile on CUDA (rollout/step/ops.py) traces as one
 graph each (no break, so Inductor can fuse all of it) and gives what the plain functions give."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.helpers.engine import tiny_pair
-from tlt_rt.rollout import drafting, runner, step_graph
+from tlt_rt.rollout.step import drafting, graph, target
 
 
 def _traced(fn):
@@ -64,14 +64,14 @@ def test_step_unpack_and_pack(r, dlen):
     b, h = 3, 8
     ints = torch.randint(0, 9, (b, 2 + r + 4), generator=g)
     floats = torch.rand(b, 2 * (dlen + 1) + 3, generator=g)
-    _same(_traced(step_graph.unpack_inputs)(ints, floats, r, dlen), step_graph.unpack_inputs(ints, floats, r, dlen))
+    _same(_traced(graph.unpack_inputs)(ints, floats, r, dlen), graph.unpack_inputs(ints, floats, r, dlen))
     acc = torch.randint(0, dlen + 1, (b,), generator=g)
     nodes = torch.where(torch.arange(dlen + 1) < acc[:, None], torch.arange(1, dlen + 2), -1)
     hid = torch.randn(b, 2 * dlen + 1, h, generator=g)
     toks, lps = torch.randint(0, 9, (b, dlen + 1), generator=g), torch.randn(b, dlen + 1, generator=g)
     for window in (None, torch.randn(b, r, h, generator=g)) if dlen else (None,):
         args = (acc, nodes, hid, window, toks, lps)
-        _same(_traced(step_graph.pack_outputs)(*args), step_graph.pack_outputs(*args))
+        _same(_traced(graph.pack_outputs)(*args), graph.pack_outputs(*args))
 
 
 @pytest.mark.parametrize("q_len, write", [(12, False), (1, False), (5, True)])
@@ -81,7 +81,7 @@ def test_verify_slots(q_len, write):
     lens = torch.tensor([0, 3, 17]) + q_len - 2  # the first row's leading tokens have negative positions
     keep = torch.rand(3, q_len, generator=g) < 0.7 if write else None
     args = (tables, lens, q_len, 4, keep)
-    _same(_traced(runner.tree_slots)(*args), runner.tree_slots(*args))
+    _same(_traced(target.tree_slots)(*args), target.tree_slots(*args))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -15,15 +15,15 @@ from tlt_rt.models.attention import TorchAttention
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import SamplingParams
-from tlt_rt.rollout.drafting import (
+from tlt_rt.rollout.sequence import Sequence
+from tlt_rt.rollout.step.drafting import (
     DrafterRunner,
     DraftInputs,
     catch_up_block,
     draft_tree,
     grow_candidates,
 )
-from tlt_rt.rollout.runner import table_tensor
-from tlt_rt.rollout.sequence import Sequence
+from tlt_rt.rollout.step.target import table_tensor
 
 STRATEGY = Strategy(3, 2, 5)  # R = 4 catch-up rows
 BLOCKS, BLOCK_SIZE, PER_SEQ = 80, 4, 8  # sequence i owns blocks [8i, 8i+8)
@@ -274,7 +274,7 @@ def test_captured_path_builds_the_same_tree():
     """The captured step's path (`compiled`: the rerank through `fused_build_tree`, one Triton launch on CUDA
     and `build_tree` here; the kernel itself is checked against `build_tree` in test_kernel_build_tree.py)
     grows the candidates of the eager path and the same tree."""
-    import tlt_rt.rollout.drafting as drafting
+    import tlt_rt.rollout.step.drafting as drafting
 
     target, drafter = _drafter()
     (seqs, tables), (seqs2, _) = _copies(target, MIXED)

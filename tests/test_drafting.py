@@ -6,9 +6,9 @@ import torch
 
 from tests.helpers.engine import tiny_pair
 from tlt_rt.ir.strategy import Strategy
-from tlt_rt.rollout.drafting import DrafterRunner
-from tlt_rt.rollout.runner import table_tensor
 from tlt_rt.rollout.sequence import Sequence
+from tlt_rt.rollout.step.drafting import DrafterRunner
+from tlt_rt.rollout.step.target import table_tensor
 
 
 def _dense_logprobs(drafter, feats, toks, path_tokens, path_hidden):

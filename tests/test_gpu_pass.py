@@ -152,3 +152,27 @@ def test_gpu_drafter_one_warms_the_small_model_then_times_its_drafter(tmp_path):
     timed = [c for c in calls if "engine_throughput" in c]
     assert len(timed) == 1 and f"--drafter {tmp_path / 'out' / 'w05' / 'drafter'} " in timed[0]
     assert any("-m gpu" in c for c in calls)
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
+@pytest.mark.parametrize("tp", ["1", "0"])
+def test_gpu_check_x2_splits_the_tests_over_both_gpus_then_runs_the_tp_test(tmp_path, tp):
+    """Every `gpu` test file in exactly one of the two halves (the TP test in neither: it needs both GPUs and runs
+    after them), the eager profile after the second half, the TP throughput rows last unless TP=0."""
+    calls, main = _pass(tmp_path, "gpu_check_x2.sh", models=(), TP=tp)
+    assert "all done" in main
+    halves = [c for c in calls if "-m gpu" in c and not c.endswith(" tests/test_tp_gpu.py")]
+    assert len(halves) == 2
+    first = next(c for c in halves if "--ignore" not in c)
+    rest = next(c for c in halves if "--ignore" in c)
+    named = {w for w in first.split() if w.startswith("tests/")}
+    ignored = {w.split("=", 1)[1] for w in rest.split() if w.startswith("--ignore=")}
+    assert named and ignored == named | {"tests/test_tp_gpu.py"}
+    tp_test = next(i for i, c in enumerate(calls) if c.endswith(" tests/test_tp_gpu.py"))
+    eager = next(i for i, c in enumerate(calls) if "eager_profile.py" in c)
+    assert eager < tp_test and calls.index(rest) < eager
+    rows = [c for c in calls if "tp_throughput.py" in c]
+    if tp == "1":
+        assert len(rows) == 1 and calls.index(rows[0]) > tp_test and "--shape qwen2.5-7b --tp 2" in rows[0]
+    else:
+        assert not rows

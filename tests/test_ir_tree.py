@@ -286,7 +286,7 @@ def _fields(tree: DraftTree) -> list[torch.Tensor]:
 @given(drafts())
 def test_fused_rerank_matches_on_cuda(draft):
     """The captured step's rerank (one Triton launch) builds build_tree's tree, field for field."""
-    from tlt_rt.rollout.drafting import fused_build_tree
+    from tlt_rt.rollout.step.drafting import fused_build_tree
 
     cands, root, prefix, T = draft
     cands = Candidates(cands.tokens.cuda(), cands.scores.cuda(), cands.parents.cuda(), cands.topk)

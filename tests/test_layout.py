@@ -6,7 +6,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tlt_rt.rollout.runner import Layout, build_meta
+from tlt_rt.rollout.step.target import Layout, build_meta
 
 
 def reference(layout: Layout, block_size: int):
@@ -57,7 +57,7 @@ def test_copy_blocks_reads_every_source_before_writing():
     # one batched copy of a fork step: block 1 is the source of one copy and the destination of the next (a
     # parent's last block freed and taken by a later fork), so it must be read before it is written
     from tlt_rt.models.llama import KVCache
-    from tlt_rt.rollout.runner import TargetRunner
+    from tlt_rt.rollout.step.target import TargetRunner
 
     runner = TargetRunner.__new__(TargetRunner)  # copy_blocks needs only the device
     runner.device = torch.device("cpu")

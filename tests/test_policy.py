@@ -8,8 +8,8 @@ import random
 import pytest
 
 from tlt_rt.ir.strategy import Strategy, batch_buckets
-from tlt_rt.rollout.costs import OFF, CostTable, CostTableMismatch, cost_key, option_name
 from tlt_rt.rollout.policy import AcceptStats, SDPolicy
+from tlt_rt.rollout.policy.costs import OFF, CostTable, CostTableMismatch, cost_key, option_name
 
 S = [Strategy.parse(t) for t in ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")]
 BUCKETS = batch_buckets(64)

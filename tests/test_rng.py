@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from tlt_rt.rollout.rng import _mix32, counter_uniforms, host_uniforms, sequence_seed
+from tlt_rt.rollout.step.rng import _mix32, counter_uniforms, host_uniforms, sequence_seed
 
 
 def test_deterministic_and_in_range():
@@ -70,10 +70,10 @@ def test_sequence_seed_is_the_tensor_mixer_on_plain_ints(seed, prompt, sample, o
 
 
 def test_prefetched_uniforms_are_the_uniforms_of_the_next_step():
-    """A step draws the same batch's next uniforms ahead (`step_io.Uniforms`): what the next step reads is what
+    """A step draws the same batch's next uniforms ahead (`step.io.Uniforms`): what the next step reads is what
     it would have drawn itself, for any width up to the prefetched one and whatever the batch became."""
     from tlt_rt.rollout.sequence import Sequence
-    from tlt_rt.rollout.step_io import Uniforms
+    from tlt_rt.rollout.step.io import Uniforms
 
     seqs = [Sequence(i, 0, 0, [1], seed, 8, counter=c) for i, (seed, c) in enumerate([(5, 1), (2**62 + 3, 40), (9, 0)])]
     u = Uniforms(10)

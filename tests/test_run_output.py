@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tlt_rt.ir.strategy import Strategy
-from tlt_rt.rollout.costs import CostTable
 from tlt_rt.rollout.policy import SDPolicy
+from tlt_rt.rollout.policy.costs import CostTable
 from tlt_rt.train.rl.progress import Progress, duration, run_summary
 from tlt_rt.train.rl.sd_explain import explain_policy, sd_reason, sd_why
 

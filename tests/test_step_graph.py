@@ -1,4 +1,4 @@
-"""The whole step as one program (rollout/step_graph.py): its static-buffer path (fill, run, result), which
+"""The whole step as one program (rollout/step/graph.py): its static-buffer path (fill, run, result), which
 the CUDA graphs replay, gives what the eager step gives, and padding rows write only to the trash block."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from tests.helpers.engine import PROMPTS, make_engine
 from tlt_rt.ir.program import Op
 from tlt_rt.rollout import SamplingParams
-from tlt_rt.rollout.step_graph import accept_mode, mode_program
+from tlt_rt.rollout.step.graph import accept_mode, mode_program
 
 
 def _through_program(engine, pad: int) -> list:

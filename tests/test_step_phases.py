@@ -14,15 +14,15 @@ from tlt_rt.rollout import SamplingParams
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import step_phases  # noqa: E402
 
-import tlt_rt.rollout.draft_ops as draft_ops  # noqa: E402
-import tlt_rt.rollout.drafting as drafting  # noqa: E402
-from tlt_rt.rollout.step_graph import DirectModels  # noqa: E402
+import tlt_rt.rollout.step.drafting as drafting  # noqa: E402
+import tlt_rt.rollout.step.ops as ops  # noqa: E402
+from tlt_rt.rollout.step.graph import DirectModels  # noqa: E402
 
 
 def test_instrumented_engine_decodes_the_same_in_its_phases(monkeypatch):
     for mod, names in ((drafting, ("catch_up_block", "_level_meta", "grow_candidates", "top_children",
                                    "fused_build_tree", "build_tree")),
-                       (draft_ops, ("top_children",))):  # fmt: skip
+                       (ops, ("top_children",))):  # fmt: skip
         for name in names:
             monkeypatch.setattr(mod, name, getattr(mod, name))  # restored after the test
     monkeypatch.setattr(DirectModels, "verify", DirectModels.verify)

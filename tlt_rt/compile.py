@@ -4,7 +4,7 @@ For each batch bucket, plain decode and every configured strategy: capture the s
 CUDA), time it on a representative context, and write the cost table, keyed by model shape, dtype, device
 and versions, to `$TLT_CACHE/costs/`. Engines built for the same key load it at start, so the SD policy
 decides from measured costs from the first step; without it they profile lazily online. The work itself
-lives in `tlt_rt.rollout.profiling`; this module is its command line.
+lives in `tlt_rt.rollout.policy.profiling`; this module is its command line.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import types
 
 from tlt_rt.config import ConfigError, TLTConfig, load_config, parse_cli
 from tlt_rt.rollout import Engine
-from tlt_rt.rollout.profiling import cost_path, engine_cost_key, profile
+from tlt_rt.rollout.policy.profiling import cost_path, engine_cost_key, profile
 
 __all__ = ["compile", "cost_path", "engine_cost_key", "main", "profile"]
 

@@ -1,7 +1,7 @@
 """CUDA-graph pool: one captured program per static shape key, all sharing one memory pool.
 
 A key is (kind, batch bucket, ...); its kind names the `Program` that captures it. The engine registers
-one kind, "step" (rollout/step_graph.py): a whole decode step, plain or speculative, per (bucket, option,
+one kind, "step" (rollout/step/graph.py): a whole decode step, plain or speculative, per (bucket, option,
 acceptance mode). Graphs are captured largest batch first so that smaller ones reuse the pool's blocks;
 inputs live in static buffers that a replay fills (padding rows write nowhere), and prefill and anything
 larger than the biggest bucket run eagerly.

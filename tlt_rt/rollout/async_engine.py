@@ -39,9 +39,9 @@ import torch
 
 from tlt_rt.rollout.engine import Engine
 from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
-from tlt_rt.rollout.requests import RequestOutput, sampling_params_from
-from tlt_rt.rollout.rng import sequence_seed
+from tlt_rt.rollout.scheduler import RequestOutput, sampling_params_from
 from tlt_rt.rollout.sequence import PrefillJob, Sequence
+from tlt_rt.rollout.step.rng import sequence_seed
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ DEFAULT_STRATEGIES = ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")
 @register
 @dataclasses.dataclass
 class PolicyConfig:
-    """The SD policy's bandit (rollout/policy.py explains each knob in context)."""
+    """The SD policy's bandit (rollout/policy/sd_policy.py explains each knob in context)."""
 
     epsilon: float = option(0.05, help="Share of decode steps that explore a uniformly drawn other option.")
     hysteresis: float = option(

@@ -24,21 +24,21 @@ from tlt_rt.codegen.backend import select_backend
 from tlt_rt.codegen.model_kernels import engine_glue
 from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for
 from tlt_rt.models.llama import CausalLM
-from tlt_rt.rollout import prepare
 from tlt_rt.rollout.block_manager import BlockManager, auto_num_blocks, blocks_per_sequence
-from tlt_rt.rollout.catchup import rows_once
 from tlt_rt.rollout.config import EngineConfig, engine_config
-from tlt_rt.rollout.costs import option_name
 from tlt_rt.rollout.model_runner import ModelRunner, engine_drafter, on_stream
 from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
 from tlt_rt.rollout.policy import SDPolicy
-from tlt_rt.rollout.prefill import prefill
-from tlt_rt.rollout.profiling import load_costs
-from tlt_rt.rollout.rng import sequence_seed
+from tlt_rt.rollout.policy.catchup import rows_once
+from tlt_rt.rollout.policy.costs import option_name
+from tlt_rt.rollout.policy.profiling import load_costs
 from tlt_rt.rollout.scheduler import Scheduler
 from tlt_rt.rollout.sequence import PrefillJob, Sequence, flush_hidden
-from tlt_rt.rollout.speculative import scratch_tokens
 from tlt_rt.rollout.stats import EngineStats
+from tlt_rt.rollout.step import prepare
+from tlt_rt.rollout.step.ops import scratch_tokens
+from tlt_rt.rollout.step.prefill import prefill
+from tlt_rt.rollout.step.rng import sequence_seed
 
 log = logging.getLogger(__name__)
 
@@ -244,22 +244,22 @@ class Engine:
 
     def graph_keys(self, batch_sizes: list[int] | None = None, modes=("greedy", "sampled")) -> list:
         """Keys of the captured steps: one per (bucket, option, acceptance mode), where an option is plain
-        decoding or a strategy and a mode greedy, sampled or filtered (rollout/step_graph.py)."""
+        decoding or a strategy and a mode greedy, sampled or filtered (rollout/step/graph.py)."""
         return self.runner.graph_keys(batch_sizes or self.buckets, self.strategies, modes)
 
     def capture(self, batch_sizes: list[int] | None = None, profile: bool = True, modes=("greedy", "sampled")) -> dict:
         """Capture every step ahead of generation, largest first, into the one shared pool; profile missing
-        step costs (`rollout.prepare.capture`)."""
+        step costs (`rollout.step.prepare.capture`)."""
         with self.on_stream():
             return prepare.capture(self, batch_sizes, profile, modes)
 
     def warm_up(self) -> None:
-        """Compile what a first step would compile mid-rollout (`rollout.prepare.warm_up`)."""
+        """Compile what a first step would compile mid-rollout (`rollout.step.prepare.warm_up`)."""
         with self.on_stream():
             prepare.warm_up(self)
 
     def profile_costs(self, save: bool = False, iters: int = 5) -> None:
-        """Time every (bucket, option) step into the policy's cost table (`rollout.prepare.profile_costs`)."""
+        """Time every (bucket, option) step into the policy's cost table (`rollout.step.prepare.profile_costs`)."""
         with self.on_stream():
             prepare.profile_costs(self, save, iters)
 

@@ -3,7 +3,7 @@
 Each collective inside the target's forward must be entered by every rank with the same shapes, so every
 rank must take the same scheduling and speculative decisions. Most of the loop is a pure function of the
 inputs and so agrees by itself: the scheduler and block manager are deterministic, logits are all-gathered
-(identical on every rank), sampling draws counter-based uniforms from per-sequence seeds (rollout/rng.py),
+(identical on every rank), sampling draws counter-based uniforms from per-sequence seeds (rollout/step/rng.py),
 and the replicated drafter sees identical hidden states. Two things are not:
 
 - the KV block count: sized from the free GPU memory of each rank, so the ranks agree on the smallest;
@@ -24,9 +24,9 @@ from torch import nn
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout.block_manager import auto_num_blocks
 from tlt_rt.rollout.config import EngineConfig, engine_config
-from tlt_rt.rollout.costs import option_name
 from tlt_rt.rollout.engine import Engine
 from tlt_rt.rollout.policy import SDPolicy
+from tlt_rt.rollout.policy.costs import option_name
 
 
 def _group_src(group) -> int:

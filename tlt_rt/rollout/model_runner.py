@@ -4,7 +4,7 @@ captured steps. It offers two calls:
     out = runner.prefill(tokens, layout, logits_rows)       # eager chunked prefill -> ModelOutput
     res = runner.step(seqs, tables, strategy, params)       # one plain (strategy None) or SD step -> StepOut
 
-A step is one captured graph per (batch bucket, option, acceptance mode) (rollout/step_graph.py), so the
+A step is one captured graph per (batch bucket, option, acceptance mode) (rollout/step/graph.py), so the
 device runs it without the host in between, and its results reach the host in one copy that waits for
 the runner's own stream only. What the step means for the requests (append tokens, stops, finishes,
 blocks) is the scheduler's business (`Scheduler.postprocess`).
@@ -23,14 +23,14 @@ from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM, ModelOutput, fuse_projections, set_glue
 from tlt_rt.models.loader import IGNORED_SUFFIXES
 from tlt_rt.rollout.block_manager import Tables
-from tlt_rt.rollout.costs import option_name
-from tlt_rt.rollout.drafting import DrafterRunner
 from tlt_rt.rollout.params import SamplingParams
-from tlt_rt.rollout.runner import Layout, TargetRunner
+from tlt_rt.rollout.policy.costs import option_name
 from tlt_rt.rollout.sequence import Sequence
-from tlt_rt.rollout.speculative import scratch_tokens
-from tlt_rt.rollout.step_graph import StepArgs, StepGraphs, StepValues, batch_mode, layout
-from tlt_rt.rollout.step_io import StepOut, Uniforms, distinct, pack_floats, pack_ints, parse_host, row_params
+from tlt_rt.rollout.step.drafting import DrafterRunner
+from tlt_rt.rollout.step.graph import StepArgs, StepGraphs, StepValues, batch_mode, layout
+from tlt_rt.rollout.step.io import StepOut, Uniforms, distinct, pack_floats, pack_ints, parse_host, row_params
+from tlt_rt.rollout.step.ops import scratch_tokens
+from tlt_rt.rollout.step.target import Layout, TargetRunner
 
 
 def engine_drafter(drafter: Drafter | None, target: CausalLM, glue) -> Drafter:
@@ -120,7 +120,7 @@ class ModelRunner:
         strategy: Strategy | None,
         rows: list[SamplingParams],
     ) -> StepArgs:
-        """The packed inputs of a step (step_graph.py, step_io.py), `rows` each sequence's settings; SD steps
+        """The packed inputs of a step (step/graph.py, step/io.py), `rows` each sequence's settings; SD steps
         bring the drafter within reach first."""
         if strategy is None:
             depth, r, window = 0, 1, None

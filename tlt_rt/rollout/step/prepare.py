@@ -14,9 +14,9 @@ import logging
 import torch
 
 from tlt_rt.rollout.params import SamplingParams
-from tlt_rt.rollout.profiling import cost_path, profile
-from tlt_rt.rollout.runner import draw
+from tlt_rt.rollout.policy.profiling import cost_path, profile
 from tlt_rt.rollout.sequence import Sequence
+from tlt_rt.rollout.step.target import draw
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def warm_up(engine) -> None:
 
 
 def profile_costs(engine, save: bool = False, iters: int = 5) -> None:
-    """Time every (bucket, option) step on synthetic sequences (`rollout.profiling.profile`) into the
+    """Time every (bucket, option) step on synthetic sequences (`rollout.policy.profiling.profile`) into the
     policy's cost table, keeping what it held for other strategies; the first step timed online replaces
     each profiled cost. `save` writes the table to the cache dir under this model's key."""
     table, _ = profile(engine, iters=iters, progress=False)

@@ -1,5 +1,5 @@
 """What the SD policy knows of accept lengths: tokens emitted per sequence per speculative step, learned
-online per (batch bucket, strategy) and pooled per strategy (rollout/policy.py decides from it)."""
+online per (batch bucket, strategy) and pooled per strategy (rollout/policy/sd_policy.py decides from it)."""
 
 from __future__ import annotations
 

@@ -34,11 +34,11 @@ from tlt_rt.ir.program import StepProgram
 from tlt_rt.ir.strategy import Bucket, Strategy
 from tlt_rt.ir.tree import DraftTree
 from tlt_rt.models.attention import AttnMetadata
-from tlt_rt.rollout.compiled import maybe_compiled
-from tlt_rt.rollout.costs import OFF
-from tlt_rt.rollout.drafting import DraftInputs, draft_tree
 from tlt_rt.rollout.params import SamplingParams
-from tlt_rt.rollout.runner import tree_meta
+from tlt_rt.rollout.policy.costs import OFF
+from tlt_rt.rollout.step.drafting import DraftInputs, draft_tree
+from tlt_rt.rollout.step.ops import maybe_compiled
+from tlt_rt.rollout.step.target import tree_meta
 
 Key = tuple
 

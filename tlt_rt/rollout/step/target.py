@@ -16,9 +16,9 @@ from tlt_rt.codegen.kernels.accept import accept_tree
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import CausalLM, KVCache
 from tlt_rt.rollout.block_manager import Tables
-from tlt_rt.rollout.compiled import maybe_compiled
 from tlt_rt.rollout.params import SamplingParams
-from tlt_rt.rollout.rng import host_uniforms
+from tlt_rt.rollout.step.ops import maybe_compiled
+from tlt_rt.rollout.step.rng import host_uniforms
 
 
 @dataclass
@@ -98,7 +98,7 @@ def tree_meta(
 ) -> AttnMetadata:
     """Verify-mode metadata built on the device: every sequence's q_len new tokens sit at the last q_len of
     its seq_lens cache positions. tables [B, W] int32, seq_lens [B]; no host round trip. `compiled`: the
-    index work through torch.compile (one or two kernels inside a captured step, `rollout.compiled`).
+    index work through torch.compile (one or two kernels inside a captured step, `rollout.step.ops.maybe_compiled`).
 
     A token at a negative cache position (seq_lens < q_len), or where `write` [B, q_len] bool is False,
     writes its K/V to the trash slot."""

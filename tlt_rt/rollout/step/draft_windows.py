@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tlt_rt.rollout.runner import to_device
 from tlt_rt.rollout.sequence import Sequence
+from tlt_rt.rollout.step.target import to_device
 
 
 class DraftWindows:

@@ -19,9 +19,9 @@ Drafter rows for accepted tokens are recomputed from the target's own hidden sta
 rather than committed from the draft, so the drafter always conditions on true features.
 
 `draft_tree` (block, depth-1 levels, reranking) reads only device tensors, never syncs with the host and
-has shapes fixed by (B, strategy): it is the DRAFT node of the captured step (rollout/step_graph.py).
+has shapes fixed by (B, strategy): it is the DRAFT node of the captured step (rollout/step/graph.py).
 `DrafterRunner` is the eager side: the drafter's cache, the catch-up beyond the block, the draft inputs; the
-hidden windows it reads between steps are kept by `DraftWindows` (rollout/draft_windows.py).
+hidden windows it reads between steps are kept by `DraftWindows` (rollout/step/draft_windows.py).
 """
 
 from __future__ import annotations
@@ -35,11 +35,10 @@ from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import KVCache
-from tlt_rt.rollout.compiled import maybe_compiled
-from tlt_rt.rollout.draft_ops import fused_build_tree, next_level, top_children
-from tlt_rt.rollout.draft_windows import DraftWindows, PlainRun
-from tlt_rt.rollout.runner import Layout, build_meta, to_device
 from tlt_rt.rollout.sequence import Sequence, flush_hidden
+from tlt_rt.rollout.step.draft_windows import DraftWindows, PlainRun
+from tlt_rt.rollout.step.ops import fused_build_tree, maybe_compiled, next_level, top_children
+from tlt_rt.rollout.step.target import Layout, build_meta, to_device
 
 __all__ = [
     "DraftInputs",

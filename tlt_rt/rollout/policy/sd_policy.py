@@ -20,13 +20,13 @@ Switching from plain decoding to a strategy re-prefills nothing: the engine keep
 states and catches the drafter up on the rows it missed at the next speculative step. That catch-up is not
 free (an eager drafter forward over every missed row: at batch 128 after ~40 plain steps it tripled an SD
 step on an H200), so the engine says how many rows the drafter is behind (`behind`); the policy learns a
-cost per row per bucket from the steps that paid one (rollout/catchup.py), keeps those steps out of the
+cost per row per bucket from the steps that paid one (rollout/policy/catchup.py), keeps those steps out of the
 strategy's steady step cost, and weighs the catch-up per step of the speculative stretch it opens (as long as
 the plain stretch that left the rows behind) wherever it counts: in a step's regret, expected and paid, when
 leaving plain decoding, exploring, or letting a strategy prove itself over budget. A try that pays a catch-up
 runs a second step, whose time is the strategy's own.
 
-What the policy reports and saves (`stats`, `state_dict`) is in rollout/policy_state.py.
+What the policy reports and saves (`stats`, `state_dict`) is in rollout/policy/state.py.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from collections import Counter
 from collections.abc import Callable
 
 from tlt_rt.ir.strategy import Strategy, bucket_for
-from tlt_rt.rollout.accept_stats import AcceptStats
-from tlt_rt.rollout.catchup import CatchupCosts, rows_once, spread
 from tlt_rt.rollout.config import PolicyConfig
-from tlt_rt.rollout.costs import CostTable, option_name
-from tlt_rt.rollout.policy_state import PolicyState
-from tlt_rt.rollout.rng import decision_uniform as _uniform
+from tlt_rt.rollout.policy.accept_stats import AcceptStats
+from tlt_rt.rollout.policy.catchup import CatchupCosts, rows_once, spread
+from tlt_rt.rollout.policy.costs import CostTable, option_name
+from tlt_rt.rollout.policy.state import PolicyState
+from tlt_rt.rollout.step.rng import decision_uniform as _uniform
 
 __all__ = ["AcceptStats", "SDPolicy"]
 

@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from tlt_rt.models.default import cache_dir
-from tlt_rt.rollout.costs import CostTable, cost_key
+from tlt_rt.rollout.policy.costs import CostTable, cost_key
 
 log = logging.getLogger(__name__)
 SHAPE_FIELDS = (

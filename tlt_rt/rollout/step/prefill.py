@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from tlt_rt.rollout.params import SamplingParams
-from tlt_rt.rollout.runner import Layout, draw
 from tlt_rt.rollout.scheduler import Scheduler
 from tlt_rt.rollout.sequence import PrefillJob, Sequence
+from tlt_rt.rollout.step.target import Layout, draw
 
 
 def prefill(runner, sched: Scheduler, jobs: list[tuple[PrefillJob, int]], params: SamplingParams, keep_hidden: bool):

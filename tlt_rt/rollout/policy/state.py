@@ -1,6 +1,6 @@
 """What the SD policy reports and saves: its counters as `stats`, what it learned as a state dict.
 
-Kept apart from the decisions (rollout/policy.py), which neither feeds back into: `stats` goes to the run's
+Kept apart from the decisions (rollout/policy/sd_policy.py), which neither feeds back into: `stats` goes to the run's
 records and report, `state_dict` / `load_state_dict` carry the policy across a checkpoint.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tlt_rt.rollout.costs import CostTable
+from tlt_rt.rollout.policy.costs import CostTable
 
 
 class PolicyState:

@@ -1,10 +1,10 @@
 """A decode step's host side: its packed inputs built from the sequences, its one host copy parsed back.
 
-Both run once per step around the device work (rollout/step_graph.py describes the buffers), so they are
+Both run once per step around the device work (rollout/step/graph.py describes the buffers), so they are
 vectorised: numpy arrays filled column by column (no tensor built from nested lists, no per-element
 `int()`), and each sequence is read for its scalars only (its pending root is `Sequence.last_token`,
 never the whole token list). The acceptance uniforms depend only on each sequence's seed and step counter
-(rollout/rng.py), so the next step's are drawn while the device runs this one (`Uniforms.prefetch`).
+(rollout/step/rng.py), so the next step's are drawn while the device runs this one (`Uniforms.prefetch`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from torch import Tensor
 
 from tlt_rt.rollout.block_manager import Tables
 from tlt_rt.rollout.params import SamplingParams
-from tlt_rt.rollout.rng import host_uniforms
 from tlt_rt.rollout.sequence import Sequence
+from tlt_rt.rollout.step.rng import host_uniforms
 
 
 def row_params(seqs: list[Sequence], params: SamplingParams) -> list[SamplingParams]:
