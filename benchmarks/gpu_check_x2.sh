@@ -4,8 +4,8 @@
 #            then the eager phases of a rollout on the Qwen2.5-Coder-1.5B shape (eager_profile.py: a batch's
 #            prefill, and a speculative step that first catches the drafter up on a plain stretch; profiled);
 #   phase 2  GPUs 0-1: the two-GPU tensor-parallel test, then TP=2 against TP=1 on the Qwen2.5-7B shape
-#            (tp_throughput.py: bf16, every layer, CUDA graphs, plain and 8_4_32 steps); TP=0 leaves the
-#            throughput rows out.
+#            (tp_throughput.py: bf16, every layer, CUDA graphs, plain and 8_4_32 steps at batch 1 and 32, the TP=2
+#            sums through NCCL and through the one-shot all-reduce); TP=0 leaves the throughput rows out.
 # The models the tests read come from the environment (TLT_SMOLLM2_GGUF, TLT_QWEN_GGUF: a test whose model is not
 # there skips). Everything runs in the background; the call returns at once.
 #
@@ -21,7 +21,7 @@ if [ "${1:-}" = "--snapshot" ]; then
 fi
 out=${1:?OUT}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 share_cores 2
 limit=${TESTS_SECONDS:-330}; tp=${TP:-1}
 HALF0="tests/test_engine_gpu.py tests/test_drafter_train.py tests/test_ir_tree.py"
@@ -50,8 +50,8 @@ main() {
       > "$out/tests_tp.log" 2>&1
   echo "TP test done at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/tests_tp.log")" >> "$out/main.log"
   if [ "$tp" = 1 ]; then
-    CUDA_VISIBLE_DEVICES=0,1 timeout -s USR1 -k 15 240 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
-        --batch 1 8 32 --max-new-tokens 128 --sd 8_4_32 > "$out/tp2.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0,1 timeout -s USR1 -k 15 270 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
+        --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot > "$out/tp2.log" 2>&1
   fi
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }

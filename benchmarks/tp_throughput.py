@@ -43,7 +43,7 @@ from tlt_rt.models.arch import ArchConfig  # noqa: E402
 from tlt_rt.models.drafter import Drafter  # noqa: E402
 from tlt_rt.models.llama import CausalLM  # noqa: E402
 from tlt_rt.models.shapes import KNOWN_SHAPES  # noqa: E402
-from tlt_rt.models.tensor_parallel import check_tp_divisible, shard_for_tp  # noqa: E402
+from tlt_rt.models.tensor_parallel import ALLREDUCE_KINDS, check_tp_divisible, shard_for_tp, use_allreduce  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine  # noqa: E402
 
@@ -112,8 +112,9 @@ def drafter_for(arch: ArchConfig, target, device: torch.device) -> Drafter:
     return drafter.eval()
 
 
-def run_rows(engine, tp: int, mode: str, args, arch, device, ref, rows, rank: int) -> None:
-    """Time `engine` at every batch size; rank 0 records (tp, batch, mode, tok/s, ms/step, equal to ref)."""
+def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: int) -> None:
+    """Time `engine` at every batch size; rank 0 records (tp, batch, mode, tok/s, ms/step, equal to ref), tp the
+    row's label: the rank count, and the all-reduce where it is not NCCL ("2 oneshot")."""
     g = torch.Generator().manual_seed(1)  # the same prompts for every engine
     for b in args.batch:
         prompts = torch.randint(0, arch.vocab_size, (b, args.prompt_len), generator=g).tolist()
@@ -121,7 +122,7 @@ def run_rows(engine, tp: int, mode: str, args, arch, device, ref, rows, rank: in
         if ref is not None and b not in ref:
             ref[b] = toks
         if rank == 0:
-            equal = "-" if tp == 1 and mode == "plain" else ("yes" if toks == ref[b] else "NO")
+            equal = "-" if tp == "1" and mode == "plain" else ("yes" if toks == ref[b] else "NO")
             rows.append((tp, b, mode, b * args.max_new_tokens / secs, 1e3 * secs / steps, equal))
             print(f"TP={tp} {mode} batch {b}: {rows[-1][3]:.1f} tok/s, {rows[-1][4]:.2f} ms/step, equal {equal}",
                   flush=True)  # fmt: skip
@@ -147,11 +148,11 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         ref: dict[int, list] = {}
         if rank == 0:  # TP=1: the whole model on one device
             engine = Engine(model, **kw)
-            run_rows(engine, 1, "plain", args, arch, device, ref, rows, rank)
+            run_rows(engine, "1", "plain", args, arch, device, ref, rows, rank)
             del engine
             if sd:
                 engine = Engine(model, drafter=drafter_for(arch, model, device), **sd)
-                run_rows(engine, 1, args.sd, args, arch, device, ref, rows, rank)
+                run_rows(engine, "1", args.sd, args, arch, device, ref, rows, rank)
                 del engine
             del model  # the engines set their backend and glue on the model: shard a fresh build
             if cuda:
@@ -162,12 +163,16 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         shard = shard_for_tp(model)
         if cuda:
             torch.cuda.empty_cache()
-        engine = lockstep_engine(shard, None, **kw)
-        run_rows(engine, args.tp, "plain", args, arch, device, ref if rank == 0 else None, rows, rank)
-        if sd:
+        for kind in args.allreduce:  # the same shard, its sums through each all-reduce in turn (steps captured anew)
+            use_allreduce(shard, kind)
+            label = f"{args.tp}" if kind == "nccl" else f"{args.tp} {kind}"
+            engine = lockstep_engine(shard, None, **kw)
+            run_rows(engine, label, "plain", args, arch, device, ref if rank == 0 else None, rows, rank)
             del engine
-            engine = lockstep_engine(shard, None, drafter_for(arch, heads, device), **sd)
-            run_rows(engine, args.tp, args.sd, args, arch, device, ref if rank == 0 else None, rows, rank)
+            if sd:
+                engine = lockstep_engine(shard, None, drafter_for(arch, heads, device), **sd)
+                run_rows(engine, label, args.sd, args, arch, device, ref if rank == 0 else None, rows, rank)
+                del engine
         if rank == 0:
             out["rows"] = rows
             out["arch"] = f"{args.shape if not args.smoke else 'smoke'} ({arch.num_hidden_layers} layers, {dtype})"
@@ -186,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs / compiled glue (enforce_eager)")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU over gloo, a few tokens")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (one GPU each)")
+    ap.add_argument("--allreduce", nargs="+", default=["nccl"], choices=ALLREDUCE_KINDS,
+                    help="the TP=N engine's sums: NCCL and/or a one-shot sum over symmetric memory (GPUs)")  # fmt: skip
     ap.add_argument("--sd", default=None, metavar="STRATEGY",
                     help="also time speculative steps of this strategy (e.g. 8_4_32), a random drafter")  # fmt: skip
     args = ap.parse_args(argv)
@@ -193,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--tp must be >= 2 (TP=1 is the baseline every run measures), got {args.tp}")
     if args.smoke:
         args.batch, args.max_new_tokens, args.prompt_len = [1, 4], 8, 8
+    if "oneshot" in args.allreduce and (args.smoke or not torch.cuda.is_available()):
+        ap.error("--allreduce oneshot needs CUDA devices (symmetric memory over NVLink)")
     elif not 0 < args.scale <= 1:
         ap.error("--scale must be in (0, 1]")
     if not args.smoke and torch.cuda.is_available() and torch.cuda.device_count() < args.tp:
@@ -203,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             ap.error(f"--shape {args.shape} --tp {args.tp}: {e}")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (inherited by the ranks)
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")  # and off for symmetric memory too
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -219,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{'plain and ' + args.sd + ' (a random drafter)' if args.sd else 'plain decoding'}\n"
     )
     plain_ms = {(tp, b): ms for tp, b, mode, _, ms, _ in rows if mode == "plain"}
+    order = {label: i for i, label in enumerate(dict.fromkeys(r[0] for r in rows))}  # as they ran
     print("| tp | batch | mode | tok/s | ms/step | SD/plain step | equal |")
     print("|---:|---:|---|---:|---:|---:|:---:|")
-    for tp, b, mode, tps, ms, eq in sorted(rows, key=lambda r: (r[1], r[2] != "plain", r[0])):
+    for tp, b, mode, tps, ms, eq in sorted(rows, key=lambda r: (r[1], r[2] != "plain", order[r[0]])):
         ratio = f"{ms / plain_ms[tp, b]:.2f}x" if mode != "plain" and (tp, b) in plain_ms else "-"
         print(f"| {tp} | {b} | {mode} | {tps:.1f} | {ms:.2f} | {ratio} | {eq} |")
     return 0 if all(r[5] != "NO" for r in rows) else 1

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import CausalLM
-from tlt_rt.models.tensor_parallel import shard_for_tp
+from tlt_rt.models.tensor_parallel import set_fast_allreduce, shard_for_tp, use_allreduce
 
 from .dist_harness import read_checks, run_checks, spawn_ranks
 
@@ -205,8 +205,48 @@ def check_lockstep(case: str, rank: int) -> None:
     assert eng.policy.inner.stats()["explore_steps"] == 0  # only rank 0's policy decided, with epsilon 0
 
 
+class SmallSums:
+    """A stand-in fast all-reduce: sums tensors of at most `most` elements itself (through gloo, into the tensor)
+    and counts them, declines larger ones, which must then go through the ordinary all-reduce."""
+
+    def __init__(self, most: int):
+        self.most, self.taken, self.declined = most, 0, 0
+
+    def __call__(self, x: torch.Tensor) -> bool:
+        if x.numel() > self.most:
+            self.declined += 1
+            return False
+        dist.all_reduce(x)
+        self.taken += 1
+        return True
+
+
+def check_fast_allreduce(case: str, rank: int) -> None:
+    """With a fast all-reduce set, every no-grad sum asks it first and the ones it declines go through NCCL/gloo:
+    the forward is unchanged. `use_allreduce` names its kinds and refuses a CPU shard for the one-shot sum."""
+    full, tp = _pair(case)
+    small = SmallSums(most=2 * 13 * CASES[case].hidden_size)  # a [1, 13, H] block's sums, not a [4, 13, H] one's
+    set_fast_allreduce(tp, small)
+    assert all(m.tp.fast is small for m in tp.modules() if hasattr(m, "tp") and m.tp is not None)
+    for batch in (1, 4):
+        ids = torch.randint(0, CASES[case].vocab_size, (batch, 13), generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            want, got = full(ids), tp(ids)
+        _close(got.logits, want.logits, f"logits, batch {batch}")
+    per_forward = 1 + 2 * CASES[case].num_hidden_layers  # the embedding, and attention and MLP of every layer
+    assert small.taken == per_forward and small.declined == per_forward, (small.taken, small.declined)
+    with pytest.raises(ValueError, match="needs CUDA"):
+        use_allreduce(tp, "oneshot")
+    with pytest.raises(ValueError, match="one of"):
+        use_allreduce(tp, "ring")
+    use_allreduce(tp, "nccl")
+    assert tp.tp.fast is None and tp.model.layers[0].mlp.down_proj.tp.fast is None
+    with pytest.raises(ValueError, match="tensor-parallel shard"):
+        use_allreduce(full, "nccl")
+
+
 CHECKS = {"dense": check_dense, "dense_grad": check_dense_grad, "paged": check_paged, "engine": check_engine,
-          "lockstep": check_lockstep}  # fmt: skip
+          "lockstep": check_lockstep, "fast_allreduce": check_fast_allreduce}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- harness
