@@ -6,9 +6,11 @@ first catches the drafter up on a stretch of plain steps (the price the SD polic
 Random bf16 weights of the shape (or a checkpoint, as `step_costs.py --model` takes), a drafter of random weights,
 sampling at T=1.0. The SD policy is replaced by a fixed script: `--plain-steps` plain steps, one speculative step
 of `--strategy` (which first runs the drafter over every row the plain steps made), then plain steps to the end.
-Three runs of the same prompts: a warm-up (compiles and captures), a timed one (the device synchronised around each
-phase) and a profiled one, whose kernel and host-operator tables land in OUT/prefill.txt and OUT/catchup.txt. The
-table printed last gives each phase's wall time against a plain step's.
+Runs of the same prompts: a warm-up (compiles and captures); `--rounds` timed rounds (the device synchronised
+around each phase), each timing the prefill attention's Triton kernel and then its torch reference (on a GPU),
+for both phases run it; and a profiled run (the kernel), whose kernel and host-operator tables land in
+OUT/prefill.txt and OUT/catchup.txt. The table printed last gives each phase's median wall time against a
+plain step's.
 """
 
 from __future__ import annotations
@@ -117,12 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategy", default="8_4_8")
     ap.add_argument("--out", type=Path, default=Path("eager-profile"))
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of a small shape")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds of each prefill attention")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("no CUDA device here: --device cpu runs a small shape on the host")
-    if args.batch < 1 or args.prompt_len < 1 or args.plain_steps < 1:
-        ap.error("--batch, --prompt-len and --plain-steps must be >= 1")
+    if min(args.batch, args.prompt_len, args.plain_steps, args.rounds) < 1:
+        ap.error("--batch, --prompt-len, --plain-steps and --rounds must be >= 1")
     strategy = Strategy.parse(args.strategy)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -137,33 +140,44 @@ def main(argv: list[str] | None = None) -> int:
     prompts = torch.randint(0, min(vocab, 32000), (args.batch, args.prompt_len), generator=g).tolist()
     new = args.plain_steps + 16
     params = SamplingParams(temperature=1.0, max_new_tokens=new, stop_token_ids=[], seed=1)
-    runs = {}
-    for name in ("warm-up", "timed"):
-        script = Script(engine, strategy, args.plain_steps)
-        script.run(prompts, params)
-        runs[name] = script
+    backend = target.attn_backend  # the drafter's too (the engine hands it over)
+    # the prefill attention of both phases: the Triton kernel, and (where the backend has one) the torch reference
+    variants = ["kernel", "reference"] if hasattr(backend, "prefill_kernel") else ["torch"]
+    Script(engine, strategy, args.plain_steps).run(prompts, params)  # warm-up: compiles and captures
+    timed: dict[str, list[Script]] = {v: [] for v in variants}
+    for _ in range(args.rounds):  # interleaved rounds
+        for v in variants:
+            if v != "torch":
+                backend.prefill_kernel = v == "kernel"
+            script = Script(engine, strategy, args.plain_steps)
+            script.run(prompts, params)
+            timed[v].append(script)
+    if variants[0] != "torch":
+        backend.prefill_kernel = True
     # the profiled run: the prefill phase alone (one new token: no decode step), then the catch-up step
     with profiled(args.out / "prefill.txt", f"prefill of {args.batch} x {args.prompt_len} tokens", engine.device):
         engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=1, stop_token_ids=[], seed=1))
         sync(device)
     Script(engine, strategy, args.plain_steps, args.out).run(prompts, params)
-    t = runs["timed"]
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    plain_ms = 1e3 * statistics.median(t.plain_s)
-    rows = [
-        ("prefill phase", 1e3 * t.prefill_s, f"{args.batch} x {args.prompt_len} prompt tokens"),
-        ("plain step (median)", plain_ms, f"batch {args.batch}"),
-        (f"{args.strategy} step with catch-up", 1e3 * t.catchup_s, f"{t.behind} drafter rows behind"),
-    ]
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    plain_ms = 1e3 * statistics.median(s for runs in timed.values() for r in runs for s in r.plain_s)
+    behind = timed[variants[0]][0].behind
+    rows = [("plain step", "-", plain_ms, f"batch {args.batch}, median")]
+    for v, runs in timed.items():
+        rows.append(("prefill phase", v, 1e3 * statistics.median(r.prefill_s for r in runs),
+                     f"{args.batch} x {args.prompt_len} prompt tokens"))  # fmt: skip
+        rows.append((f"{args.strategy} step with catch-up", v, 1e3 * statistics.median(r.catchup_s for r in runs),
+                     f"{behind} drafter rows behind"))  # fmt: skip
     rec = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len, "plain_steps": args.plain_steps,
-           "strategy": args.strategy, "device": name, "behind_rows": t.behind,
-           "ms": {name: ms for name, ms, _ in rows}}  # fmt: skip
+           "strategy": args.strategy, "device": device_name, "behind_rows": behind, "rounds": args.rounds,
+           "ms": {f"{phase} ({v})" if v != "-" else phase: ms for phase, v, ms, _ in rows}}  # fmt: skip
     (args.out / "eager_profile.json").write_text(json.dumps(rec, indent=1))
-    print(f"\n{args.model}, {name}; profiles in {args.out}/prefill.txt, catchup.txt")
-    print("| phase | ms | plain steps | what |")
-    print("|---|---:|---:|---|")
-    for name, ms, what in rows:
-        print(f"| {name} | {ms:.2f} | {ms / plain_ms:.1f} | {what} |")
+    print(f"\n{args.model}, {device_name}; medians of {args.rounds} interleaved rounds; profiles (kernel) in "
+          f"{args.out}/prefill.txt, catchup.txt")  # fmt: skip
+    print("| phase | prefill attention | ms | plain steps | what |")
+    print("|---|---|---:|---:|---|")
+    for phase, v, ms, what in rows:
+        print(f"| {phase} | {v} | {ms:.2f} | {ms / plain_ms:.1f} | {what} |")
     return 0
 
 

@@ -166,6 +166,14 @@ def attention_cases():
         dec.paged_decode_attention(q, k, v, tables, lens, 0.1)
     finally:
         dec.split_counters = counters
+    from tlt_rt.codegen.kernels import prefill_attention as pre
+
+    pre.check_paged_inputs = lambda kernel, *a, check=pre.check_paged_inputs: check(None, *a)
+    for n_heads, n_kv, head_dim, dtype in ((12, 2, 128, BF16), (9, 3, 64, BF16), (28, 4, 128, torch.float32)):
+        k, v, tables, lens = _paged(2, n_kv, head_dim)  # Qwen2.5-Coder-1.5B, SmolLM2; fp32 as the tests run it
+        cu = torch.tensor([0, 80, 200], dtype=torch.int32)
+        pre.paged_prefill_attention(_t(200, n_heads, head_dim, dtype=dtype), k.to(dtype), v.to(dtype), tables, lens,
+                                    cu, 120, 0.1)  # fmt: skip
 
 
 def accept_cases():

@@ -4,10 +4,11 @@ TritonAttention runs the paged Triton kernels:
     "decode" -> kernels.decode_attention.paged_decode_attention (split-K, GQA-shared K/V reads)
     "verify" -> kernels.tree_attention.paged_tree_attention (T tree tokens x group heads per tile; a drafter
                 level's wider tree window W > T too)
-    "prefill" -> the plain-torch reference: sequences padded into groups, one SDPA per group. Prefill
-                 runs once per request, eagerly and outside CUDA graphs; one sequence at a time it was
-                 most of a 128-prompt rollout's time on SmolLM2 (H200). A varlen flash kernel can
-                 replace it without touching callers.
+    "prefill" -> kernels.prefill_attention.paged_prefill_attention (packed chunks, causal, flash-style);
+                 prefill and the drafter's catch-up run it eagerly, outside CUDA graphs. With
+                 `prefill_kernel=False` the plain-torch reference instead (sequences padded into groups,
+                 upcast to fp32, one SDPA per group), which a switch into speculation at batch ~120 paid
+                 tens of milliseconds for.
 Kernel modules are imported on first use, so importing this module never needs Triton and the
 interpreter switch (TRITON_INTERPRET=1) only has to be set before the first call.
 """
@@ -30,18 +31,20 @@ def triton_usable(device: torch.device | str) -> bool:
 
 
 class TritonAttention:
-    """Paged attention through Triton kernels for decode and verify; torch reference for prefill.
+    """Paged attention through Triton kernels for decode, verify and prefill.
 
     num_splits: split-K partitions of the context (None: chosen per call from the shapes, see
     `kernels.decode_attention.choose_num_splits`; depends on host ints only, so CUDA-graph safe).
+    prefill_kernel: False runs prefill through the torch reference (`benchmarks/eager_profile.py` times both).
     """
 
     name = "triton"
 
-    def __init__(self, num_splits: int | None = None) -> None:
+    def __init__(self, num_splits: int | None = None, prefill_kernel: bool = True) -> None:
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits must be >= 1 or None, got {num_splits}")
         self.num_splits = num_splits
+        self.prefill_kernel = prefill_kernel
 
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata, scale: float
@@ -64,7 +67,14 @@ class TritonAttention:
                 num_splits=self.num_splits,
             )  # fmt: skip
         if meta.mode == "prefill":
-            return paged_attention_reference(q, k_cache, v_cache, meta, scale)
+            if not self.prefill_kernel:
+                return paged_attention_reference(q, k_cache, v_cache, meta, scale)
+            # local: Triton, as above
+            from tlt_rt.codegen.kernels.prefill_attention import paged_prefill_attention
+
+            return paged_prefill_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, meta.max_q_len, scale
+            )
         raise ValueError(f"unknown attention mode {meta.mode!r}")
 
 
