@@ -41,7 +41,7 @@ main() {
     # shellcheck disable=SC2086
     CUDA_VISIBLE_DEVICES=1 timeout "$limit" python -m pytest -q -p no:cacheprovider -m gpu $HALF1 > "$out/tests1.log" 2>&1
     echo "tests on GPU 1 done at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/tests1.log")" >> "$out/main.log"
-    CUDA_VISIBLE_DEVICES=1 timeout 150 python benchmarks/eager_profile.py --model qwen2.5-coder-1.5b --batch 128 \
+    CUDA_VISIBLE_DEVICES=1 timeout 200 python benchmarks/eager_profile.py --model qwen2.5-coder-1.5b --batch 128 \
         --prompt-len 96 --plain-steps 80 --out "$out/eager" > "$out/eager.log" 2>&1
     echo "eager profile done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
   ) &
