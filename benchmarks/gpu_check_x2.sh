@@ -46,7 +46,7 @@ main() {
     echo "eager profile done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
   ) &
   wait
-  CUDA_VISIBLE_DEVICES=0,1 timeout 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
+  CUDA_VISIBLE_DEVICES=0,1 timeout 600 python -m pytest -q -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
       > "$out/tests_tp.log" 2>&1
   echo "TP test done at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/tests_tp.log")" >> "$out/main.log"
   if [ "$tp" = 1 ]; then

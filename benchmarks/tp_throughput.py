@@ -84,8 +84,11 @@ def timed(engine: Engine, prompts, max_new: int, device) -> tuple[list[list[int]
     (and their glue compiled) inside the timed call on first use: seconds, once read as TP=2 at batch 8
     timing 41 tok/s against 396 at batch 1."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new, stop_token_ids=[])
-    # every bucket up to this batch's (speculative runs end in smaller batches), then a short run of the prompts
-    engine.capture([bk for bk in engine.buckets if bk <= engine.bucket(len(prompts))], False, ("greedy",))
+    # the batch's bucket (plain steps keep every sequence to the end: no stop tokens, max_new_tokens each) and, for
+    # speculation, whose sequences finish at different steps, every bucket below it; then a short run of the prompts
+    top = engine.bucket(len(prompts))
+    sizes = [bk for bk in engine.buckets if bk <= top] if engine.speculative != "off" else [top]
+    engine.capture(sizes, False, ("greedy",))
     engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=4, stop_token_ids=[]))  # warm-up
     if device.type == "cuda":
         torch.cuda.synchronize(device)
