@@ -103,10 +103,29 @@ class Attention(nn.Module):
         meta: AttnMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
+        q = self.project_write(x, positions, rotary, k_cache, v_cache, meta)
+        return self.attend(q, k_cache, v_cache, meta, backend)
+
+    def project_write(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: Rotary,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttnMetadata,
+    ) -> torch.Tensor:
+        """q/k/v of the rows x [N, H], rotary applied, K/V written to the cache at meta.slot_mapping; returns the
+        rotated q [N, Hq, D]."""
         q, k, v = self._project(x)  # [N, H, D]
-        q = self.glue.rope_write(
+        return self.glue.rope_write(
             q, k, v, positions, rotary.inv_freq, k_cache, v_cache, meta.slot_mapping, meta.slots_resolved
         )
+
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata, backend
+    ) -> torch.Tensor:
+        """Paged attention of the rotated q [N, Hq, D] under `meta`, through the output projection: [N, H]."""
         out = backend(q, k_cache, v_cache, meta, self.scale)
         return apply_linear(self.glue, self.o_proj, out.flatten(-2))
 

@@ -34,6 +34,7 @@ from torch import Tensor
 from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import Candidates, DraftTree, build_tree
 from tlt_rt.models.attention import AttnMetadata
+from tlt_rt.models.drafter_catchup import catch_up_rows
 from tlt_rt.models.llama import KVCache
 from tlt_rt.rollout.sequence import Sequence, flush_hidden
 from tlt_rt.rollout.step.draft_windows import DraftWindows, PlainRun
@@ -218,10 +219,9 @@ class DrafterRunner(DraftWindows):
         last = meta.cu_seqlens_q[1:].long() - 1  # each sequence's last row
         feats = self.drafter.features((hidden[0] if len(hidden) == 1 else torch.cat(hidden)).to(self.device))
         tokens = to_device(torch.tensor(ids, dtype=torch.long), self.device)
-        out = self.drafter.forward_paged(
-            tokens, feats, positions, self.cache, meta, logits_indices=last, full_vocab=False
-        )  # fmt: skip
-        return out.logits, out.hidden[last]
+        # every row's K/V; the layer's attention, MLP and head for each sequence's last row only
+        out = catch_up_rows(self.drafter, tokens, feats, positions, self.cache, meta, last)
+        return out.logits, out.hidden
 
     def prepare(self, seqs: list[Sequence], tables: list[list[int]], rows: int) -> Tensor:
         """Bring every sequence within `rows` of its cache (eager catch-up for those further behind) and
