@@ -69,6 +69,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main best_warmup convert_target warm_up auto_off); $(declare -p out q15 q05 cfg1 cfg05 p0 e0 p1 e1 p05 DEFAULT); main" \
+setsid nohup bash -c "$(declare -f main best_warmup warmup_ratio convert_target warm_up auto_off); $(declare -p out q15 q05 cfg1 cfg05 p0 e0 p1 e1 p05 DEFAULT); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_drafter_x4.sh --snapshot $out DEST"

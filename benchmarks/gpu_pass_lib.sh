@@ -13,12 +13,29 @@ share_cores() {
 # the engine's default strategy set (rollout.config.DEFAULT_STRATEGIES), which every auto-against-off timing gives auto
 DEFAULT="8_4_48 8_4_32 8_4_16 8_4_8 6_2_12"
 
-# warm_up GPU CONFIG MODEL PROMPTS EPOCHS DIR: one drafter warm-up on CONFIG's task into DIR/drafter (log DIR.log):
-# answers cut at 512 tokens and generated 512 at a time, every default strategy measured at the end
+# warm_up GPU CONFIG MODEL PROMPTS EPOCHS DIR [more e2e_rl.py arguments]: one drafter warm-up on CONFIG's task into
+# DIR/drafter (log DIR.log): answers cut at 512 tokens and generated 512 at a time, every default strategy measured
+# at the end
 warm_up() {
-  CUDA_VISIBLE_DEVICES=$1 python benchmarks/e2e_rl.py --config "$2" --out "$6" --warmup-only \
-      --warmup-prompts "$4" --warmup-epochs "$5" --warmup-max-new-tokens 512 --warmup-curve 3 \
-      --warmup-arg=--also-strategies=default --warmup-arg=--gen-batch=512 -- "model.path=$3" > "$6.log" 2>&1
+  local gpu=$1 cfg=$2 model=$3 n=$4 passes=$5 dir=$6
+  shift 6
+  CUDA_VISIBLE_DEVICES=$gpu python benchmarks/e2e_rl.py --config "$cfg" --out "$dir" --warmup-only \
+      --warmup-prompts "$n" --warmup-epochs "$passes" --warmup-max-new-tokens 512 --warmup-curve 3 \
+      --warmup-arg=--also-strategies=default --warmup-arg=--gen-batch=512 "$@" -- "model.path=$model" > "$dir.log" 2>&1
+}
+
+# warmup_ratio DIR: the warm-up's accept / ceiling x1000 at the RL temperature (DIR/drafter/warmup.json), -1 when
+# it did not finish
+warmup_ratio() {
+  python - "$1/drafter/warmup.json" <<'PY'
+import json, sys
+try:
+    rep = json.load(open(sys.argv[1]))
+    acc = next(iter(rep["accept_length"].values()))  # the RL temperature's (keyed as the warm-up wrote it: "1")
+    print(int(1000 * acc["after"] / acc["ceiling"]))
+except Exception:
+    print(-1)
+PY
 }
 
 # auto_off GPU MODEL CONFIG DRAFTER NAME BATCHES [more engine_throughput.py arguments: the configurations]: the
@@ -60,16 +77,7 @@ warmups() {
 best_warmup() {
   local i ratio best=-1 top=-1
   for i in "${!VARIANTS[@]}"; do
-    ratio=$(python - "$out/w$i/drafter/warmup.json" <<'PY'
-import json, sys
-try:
-    rep = json.load(open(sys.argv[1]))
-    acc = next(iter(rep["accept_length"].values()))  # the RL temperature's (keyed as the warm-up wrote it: "1")
-    print(int(1000 * acc["after"] / acc["ceiling"]))
-except Exception:
-    print(-1)
-PY
-)
+    ratio=$(warmup_ratio "$out/w$i")
     echo "variant $i (${VARIANTS[$i]:-default}): accept/ceiling x1000 = $ratio" >> "$out/choice.txt"
     if [ "$ratio" -gt "$top" ]; then top=$ratio; best=$i; fi
   done

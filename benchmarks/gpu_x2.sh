@@ -81,6 +81,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run convert_target); $(declare -p VARIANTS out q15 cfg1 cfg2 steps budget steps2 budget2 prompts epochs gpu1 kill); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup warmup_ratio kill_run convert_target); $(declare -p VARIANTS out q15 cfg1 cfg2 steps budget steps2 budget2 prompts epochs gpu1 kill); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x2.sh --snapshot $out DEST"

@@ -5,7 +5,9 @@
 #                      passes, answers cut at 512 tokens and generated 512 at a time; every strategy of the
 #                      engine's default set measured at the end);
 #            GPUs 1-2: every `gpu` test (the tensor-parallel one takes both), then on GPU 2 the 1.5B model's decode
-#                      step against its HBM floor (step_costs.py --profile);
+#                      step against its HBM floor (step_costs.py --profile), or with W05B_ARGS a second 0.5B
+#                      warm-up with those e2e_rl.py arguments (e.g. "--warmup-arg=--unroll=5"); the 0.5B drafter
+#                      with the higher accept / ceiling serves phase 2;
 #            GPU 3:    the 0.5B warm-up (its own config's task; WARMUP_PROMPTS05 (5,120) x WARMUP_EPOCHS05 (1.3))
 #                      where QWEN05_GGUF is given;
 #   phase 2  GPU 0:    auto against off per batch on the 1.5B drafter (interleaved; AUTO_OFF=0 leaves it out);
@@ -25,7 +27,8 @@
 #   benchmarks/gpu_x4.sh OUT QWEN15_GGUF [QWEN05_GGUF]   start it (the logs: OUT/*.log, progress: OUT/main.log)
 #   benchmarks/gpu_x4.sh --snapshot OUT DEST             progress lines, and the small records so far in DEST/snapshot.tgz
 # Settings: E2E4_STEPS (16), E2E4_SECONDS (600), WARMUP_PROMPTS (3072), WARMUP_EPOCHS (1.5), WARMUP_PROMPTS05 (5120),
-# WARMUP_EPOCHS05 (1.3), TP_SCALE (0.5), TP (1), AUTO_OFF (1), KILL (1), E2E4 (1: phase 3; 0 leaves it out).
+# WARMUP_EPOCHS05 (1.3), TP_SCALE (0.5), TP (1), AUTO_OFF (1), KILL (1), E2E4 (1: phase 3; 0 leaves it out), W05B_ARGS
+# (empty: no second 0.5B warm-up).
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -41,10 +44,11 @@ cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg4=configs/qwen2.5-1.5b-math-4gpu.yam
 steps4=${E2E4_STEPS:-16}; budget4=${E2E4_SECONDS:-600}
 prompts=${WARMUP_PROMPTS:-3072}; epochs=${WARMUP_EPOCHS:-1.5}; tp_scale=${TP_SCALE:-0.5}; kill=${KILL:-1}
 p05=${WARMUP_PROMPTS05:-5120}; e05=${WARMUP_EPOCHS05:-1.3}; tp=${TP:-1}; timings=${AUTO_OFF:-1}; e2e4=${E2E4:-1}
+w05b=${W05B_ARGS:-}
 VARIANTS=("--warmup-arg=--gen-batch=512")
 
 main() {
-  local t0 best drafter
+  local t0 best drafter d05
   t0=$(date +%s)
   (   # GPU 3: the 0.5B warm-up (it converts its own GGUF)
     if [ -n "$q05" ]; then
@@ -56,8 +60,14 @@ main() {
   (   # GPUs 1-2: the tests; then GPU 2: the decode step against its floor
     CUDA_VISIBLE_DEVICES=1,2 timeout 540 python -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1
     echo "tests done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
-    CUDA_VISIBLE_DEVICES=2 timeout 150 python benchmarks/step_costs.py --model "$q15" --batch 1 8 32 --ctx 1024 \
-        --verify 16 48 --profile --out "$out/step_costs.jsonl" > "$out/step_costs.log" 2>&1
+    if [ -n "$w05b" ] && [ -n "$q05" ]; then
+      # shellcheck disable=SC2086  # the variant's arguments split on purpose
+      warm_up 2 "$cfg05" "$q05" "$p05" "$e05" "$out/w05b" $w05b
+      echo "second 0.5B warm-up done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
+    else
+      CUDA_VISIBLE_DEVICES=2 timeout 150 python benchmarks/step_costs.py --model "$q15" --batch 1 8 32 --ctx 1024 \
+          --verify 16 48 --profile --out "$out/step_costs.jsonl" > "$out/step_costs.log" 2>&1
+    fi
   ) &
   warmups
   echo "warm-up done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
@@ -70,9 +80,12 @@ main() {
   if [ "$timings" = 1 ]; then
     # shellcheck disable=SC2086  # the strategy list splits on purpose
     auto_off 0 "$q15" "$cfg1" "$drafter" auto-off-q15 "1 8 32 128" --configs off auto --strategies $DEFAULT &
-    if [ -f "$out/w05/drafter/warmup.json" ]; then
+    d05=$out/w05
+    if [ "$(warmup_ratio "$out/w05b")" -gt "$(warmup_ratio "$out/w05")" ]; then d05=$out/w05b; fi
+    echo "0.5B: w05 $(warmup_ratio "$out/w05"), w05b $(warmup_ratio "$out/w05b") x1000: $d05" >> "$out/choice.txt"
+    if [ -f "$d05/drafter/warmup.json" ]; then
       # shellcheck disable=SC2086
-      auto_off 1 "$q05" "$cfg05" "$out/w05/drafter" auto-off-q05 "1 8 32 128" --configs off auto --strategies $DEFAULT &
+      auto_off 1 "$q05" "$cfg05" "$d05/drafter" auto-off-q05 "1 8 32 128" --configs off auto --strategies $DEFAULT &
     fi
   fi
   if [ "$kill" = 1 ]; then kill_run 2,3; fi
@@ -90,6 +103,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups best_warmup kill_run convert_target warm_up auto_off); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg4 cfg05 steps4 budget4 prompts epochs p05 e05 tp_scale tp timings kill e2e4); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup warmup_ratio kill_run convert_target warm_up auto_off); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg4 cfg05 steps4 budget4 prompts epochs p05 e05 tp_scale tp timings kill e2e4 w05b); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x4.sh --snapshot $out DEST"

@@ -18,7 +18,8 @@ if [[ "$1" == "-" ]]; then exec python3 "$@"; fi  # the passes' own small script
 echo "python $*" >> "$CALLS"
 if [[ "$*" == *--warmup-only* && -z "$NO_DRAFTER" ]]; then
   out=$(echo "$*" | sed -E 's/.*--out ([^ ]+).*/\\1/'); mkdir -p "$out/drafter"
-  echo '{"accept_length": {"1": {"after": 4.0, "ceiling": 7.0}}}' > "$out/drafter/warmup.json"
+  after=4.0; [[ "$out" == *w05b ]] && after=5.0  # a second 0.5B warm-up does better
+  printf '{"accept_length": {"1": {"after": %s, "ceiling": 7.0}}}' "$after" > "$out/drafter/warmup.json"
 fi
 """
 
@@ -176,3 +177,17 @@ def test_gpu_check_x2_splits_the_tests_over_both_gpus_then_runs_the_tp_test(tmp_
         assert len(rows) == 1 and calls.index(rows[0]) > tp_test and "--shape qwen2.5-7b --tp 2" in rows[0]
     else:
         assert not rows
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
+def test_gpu_x4_with_a_second_small_warm_up_times_the_better_small_drafter(tmp_path):
+    calls, main = _pass(tmp_path, "gpu_x4.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TP="0", KILL="0", E2E4="0",
+                        W05B_ARGS="--warmup-arg=--unroll=5")  # fmt: skip
+    assert "all done" in main
+    warm = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if "--warmup-only" in c}
+    assert set(warm) == {"w0", "w05", "w05b"}
+    assert "--warmup-arg=--unroll=5" in warm["w05b"] and "--unroll" not in warm["w05"]
+    assert not [c for c in calls if "step_costs.py" in c]  # GPU 2 warms the second small drafter instead
+    timed = next(c for c in calls if "engine_throughput" in c and "q05" in c)
+    assert f"--drafter {tmp_path / 'out' / 'w05b' / 'drafter'} " in timed
+    assert not [c for c in calls if "4gpu.yaml" in c]  # E2E4=0
