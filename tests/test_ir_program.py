@@ -206,3 +206,19 @@ def test_pretty_print():
         assert fragment in text, fragment
     assert str(SD).splitlines() == [f"%{i} {n}" for i, n in enumerate(SD.nodes)]
     assert "logits[2,1,100]" in DECODE.pretty(Bucket(2, None, 8, 16, 100, 16))
+
+
+def test_a_filtered_program_filters_and_draws_uniforms_as_a_sampled_one():
+    """The filtered acceptance mode: the top-k / top-p walk whatever the node's own settings (the rows bring
+    theirs), temperature > 0 like sampled, and the same uniforms among its inputs."""
+    filtered = StepProgram.speculative("4_2_10", accept="filtered")
+    acc = filtered.node(Op.ACCEPT)
+    assert (acc["mode"], acc["temperature"], acc["top_k"], acc["top_p"]) == ("filtered", 1.0, -1, 1.0)
+    with pytest.raises(IRError, match=r"^%2 ACCEPT: filtered acceptance needs temperature > 0"):
+        StepProgram.speculative("4_2_10", accept="filtered", temperature=0.0)
+    with pytest.raises(IRError, match="mode must be one of"):
+        StepProgram.plain_decode(accept="nucleus")
+    bucket = Bucket(4, Strategy.parse("4_2_10"), 64, 16, 100, 64)
+    assert "uniforms" in filtered.step_inputs(bucket)
+    assert "uniforms" in StepProgram.speculative("4_2_10", accept="sampled").step_inputs(bucket)
+    assert "uniforms" not in StepProgram.speculative("4_2_10").step_inputs(bucket)

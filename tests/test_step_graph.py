@@ -75,7 +75,7 @@ def test_modes_pick_the_acceptance_variant():
     assert accept_mode(SamplingParams(temperature=1.0, top_p=0.9)) == "filtered"
     assert accept_mode(SamplingParams(temperature=1.0, top_k=5)) == "filtered"
     acc = mode_program(None, "filtered").node(Op.ACCEPT)
-    assert acc["mode"] == "sampled" and acc["top_p"] < 1.0
+    assert acc["mode"] == "filtered" and (acc["temperature"], acc["top_k"], acc["top_p"]) == (1.0, -1, 1.0)
     assert mode_program(None, "greedy").node(Op.ACCEPT)["mode"] == "greedy"
 
 

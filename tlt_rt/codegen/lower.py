@@ -94,7 +94,8 @@ def _emit_verify(node, device):
 def _emit_accept(node, device):
     greedy = node["mode"] == "greedy"
     depth = node["depth"]
-    filtering = not greedy and (node["top_k"] > 0 or node["top_p"] < 1.0)
+    # the filtering walk for a filtered program, or a sampled one whose own settings filter
+    filtering = node["mode"] == "filtered" or (not greedy and (node["top_k"] > 0 or node["top_p"] < 1.0))
     backend = "triton" if device.type == "cuda" else "torch"
 
     def accept(models: StepModels, v: Values) -> None:

@@ -49,7 +49,10 @@ ATTRS: dict[Op, tuple[str, ...]] = {
     Op.ACCEPT: ("mode", "depth", "temperature", "top_k", "top_p"),
     Op.COMMIT: ("depth",),
 }
-ACCEPT_MODES = ("greedy", "sampled")
+# greedy: the argmax walk; sampled: the exact rejection walk over the temperature-scaled distribution; filtered:
+# the same over the top-k / top-p filtered one (a captured step of a mode serves any per-row settings it covers:
+# greedy rows inside a sampled step, unfiltered rows inside a filtered one)
+ACCEPT_MODES = ("greedy", "sampled", "filtered")
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ class StepProgram:
         top_k: int = -1,
         top_p: float = 1.0,
     ) -> StepProgram:
-        """An SD step. temperature defaults to 0 for greedy and 1 for sampled acceptance."""
+        """An SD step. temperature defaults to 0 for greedy and 1 for sampled or filtered acceptance."""
         s = Strategy.parse(strategy) if isinstance(strategy, str) else strategy
         nodes = (
             Node.make(Op.DRAFT, depth=s.depth, topk=s.topk, verify_tokens=s.verify_tokens),
@@ -258,7 +261,7 @@ class StepProgram:
             specs["ctx_hidden"] = TensorSpec((B, D + 1, H), None)
             specs["ctx_len"] = TensorSpec((B,), i64)
         accept = self.node(Op.ACCEPT)
-        if accept is not None and accept.get("mode") == "sampled":
+        if accept is not None and accept.get("mode") in ("sampled", "filtered"):
             specs["uniforms"] = TensorSpec((B, D + 1, 2), torch.float32)
         return specs
 
@@ -305,7 +308,7 @@ class StepProgram:
                 makes = {"logits": spec((B, T, V), None), "hidden": spec((B, T, H), None)}
             elif node.op == Op.ACCEPT:
                 tree = ["tree_tokens", "parents"] if D else []
-                draws = ["uniforms"] if node["mode"] == "sampled" else []
+                draws = ["uniforms"] if node["mode"] != "greedy" else []
                 reads = ["logits", *tree, *draws]
                 makes = {
                     "accept_len": spec((B,), i64),
@@ -387,8 +390,8 @@ def _check_accept(i: int, node: Node) -> None:
         raise IRError(i, node, f"temperature must be a finite number >= 0, got {temp!r}")
     if mode == "greedy" and temp != 0:
         raise IRError(i, node, f"greedy acceptance needs temperature=0, got {temp}")
-    if mode == "sampled" and temp == 0:
-        raise IRError(i, node, "sampled acceptance needs temperature > 0 (use mode=greedy for 0)")
+    if mode != "greedy" and temp == 0:
+        raise IRError(i, node, f"{mode} acceptance needs temperature > 0 (use mode=greedy for 0)")
     if top_k == 0 or top_k < -1:
         raise IRError(i, node, f"top_k must be -1 (off) or >= 1, got {top_k}")
     if not _is_real(top_p) or not 0 < top_p <= 1:

@@ -60,13 +60,11 @@ def batch_mode(rows: list[SamplingParams]) -> str:
 
 
 def mode_program(strategy: Strategy | None, mode: str) -> StepProgram:
-    """The StepProgram a mode's graph runs. Its acceptance attributes fix only the kernel variant (greedy,
-    sampled, filtered); the values come from the per-row inputs."""
-    kw = {} if mode == "greedy" else {"temperature": 1.0, "top_p": 0.5 if mode == "filtered" else 1.0}
-    accept = "greedy" if mode == "greedy" else "sampled"
+    """The StepProgram a mode's graph runs: its ACCEPT node's mode (greedy, sampled, filtered) picks the kernel
+    variant; the sampling settings are per-row inputs of the step."""
     if strategy is None:
-        return StepProgram.plain_decode(accept, **kw)
-    return StepProgram.speculative(strategy, accept, **kw)
+        return StepProgram.plain_decode(mode)
+    return StepProgram.speculative(strategy, mode)
 
 
 @functools.cache
