@@ -23,7 +23,7 @@ from tlt_rt.codegen.kernels.accept import accept_tree
 from tlt_rt.codegen.kernels.kv_commit import kv_commit, kv_commit_reference
 from tlt_rt.ir.program import Op, StepProgram
 from tlt_rt.ir.strategy import Bucket, Strategy
-from tlt_rt.ir.tree import DraftTree
+from tlt_rt.ir.tree import DraftTree, root_only_tree
 
 Values = dict[str, Any]
 
@@ -75,17 +75,7 @@ def _emit_draft(node, device):
 def _emit_verify(node, device):
     def verify(models: StepModels, v: Values) -> None:
         if "tree" not in v:  # plain decode: a tree of the root alone
-            roots = v["last_tokens"].long()
-            b = roots.shape[0]
-            v["tree"] = DraftTree(
-                tree_tokens=roots[:, None], parents=torch.full((b, 1), -1, device=roots.device),
-                depths=torch.zeros(b, 1, dtype=torch.long, device=roots.device),
-                positions=v["prefix_lens"].long()[:, None], tree_mask=torch.ones(b, 1, 1, dtype=torch.bool,
-                                                                                 device=roots.device),
-                paths=torch.zeros(b, 1, 1, dtype=torch.long, device=roots.device),
-                children=torch.full((b, 1, 1), -1, device=roots.device),
-                num_children=torch.zeros(b, 1, dtype=torch.long, device=roots.device),
-            )  # fmt: skip
+            v["tree"] = root_only_tree(v["last_tokens"].long(), v["prefix_lens"])
         v["logits"], v["hidden"], v["block_table"] = models.verify(v["tree"])
 
     return verify

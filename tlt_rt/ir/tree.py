@@ -172,6 +172,22 @@ class DraftTree:
 TREE_FIELDS = [f.name for f in dataclasses.fields(DraftTree)]  # a DraftTree's tensors, in order
 
 
+def root_only_tree(roots: Tensor, prefix_lens: Tensor) -> DraftTree:
+    """The tree of a plain decode step: each sequence's root alone (T = 1, no children), at position
+    prefix_lens. roots [B] and prefix_lens [B] int64, on the device the step runs on."""
+    b, dev = roots.shape[0], roots.device
+    return DraftTree(
+        tree_tokens=roots[:, None],
+        parents=torch.full((b, 1), -1, device=dev),
+        depths=torch.zeros(b, 1, dtype=torch.long, device=dev),
+        positions=prefix_lens.long()[:, None],
+        tree_mask=torch.ones(b, 1, 1, dtype=torch.bool, device=dev),
+        paths=torch.zeros(b, 1, 1, dtype=torch.long, device=dev),
+        children=torch.full((b, 1, 1), -1, device=dev),
+        num_children=torch.zeros(b, 1, dtype=torch.long, device=dev),
+    )
+
+
 def build_tree(cands: Candidates, root_tokens: Tensor, prefix_lens: Tensor, verify_tokens: int) -> DraftTree:
     """Rerank all draft candidates and keep the best `verify_tokens - 1` under the root.
 
