@@ -32,7 +32,7 @@ from step_costs import build_model  # noqa: E402
 from tlt_rt.ir.strategy import Strategy  # noqa: E402
 from tlt_rt.models.drafter import Drafter  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
-from tlt_rt.train.profile import profiled  # noqa: E402
+from tlt_rt.train.profile import CALLER_OPS, profiled  # noqa: E402
 
 
 def random_drafter(target) -> Drafter:
@@ -79,7 +79,7 @@ class Script:
         sync(self.engine.device)
         if strategy is not None:
             self.behind = sum(s.num_cached - s.draft_cached for s in seqs)
-        ctx = profiled(self.profile_dir / "catchup.txt", "SD step with catch-up", self.engine.device) if (
+        ctx = profiled(self.profile_dir / "catchup.txt", "SD step with catch-up", self.engine.device, CALLER_OPS) if (
             strategy is not None and self.profile_dir is not None) else _nothing()  # fmt: skip
         t0 = time.perf_counter()
         with ctx:

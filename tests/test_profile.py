@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from tlt_rt.train.profile import kernel_kinds, kernel_rows, profiled, summary
+from tlt_rt.train.profile import caller_rows, kernel_kinds, kernel_rows, profiled, summary
 
 
 def test_profiled_writes_the_host_operators_of_the_block(tmp_path):
@@ -37,3 +37,34 @@ def test_kernel_rows_sum_by_name_and_kinds_group_them():
     assert kinds["matmul"] == 500.0 and kinds["other"] == 10.0
     text = summary("t", 0.002, rows, kernel_rows(ev, device=False))
     assert "kernels 0.001 s in 6 launches (35% of the wall time busy)" in text and "aten::mm" in text
+
+
+def _three_cats(x: torch.Tensor) -> torch.Tensor:
+    for _ in range(3):
+        x = torch.cat([x, x])
+    return x
+
+
+def test_profiled_lists_where_the_named_operators_were_called(tmp_path):
+    path = tmp_path / "callers.txt"
+    with profiled(path, "three concatenations", torch.device("cpu"), callers=("aten::cat",)):
+        _three_cats(torch.ones(2))
+    text = path.read_text()
+    listed = text.split("where they were called")[1].splitlines()[1:]
+    assert len(listed) == 1 and "aten::cat" in listed[0] and listed[0].split()[1] == "3"
+
+
+def test_caller_rows_group_by_the_innermost_frame_under_the_root():
+    frame = SimpleNamespace
+    cpu = torch.autograd.DeviceType.CPU
+    events = [
+        frame(name="aten::cat", device_type=cpu, cpu_time_total=5.0,
+              stack=["<built-in method cat>", "pkg/a.py(3): f", "pkg/b.py(9): g", "main.py(1): <module>"]),
+        frame(name="aten::cat", device_type=cpu, cpu_time_total=7.0, stack=["<built-in method cat>", "pkg/a.py(3): f"]),
+        frame(name="aten::item", device_type=cpu, cpu_time_total=1.0, stack=["pkg/b.py(9): g"]),
+        frame(name="aten::mm", device_type=cpu, cpu_time_total=50.0, stack=["pkg/a.py(4): f"]),
+        frame(name="aten::cat", device_type=cpu, cpu_time_total=2.0, stack=[]),
+    ]  # fmt: skip
+    rows = caller_rows(events, {"aten::cat", "aten::item"}, root="pkg")
+    assert rows == [("aten::cat", "pkg/a.py(3): f", 12.0, 2), ("aten::cat", "?", 2.0, 1),
+                    ("aten::item", "pkg/b.py(9): g", 1.0, 1)]  # fmt: skip

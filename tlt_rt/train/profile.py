@@ -65,16 +65,40 @@ def summary(title: str, wall_s: float, kernels: list[tuple[str, float, int]], ho
     return "\n".join(lines) + "\n"
 
 
+# host operators that wait for the device (a scalar read, a blocking copy) or that a loop may call once per
+# sequence: `profiled(..., callers=CALLER_OPS)` lists where in the package they were called from
+CALLER_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::copy_", "aten::cat", "aten::nonzero", "aten::to")
+
+
+def caller_rows(events, names, root: str = "tlt_rt") -> list[tuple[str, str, float, int]]:
+    """(operator, calling line, microseconds, calls) for the host operators `names`, by the innermost stack frame
+    inside `root` (the profile must be taken with stacks), largest first."""
+    rows: dict[tuple[str, str], list[float]] = {}
+    for e in events:
+        if e.name not in names or e.device_type == torch.autograd.DeviceType.CUDA:
+            continue
+        frames = list(getattr(e, "stack", None) or [])
+        site = next((f for f in frames if f"{root}/" in f or f"{root}\\" in f), frames[0] if frames else "?")
+        r = rows.setdefault((e.name, site), [0.0, 0])
+        r[0] += e.cpu_time_total
+        r[1] += 1
+    return sorted(((n, site, us, int(c)) for (n, site), (us, c) in rows.items()), key=lambda r: -r[2])
+
+
 @contextlib.contextmanager
-def profiled(path: Path | None, title: str, device: torch.device):
-    """Profile the block and write `summary` to `path`; a no-op when path is None."""
+def profiled(path: Path | None, title: str, device: torch.device, callers: tuple[str, ...] = ()):
+    """Profile the block and write `summary` to `path`; a no-op when path is None. `callers`: host operators whose
+    calls are also listed by the line of the package that made them (`caller_rows`; records Python stacks)."""
     if path is None:
         yield
         return
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
-    prof = torch.profiler.profile(activities=acts)
+    stacks = {}
+    if callers:  # Python frames on the host events (torch fills `FunctionEvent.stack` only when verbose)
+        stacks = {"with_stack": True, "experimental_config": torch._C._profiler._ExperimentalConfig(verbose=True)}
+    prof = torch.profiler.profile(activities=acts, **stacks)
     t0 = time.perf_counter()
     with prof:
         yield
@@ -83,5 +107,9 @@ def profiled(path: Path | None, title: str, device: torch.device):
     wall = time.perf_counter() - t0
     events = prof.events()
     text = summary(title, wall, kernel_rows(events, device=True), kernel_rows(events, device=False))
+    if callers:
+        rows = caller_rows(events, set(callers))
+        text += "where they were called (ms, calls, operator, line):\n"
+        text += "".join(f"  {us / 1e3:9.2f} {n:7d}  {name}  {site[:120]}\n" for name, site, us, n in rows[:25])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
