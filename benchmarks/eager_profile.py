@@ -16,6 +16,7 @@ plain step's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -80,7 +81,7 @@ class Script:
         if strategy is not None:
             self.behind = sum(s.num_cached - s.draft_cached for s in seqs)
         ctx = profiled(self.profile_dir / "catchup.txt", "SD step with catch-up", self.engine.device, CALLER_OPS) if (
-            strategy is not None and self.profile_dir is not None) else _nothing()  # fmt: skip
+            strategy is not None and self.profile_dir is not None) else contextlib.nullcontext()  # fmt: skip
         t0 = time.perf_counter()
         with ctx:
             out = self._step(seqs, tables, strategy, params, keep_hidden)
@@ -100,14 +101,6 @@ class Script:
         finally:
             self.engine.runner.step = self._step
             del self.engine._decode_step  # the instance attribute: the class's method again
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

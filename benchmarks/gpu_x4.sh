@@ -48,7 +48,7 @@ w05b=${W05B_ARGS:-}
 VARIANTS=("--warmup-arg=--gen-batch=512")
 
 main() {
-  local t0 best drafter d05
+  local t0 best drafter d05 r05 r05b
   t0=$(date +%s)
   (   # GPU 3: the 0.5B warm-up (it converts its own GGUF)
     if [ -n "$q05" ]; then
@@ -80,9 +80,9 @@ main() {
   if [ "$timings" = 1 ]; then
     # shellcheck disable=SC2086  # the strategy list splits on purpose
     auto_off 0 "$q15" "$cfg1" "$drafter" auto-off-q15 "1 8 32 128" --configs off auto --strategies $DEFAULT &
-    d05=$out/w05
-    if [ "$(warmup_ratio "$out/w05b")" -gt "$(warmup_ratio "$out/w05")" ]; then d05=$out/w05b; fi
-    echo "0.5B: w05 $(warmup_ratio "$out/w05"), w05b $(warmup_ratio "$out/w05b") x1000: $d05" >> "$out/choice.txt"
+    d05=$out/w05; r05=$(warmup_ratio "$out/w05"); r05b=$(warmup_ratio "$out/w05b")
+    if [ "$r05b" -gt "$r05" ]; then d05=$out/w05b; fi
+    echo "0.5B: w05 $r05, w05b $r05b x1000: $d05" >> "$out/choice.txt"
     if [ -f "$d05/drafter/warmup.json" ]; then
       # shellcheck disable=SC2086
       auto_off 1 "$q05" "$cfg05" "$d05/drafter" auto-off-q05 "1 8 32 128" --configs off auto --strategies $DEFAULT &
