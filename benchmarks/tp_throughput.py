@@ -78,20 +78,23 @@ def build(arch: ArchConfig, dtype: torch.dtype, device: torch.device) -> CausalL
     return model.eval()
 
 
-def timed(engine: Engine, prompts, max_new: int, device) -> tuple[list[list[int]], float, int]:
-    """(tokens, seconds, decode steps) of one timed greedy generate, after a short untimed one of the same
-    prompts, with every step of this batch size and below captured first: they would otherwise be captured
-    (and their glue compiled) inside the timed call on first use: seconds, once read as TP=2 at batch 8
-    timing 41 tok/s against 396 at batch 1."""
+def timed(engine: Engine, prompts, max_new: int, device) -> tuple[list[list[int]], float, int, str]:
+    """(tokens, seconds, decode steps, a line on the setup's seconds) of one timed greedy generate, after a short
+    untimed one of the same prompts, with every step of this batch size and below captured first: they would
+    otherwise be captured (and their glue compiled) inside the timed call on first use: seconds, once read as TP=2
+    at batch 8 timing 41 tok/s against 396 at batch 1."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new, stop_token_ids=[])
+    t_start = time.perf_counter()
     # the batch's bucket (plain steps keep every sequence to the end: no stop tokens, max_new_tokens each) and, for
     # speculation, whose sequences finish at different steps, every bucket below it; then a short run of the prompts
     top = engine.bucket(len(prompts))
     sizes = [bk for bk in engine.buckets if bk <= top] if engine.speculative != "off" else [top]
     engine.capture(sizes, False, ("greedy",))
+    t_capture = time.perf_counter()
     engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=4, stop_token_ids=[]))  # warm-up
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    t_warm = time.perf_counter()
     before = engine.stats()
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params)
@@ -99,7 +102,10 @@ def timed(engine: Engine, prompts, max_new: int, device) -> tuple[list[list[int]
         torch.cuda.synchronize(device)
     secs, after = time.perf_counter() - t0, engine.stats()
     steps = sum(after[k] - before[k] for k in ("decode_steps", "sd_steps"))
-    return [o.token_ids for o in outs], secs, max(1, steps)
+    # where a slow run's time went (a capture compiles the step's glue): untimed work beside the timed call
+    setup = (f"capture {t_capture - t_start:.1f} s (buckets {sizes}), warm-up {t_warm - t_capture:.1f} s, "
+             f"timed {secs:.1f} s")  # fmt: skip
+    return [o.token_ids for o in outs], secs, max(1, steps), setup
 
 
 def drafter_for(arch: ArchConfig, target, device: torch.device) -> Drafter:
@@ -121,17 +127,24 @@ def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: in
     g = torch.Generator().manual_seed(1)  # the same prompts for every engine
     for b in args.batch:
         prompts = torch.randint(0, arch.vocab_size, (b, args.prompt_len), generator=g).tolist()
-        toks, secs, steps = timed(engine, prompts, args.max_new_tokens, device)
+        toks, secs, steps, setup = timed(engine, prompts, args.max_new_tokens, device)
         if ref is not None and b not in ref:
             ref[b] = toks
         if rank == 0:
             equal = "-" if tp == "1" and mode == "plain" else ("yes" if toks == ref[b] else "NO")
             rows.append((tp, b, mode, b * args.max_new_tokens / secs, 1e3 * secs / steps, equal))
-            print(f"TP={tp} {mode} batch {b}: {rows[-1][3]:.1f} tok/s, {rows[-1][4]:.2f} ms/step, equal {equal}",
-                  flush=True)  # fmt: skip
+            print(f"TP={tp} {mode} batch {b}: {rows[-1][3]:.1f} tok/s, {rows[-1][4]:.2f} ms/step, equal {equal} "
+                  f"({setup})", flush=True)  # fmt: skip
+
+
+def note(rank: int, t0: float, what: str) -> None:
+    """A progress line from rank 0 with the seconds since its start (where a run past its limit spent them)."""
+    if rank == 0:
+        print(f"[{time.perf_counter() - t0:7.1f} s] {what}", flush=True)
 
 
 def _rank(rank: int, port: int, args, out: dict) -> None:
+    t_rank = time.perf_counter()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` (or `timeout -s USR1`) dumps stacks
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device(f"cuda:{rank}" if cuda else "cpu")
@@ -151,10 +164,12 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         ref: dict[int, list] = {}
         if rank == 0:  # TP=1: the whole model on one device
             engine = Engine(model, **kw)
+            note(rank, t_rank, "TP=1 plain engine built")
             run_rows(engine, "1", "plain", args, arch, device, ref, rows, rank)
             del engine
             if sd:
                 engine = Engine(model, drafter=drafter_for(arch, model, device), **sd)
+                note(rank, t_rank, f"TP=1 {args.sd} engine built")
                 run_rows(engine, "1", args.sd, args, arch, device, ref, rows, rank)
                 del engine
             del model  # the engines set their backend and glue on the model: shard a fresh build
@@ -170,10 +185,12 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
             use_allreduce(shard, kind)
             label = f"{args.tp}" if kind == "nccl" else f"{args.tp} {kind}"
             engine = lockstep_engine(shard, None, **kw)
+            note(rank, t_rank, f"TP={label} plain engine built")
             run_rows(engine, label, "plain", args, arch, device, ref if rank == 0 else None, rows, rank)
             del engine
             if sd:
                 engine = lockstep_engine(shard, None, drafter_for(arch, heads, device), **sd)
+                note(rank, t_rank, f"TP={label} {args.sd} engine built")
                 run_rows(engine, label, args.sd, args, arch, device, ref if rank == 0 else None, rows, rank)
                 del engine
         if rank == 0:
