@@ -8,7 +8,8 @@
 #   GPU 3:     the engine, drafter and IR `gpu` tests, then the 0.5B warm-up as its config sets it (5,120 x 1.3:
 #              the comparison for W05_ARGS, on the same machine);
 #   GPU 2:     every other `gpu` test but the two-GPU TP test, then the eager phases of a rollout on the 1.5B shape
-#              (eager_profile.py), then, once GPU 3 is free, on GPUs 2-3: the TP test, TP=2 against TP=1 on the
+#              (eager_profile.py), the 1.5B checkpoint's decode step against its HBM floor (step_costs.py --profile)
+#              and a sweep of the decode attention's launch parameters on its heads; then, once GPU 3 is free, on GPUs 2-3: the TP test, TP=2 against TP=1 on the
 #              Qwen2.5-7B shape (bf16, graphs, plain and 8_4_32, NCCL and the one-shot sum), and an RL run of one
 #              TP=2 engine on the 1.5B with the warm-up's drafter (TP_RL_STEPS (4) steps; its SD step costs in the
 #              step log). TP=0 leaves the last two out.
@@ -83,6 +84,11 @@ main() {
     CUDA_VISIBLE_DEVICES=2 timeout 200 python benchmarks/eager_profile.py --model qwen2.5-coder-1.5b --batch 128 \
         --prompt-len 96 --plain-steps 80 --out "$out/eager" > "$out/eager.log" 2>&1
     done_at eager "eager profile"
+    CUDA_VISIBLE_DEVICES=2 timeout 150 python benchmarks/step_costs.py --model "$q15" --batch 1 8 32 --ctx 1024 \
+        --verify 16 48 --profile --out "$out/step_costs.jsonl" > "$out/step_costs.log" 2>&1
+    CUDA_VISIBLE_DEVICES=2 timeout 120 python benchmarks/bench_attention.py --tune --shape qwen2.5-coder-1.5b \
+        --decode 1x1024 32x1024 --best-out "$out/attention_best.json" > "$out/attention_tune.log" 2>&1
+    done_at gpu2 "step costs and the attention sweep"
     wait_for w05
     CUDA_VISIBLE_DEVICES=2,3 timeout 600 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
         > "$out/tests_tp.log" 2>&1
