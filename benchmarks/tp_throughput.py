@@ -198,6 +198,10 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
             out["arch"] = f"{args.shape if not args.smoke else 'smoke'} ({arch.num_hidden_layers} layers, {dtype})"
     finally:
         dist.destroy_process_group()
+    if cuda:  # every row is done: leave without the interpreter's shutdown, which hung the CUDA ranks for minutes
+        sys.stdout.flush()  # after their last row (2x H200, NCCL; no Python frame left to dump)
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:

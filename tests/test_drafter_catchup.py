@@ -61,3 +61,40 @@ def test_an_engine_catching_up_after_plain_stretches_keeps_plain_greedy_tokens()
     spec = engine.generate(PROMPTS, params)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     assert caught, "the plain stretches left the drafter behind: the speculative steps caught up eagerly"
+
+
+def test_the_catch_up_attends_through_its_backend_s_eager_variant():
+    """A backend with an eager variant (Triton's: one split-K partition, so no call compiles a new kernel variant
+    mid-rollout) serves the catch-up's attention; the result is the same as through the backend itself."""
+    from tlt_rt.codegen.backend import TritonAttention
+    from tlt_rt.models.attention import TorchAttention
+
+    assert TritonAttention().eager().num_splits == 1 and TritonAttention(4).eager().num_splits == 4
+    assert TritonAttention(prefill_kernel=False).eager().prefill_kernel is False
+
+    calls = []
+
+    class Eager(TorchAttention):
+        def __call__(self, q, k_cache, v_cache, meta, scale):
+            calls.append(meta.mode)
+            return super().__call__(q, k_cache, v_cache, meta, scale)
+
+    class WithEager(TorchAttention):
+        def eager(self):
+            return Eager()
+
+    target, drafter = tiny_pair("llama", seed=3)
+    g = torch.Generator().manual_seed(5)
+    tables, prefix, chunk = [[3, 8, 1, 0], [2, 6, 9, 4]], [0, 7], [5, 2]
+    n = sum(chunk)
+    ids = torch.randint(0, target.arch.vocab_size, (n,), generator=g)
+    feats = torch.randn(n, target.arch.hidden_size, generator=g)
+    outs = []
+    for backend in (TorchAttention(), WithEager()):
+        drafter.attn_backend = backend
+        cache = drafter.make_cache(12, BLOCK)
+        meta, positions = build_meta(Layout(tables, prefix, chunk), "prefill", BLOCK, "cpu")
+        with torch.no_grad():
+            outs.append(catch_up_rows(drafter, ids, feats, positions, cache, meta, meta.cu_seqlens_q[1:].long() - 1))
+    assert calls == ["decode"]
+    assert torch.equal(outs[0].logits, outs[1].logits) and torch.equal(outs[0].hidden, outs[1].hidden)

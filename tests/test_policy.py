@@ -9,6 +9,7 @@ import pytest
 
 from tlt_rt.ir.strategy import Strategy, batch_buckets
 from tlt_rt.rollout.policy import AcceptStats, SDPolicy
+from tlt_rt.rollout.policy.catchup import CAP_ROW, CAP_STEPS
 from tlt_rt.rollout.policy.costs import OFF, CostTable, CostTableMismatch, cost_key, option_name
 
 S = [Strategy.parse(t) for t in ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")]
@@ -519,6 +520,31 @@ def test_leaving_plain_decoding_weighs_the_catch_up_and_rows_are_counted_only_wh
     p.observe(8, s, p.costs.get(8, s) + 0.002, 3.4, behind=2_000)
     assert p.switch_seconds(8, 8, 200_000) < 5e-4
     assert p.decide(8, rows(200_000)) is s and p.stats()["switches"] == 1
+
+
+def test_a_one_off_stall_in_a_catch_up_step_is_not_taken_for_the_catch_up_s_cost():
+    """A 2-row catch-up at batch 1 that stalled for 1.1 s (a kernel compiled on its first use) counts at most
+    CAP_STEPS + CAP_ROW x rows plain steps, so speculation, which pays here, goes on after it."""
+    s = Strategy.parse("8_4_32")
+    p = SDPolicy([s], [1], epsilon=0.0, explore_budget=0.02)
+    plain = 0.0013
+    p.costs.set(1, None, plain)
+    p.costs.set(1, s, 0.0034)  # with ~6 tokens a step, speculating is ~2.3x plain decoding
+    for _ in range(3):
+        p.observe(1, None, plain, 1.0)
+    for _ in range(20):
+        p.observe(1, s, 0.0034, 6.0)
+    assert p.decide(1, behind=2) is s
+    p.observe(1, s, 0.0034 + 1.1, 6.0, behind=2)
+    assert p.catchup_seconds(1, 2) == pytest.approx(plain * (CAP_STEPS + CAP_ROW * 2))
+    assert p.catchup_seconds(1, 2) < 0.02
+    assert p.decide(1, behind=2) is s
+    # a catch-up inside the cap is taken as measured
+    q = SDPolicy([s], [1], epsilon=0.0, explore_budget=0.02)
+    q.costs.set(1, None, plain)
+    q.costs.set(1, s, 0.0034)
+    q.observe(1, s, 0.0034 + 0.002, 6.0, behind=2)
+    assert q.catchup_seconds(1, 2) == pytest.approx(0.002)
 
 
 def test_exploring_a_strategy_counts_the_catch_up_against_the_budget():

@@ -38,7 +38,9 @@ def catch_up_rows(
     b = last.shape[0]
     ends = AttnMetadata("decode", torch.arange(b + 1, dtype=torch.int32, device=x.device), meta.seq_lens,
                         meta.block_tables, meta.slot_mapping[last], 1)  # fmt: skip
-    h = attn.attend(q[last], cache.k[0], cache.v[0], ends, drafter.attn_backend)
+    backend = drafter.attn_backend
+    eager = getattr(backend, "eager", None)  # a Triton backend's fixed variant for eager calls (see its `eager`)
+    h = attn.attend(q[last], cache.k[0], cache.v[0], ends, backend if eager is None else eager())
     x, h = layer.post_attention_layernorm.add(x[last], h)
     x = layer.mlp.forward_add(h, x)
     return ModelOutput(logits=drafter.logits(x), hidden=x)

@@ -14,6 +14,12 @@ from collections.abc import Callable
 
 # seconds per caught-up drafter row, as a share of a plain step's seconds per sequence, until measured
 CATCHUP_PRIOR = 0.25
+# the most one catch-up is believed to cost, in plain steps of its bucket: CAP_STEPS (an eager drafter forward is a
+# few launch-bound plain steps whatever its rows) plus CAP_ROW per row as a share of a plain step's seconds per
+# sequence. Measured catch-ups stay well inside it (1.5B, batch 128: ~10 plain steps for 10,000 rows, the cap ~90;
+# batch 1-8: 1-5 plain steps); a step past it carried something else: a kernel compiled on first use made one
+# 2-row catch-up at batch 1 read as 0.55 s a row, which held speculation back for the rest of the call.
+CAP_STEPS, CAP_ROW = 6.0, 1.0
 
 
 def rows_once(behind: int | Callable[[], int]) -> Callable[[], int]:
@@ -28,6 +34,14 @@ def rows_once(behind: int | Callable[[], int]) -> Callable[[], int]:
         return seen[0]
 
     return rows
+
+
+def capped(extra_seconds: float, rows: int, bucket: int, plain: float | None) -> float:
+    """A catch-up's measured excess, at most CAP_STEPS + CAP_ROW x rows / bucket plain steps (`plain`: a plain
+    step's seconds at this bucket; no cap while it is unknown)."""
+    if plain is None:
+        return extra_seconds
+    return min(extra_seconds, plain * (CAP_STEPS + CAP_ROW * rows / max(1, bucket)))
 
 
 def spread(seconds: float, rows: int, batch_size: int) -> float:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from tlt_rt.ir.strategy import Strategy, bucket_for
 from tlt_rt.rollout.config import PolicyConfig
 from tlt_rt.rollout.policy.accept_stats import AcceptStats
-from tlt_rt.rollout.policy.catchup import CatchupCosts, rows_once, spread
+from tlt_rt.rollout.policy.catchup import CatchupCosts, capped, rows_once, spread
 from tlt_rt.rollout.policy.costs import CostTable, option_name
 from tlt_rt.rollout.policy.state import PolicyState
 from tlt_rt.rollout.step.rng import decision_uniform as _uniform
@@ -313,8 +313,9 @@ class SDPolicy(PolicyState):
                 self.costs.observe(b, strategy, seconds)
                 self.catchup.observe(b, 0.0, behind)
             else:  # a catch-up step: its excess over the steady cost teaches the per-row catch-up cost only
-                self.catchup.observe(b, seconds - steady, behind)
-                charged = steady + spread(seconds - steady, behind, b)
+                extra = capped(seconds - steady, behind, b, plain)  # (a one-off stall is not a catch-up's cost)
+                self.catchup.observe(b, extra, behind)
+                charged = steady + spread(extra, behind, b)
         acc = self._regret.setdefault(b, [0.0, 0.0])
         acc[0] *= self._fade
         acc[1] = acc[1] * self._fade + seconds
