@@ -24,22 +24,16 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 share_cores 2
 limit=${TESTS_SECONDS:-330}; tp=${TP:-1}
-HALF0="tests/test_engine_gpu.py tests/test_drafter_train.py tests/test_ir_tree.py"
-# every other `gpu` test (the kernels', the log-probs', the models' and the real-Qwen ones today) but the TP test
-HALF1="tests --ignore=tests/test_engine_gpu.py --ignore=tests/test_drafter_train.py --ignore=tests/test_ir_tree.py
---ignore=tests/test_tp_gpu.py"
 
 main() {
   local t0
   t0=$(date +%s)
   (
-    # shellcheck disable=SC2086  # the file list splits on purpose
-    CUDA_VISIBLE_DEVICES=0 timeout "$limit" python -m pytest -q -p no:cacheprovider -m gpu $HALF0 > "$out/tests0.log" 2>&1
+    test_half 0 0
     echo "tests on GPU 0 done at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/tests0.log")" >> "$out/main.log"
   ) &
   (
-    # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=1 timeout "$limit" python -m pytest -q -p no:cacheprovider -m gpu $HALF1 > "$out/tests1.log" 2>&1
+    test_half 1 1
     echo "tests on GPU 1 done at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/tests1.log")" >> "$out/main.log"
     CUDA_VISIBLE_DEVICES=1 timeout 200 python benchmarks/eager_profile.py --model qwen2.5-coder-1.5b --batch 128 \
         --prompt-len 96 --plain-steps 80 --out "$out/eager" > "$out/eager.log" 2>&1
@@ -56,5 +50,5 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main); $(declare -p out limit tp HALF0 HALF1); main" > "$out/main.log" 2>&1 < /dev/null &
+setsid nohup bash -c "$(declare -f main test_half); $(declare -p out limit tp HALF0 HALF1); main" > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x2.sh --snapshot $out DEST"

@@ -34,9 +34,6 @@ prompts=${WARMUP_PROMPTS:-3072}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROM
 e05=${WARMUP_EPOCHS05:-1.0}; w05_args=${W05_ARGS:---warmup-arg=--unroll=5}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
 tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-330}
 VARIANTS=("--warmup-arg=--gen-batch=512")
-HALF0="tests/test_engine_gpu.py tests/test_drafter_train.py tests/test_ir_tree.py"
-HALF1="tests --ignore=tests/test_engine_gpu.py --ignore=tests/test_drafter_train.py --ignore=tests/test_ir_tree.py
---ignore=tests/test_tp_gpu.py"
 
 # wait_for NAME: until $out/NAME.done exists
 wait_for() { while [ ! -f "$out/$1.done" ]; do sleep 2; done; }
@@ -71,15 +68,13 @@ main() {
     fi
   ) &
   (   # GPU 3
-    # shellcheck disable=SC2086  # the file list splits on purpose
-    CUDA_VISIBLE_DEVICES=3 timeout "$limit" python -m pytest -q -p no:cacheprovider -m gpu $HALF0 > "$out/tests0.log" 2>&1
+    test_half 3 0
     done_at tests0 "tests on GPU 3 ($(tail -n 1 "$out/tests0.log"))"
     warm_up 3 "$cfg05" "$q05" "$p05" 1.3 "$out/w05"
     done_at w05 "0.5B warm-up (its config's)"
   ) &
   (   # GPU 2, then GPUs 2-3
-    # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=2 timeout "$limit" python -m pytest -q -p no:cacheprovider -m gpu $HALF1 > "$out/tests1.log" 2>&1
+    test_half 2 1
     done_at tests1 "tests on GPU 2 ($(tail -n 1 "$out/tests1.log"))"
     CUDA_VISIBLE_DEVICES=2 timeout 200 python benchmarks/eager_profile.py --model qwen2.5-coder-1.5b --batch 128 \
         --prompt-len 96 --plain-steps 80 --out "$out/eager" > "$out/eager.log" 2>&1
@@ -109,6 +104,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off wait_for done_at); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit HALF0 HALF1); main" \
+setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off wait_for done_at test_half); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit HALF0 HALF1); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x4.sh --snapshot $out DEST"

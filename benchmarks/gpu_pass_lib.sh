@@ -10,6 +10,20 @@ share_cores() {
   export OMP_NUM_THREADS
 }
 
+# the `gpu` tests in two halves of about equal time, one GPU each (gpu_check_x2.sh, gpu_check_x4.sh): the engine,
+# drafter and IR tests; every other one (the kernels', the log-probs', the models' and the real-Qwen ones today) but
+# the two-GPU TP test, which runs after them on both GPUs
+HALF0="tests/test_engine_gpu.py tests/test_drafter_train.py tests/test_ir_tree.py"
+HALF1="tests --ignore=tests/test_engine_gpu.py --ignore=tests/test_drafter_train.py --ignore=tests/test_ir_tree.py
+--ignore=tests/test_tp_gpu.py"
+
+# test_half GPU N: half N of the `gpu` tests on GPU, cut at $limit seconds, into $out/testsN.log
+test_half() {
+  local half=HALF$2
+  # shellcheck disable=SC2086  # the file list splits on purpose
+  CUDA_VISIBLE_DEVICES=$1 timeout "$limit" python -m pytest -q -p no:cacheprovider -m gpu ${!half} > "$out/tests$2.log" 2>&1
+}
+
 # the engine's default strategy set (rollout.config.DEFAULT_STRATEGIES), which every auto-against-off timing gives auto
 DEFAULT="8_4_48 8_4_32 8_4_16 8_4_8 6_2_12"
 

@@ -41,6 +41,19 @@ def _pass(tmp_path: Path, script: str = "gpu_one.sh", models=("/m/q15.gguf",), *
     return calls.read_text().splitlines(), main.read_text()
 
 
+def _halves(calls: list[str]) -> tuple[str, str]:
+    """The two halves' `gpu` test calls (named files; every other file), asserting that every file named in the
+    first is ignored by the second, and the TP test besides: each test file runs in exactly one of them."""
+    halves = [c for c in calls if "-m gpu" in c and not c.endswith(" tests/test_tp_gpu.py")]
+    assert len(halves) == 2
+    first = next(c for c in halves if "--ignore" not in c)
+    rest = next(c for c in halves if "--ignore" in c)
+    named = {w for w in first.split() if w.startswith("tests/")}
+    ignored = {w.split("=", 1)[1] for w in rest.split() if w.startswith("--ignore=")}
+    assert named and ignored == named | {"tests/test_tp_gpu.py"}
+    return first, rest
+
+
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
 def test_gpu_one_runs_its_parts_in_order_on_the_warm_drafter(tmp_path):
     calls, main = _pass(tmp_path, PROFILE="1")
@@ -162,13 +175,7 @@ def test_gpu_check_x2_splits_the_tests_over_both_gpus_then_runs_the_tp_test(tmp_
     after them), the eager profile after the second half, the TP throughput rows last unless TP=0."""
     calls, main = _pass(tmp_path, "gpu_check_x2.sh", models=(), TP=tp)
     assert "all done" in main
-    halves = [c for c in calls if "-m gpu" in c and not c.endswith(" tests/test_tp_gpu.py")]
-    assert len(halves) == 2
-    first = next(c for c in halves if "--ignore" not in c)
-    rest = next(c for c in halves if "--ignore" in c)
-    named = {w for w in first.split() if w.startswith("tests/")}
-    ignored = {w.split("=", 1)[1] for w in rest.split() if w.startswith("--ignore=")}
-    assert named and ignored == named | {"tests/test_tp_gpu.py"}
+    _, rest = _halves(calls)
     tp_test = next(i for i, c in enumerate(calls) if c.endswith(" tests/test_tp_gpu.py"))
     eager = next(i for i, c in enumerate(calls) if "eager_profile.py" in c)
     assert eager < tp_test and calls.index(rest) < eager
@@ -202,12 +209,7 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
     calls, main = _pass(tmp_path, "gpu_check_x4.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TP=tp)
     assert "all done" in main
     out = tmp_path / "out"
-    halves = [c for c in calls if "-m gpu" in c and not c.endswith(" tests/test_tp_gpu.py")]
-    assert len(halves) == 2
-    named = {w for w in next(c for c in halves if "--ignore" not in c).split() if w.startswith("tests/")}
-    rest = next(c for c in halves if "--ignore" in c).split()
-    ignored = {w.split("=", 1)[1] for w in rest if w.startswith("--ignore")}
-    assert named and ignored == named | {"tests/test_tp_gpu.py"}
+    _halves(calls)
     warm = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if "--warmup-only" in c}
     assert set(warm) == {"w0", "w05", "w05b"}
     assert "--warmup-arg=--unroll=5" in warm["w05b"] and "--warmup-epochs 1.0 " in warm["w05b"]
