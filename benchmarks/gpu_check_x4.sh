@@ -10,7 +10,8 @@
 #   GPU 2:     every other `gpu` test but the two-GPU TP test, then the eager phases of a rollout on the 1.5B shape
 #              (eager_profile.py), the 1.5B checkpoint's decode step against its HBM floor (step_costs.py --profile)
 #              and a sweep of the decode attention's launch parameters on its heads; then, once GPU 3 is free, on GPUs 2-3: the TP test, TP=2 against TP=1 on the
-#              Qwen2.5-7B shape (bf16, graphs, plain and 8_4_32, NCCL and the one-shot sum), and an RL run of one
+#              Qwen2.5-7B shape (bf16, graphs, plain and 8_4_32, NCCL and the one-shot sum; each row profiled once
+#              more into OUT/tp_profile), and an RL run of one
 #              TP=2 engine on the 1.5B with the warm-up's drafter (TP_RL_STEPS (4) steps; its SD step costs in the
 #              step log). TP=0 leaves the last two out.
 # Each job is its own process pinned by CUDA_VISIBLE_DEVICES with a quarter of the host's cores. Everything runs in
@@ -90,7 +91,8 @@ main() {
     done_at tp_test "TP test ($(tail -n 1 "$out/tests_tp.log"))"
     if [ "$tp" = 1 ]; then
       CUDA_VISIBLE_DEVICES=2,3 timeout -s USR1 -k 15 300 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
-          --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot > "$out/tp2.log" 2>&1
+          --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot --profile "$out/tp_profile" \
+          > "$out/tp2.log" 2>&1
       done_at tp2 "TP=2 throughput"
       wait_for w0
       CUDA_VISIBLE_DEVICES=2,3 timeout 420 python -m tlt_rt.train "$cfg1" name=tp2 "output_dir=$out/tp_rl" \

@@ -4,6 +4,7 @@
     python benchmarks/tp_throughput.py --shape qwen2.5-32b --tp 4 --scale 0.5    # 32 of the 64 layers, 4 GPUs
     python benchmarks/tp_throughput.py --shape llama3-70b --scale 0.25     # 20 of the 80 layers
     python benchmarks/tp_throughput.py --smoke [--tp 4]                    # tiny shape, CPU, gloo, seconds
+    python benchmarks/tp_throughput.py --batch 1 --profile tp-profile      # also where each row's time went
 
 N processes (torch.multiprocessing spawn) form one group: NCCL on GPUs (NVLink multicast off), gloo on
 CPU. Rank 0 first runs the unsharded model alone (TP=1: `--scale` keeps as many layers as one GPU holds);
@@ -12,6 +13,9 @@ decoding (SD off: this measures the target's sharding), no stop tokens, so every
 max_new_tokens tokens; `equal` says whether TP=N emitted exactly TP=1's tokens (in bf16 a different reduction
 order may flip a near-tie; fp32 on CPU must match). ms/step is the timed generate's wall time over its decode
 steps (prefill included). The markdown table is printed last.
+
+`--profile DIR` profiles one more generate per row on rank 0 (torch profiler, `tlt_rt.train.profile.profiled`):
+where a TP=N step's time goes beside TP=1's: matmuls, collectives, host waits between kernels.
 
 `--sd STRATEGY` also times speculative decoding with that strategy at TP=1 and TP=N: a drafter of random
 weights (the same on every rank, replicated: it reads the target's full embedding and head, `TargetHeads`),
@@ -46,6 +50,7 @@ from tlt_rt.models.shapes import KNOWN_SHAPES  # noqa: E402
 from tlt_rt.models.tensor_parallel import ALLREDUCE_KINDS, check_tp_divisible, shard_for_tp, use_allreduce  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine  # noqa: E402
+from tlt_rt.train.profile import CALLER_OPS, profiled  # noqa: E402
 
 SMOKE = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)  # fmt: skip
@@ -135,6 +140,14 @@ def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: in
             rows.append((tp, b, mode, b * args.max_new_tokens / secs, 1e3 * secs / steps, equal))
             print(f"TP={tp} {mode} batch {b}: {rows[-1][3]:.1f} tok/s, {rows[-1][4]:.2f} ms/step, equal {equal} "
                   f"({setup})", flush=True)  # fmt: skip
+        if args.profile is not None:  # one more generate of the same prompts, profiled on rank 0 (all ranks run it)
+            path = args.profile / f"tp{tp.replace(' ', '-')}-{mode}-b{b}.txt" if rank == 0 else None
+            params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
+            with profiled(path, f"TP={tp} {mode}, batch {b}: one generate of {args.max_new_tokens} tokens", device,
+                          CALLER_OPS):  # fmt: skip
+                engine.generate(prompts, params)
+            if path is not None:
+                print("  " + "\n  ".join(path.read_text().splitlines()[1:3]), flush=True)  # wall and kernels by kind
 
 
 def note(rank: int, t0: float, what: str) -> None:
@@ -217,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (one GPU each)")
     ap.add_argument("--allreduce", nargs="+", default=["nccl"], choices=ALLREDUCE_KINDS,
                     help="the TP=N engine's sums: NCCL and/or a one-shot sum over symmetric memory (GPUs)")  # fmt: skip
+    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="after each timed row, profile one more generate of it on rank 0 into DIR (kernels by "
+                    "kind: matmul, collectives, ...; the wall time's busy share; host waits by caller)")  # fmt: skip
     ap.add_argument("--sd", default=None, metavar="STRATEGY",
                     help="also time speculative steps of this strategy (e.g. 8_4_32), a random drafter")  # fmt: skip
     args = ap.parse_args(argv)

@@ -39,8 +39,10 @@ def test_kernel_kinds_sums_time_by_kind():
         ("triton_red_fused_add_rms_norm_0", 60.0, 56),
         ("Memcpy DtoD (Device -> Device)", 10.0, 3),
         ("void at::native::vectorized_elementwise_kernel<4, exp>", 5.0, 1),
+        ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 40.0, 56),
+        ("void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>", 30.0, 56),
     ]
     kinds = kernel_kinds(table)
-    assert kinds == {"matmul": 800.0, "attention": 120.0, "optimizer": 80.0, "triton (fused glue)": 60.0,
-                     "copies": 10.0, "other": 5.0}  # fmt: skip
-    assert list(kinds) == ["matmul", "attention", "optimizer", "triton (fused glue)", "copies", "other"]
+    assert kinds == {"matmul": 800.0, "attention": 120.0, "optimizer": 80.0, "collectives": 70.0,
+                     "triton (fused glue)": 60.0, "copies": 10.0, "other": 5.0}  # fmt: skip
+    assert list(kinds) == ["matmul", "attention", "optimizer", "collectives", "triton (fused glue)", "copies", "other"]

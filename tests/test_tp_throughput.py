@@ -33,3 +33,15 @@ def test_a_shape_the_ranks_cannot_split_fails_before_any_process():
     done = subprocess.run([sys.executable, "benchmarks/tp_throughput.py", "--shape", "qwen2.5-7b", "--tp", "3"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2 and "divisible by 3" in done.stderr
+
+
+def test_profile_writes_one_table_per_row_from_rank_0(tmp_path):
+    """--profile: after each timed row every rank runs one more generate, which rank 0 profiles into DIR; the
+    table keeps the run exact and starts with the row it belongs to."""
+    cmd = [sys.executable, "benchmarks/tp_throughput.py", "--smoke", "--tp", "2", "--profile", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"tp{t}-plain-b{b}.txt" for t in (1, 2) for b in (1, 4)]
+    text = (tmp_path / "tp2-plain-b4.txt").read_text()
+    assert text.startswith("# TP=2 plain, batch 4: one generate of 8 tokens\nwall ") and "host operators" in text
+    assert all(line.rstrip().endswith("| yes |") for line in done.stdout.splitlines() if line.startswith("| 2 |"))

@@ -17,6 +17,7 @@ import torch
 __all__ = ["KINDS", "kernel_kinds", "kernel_rows", "profiled", "summary"]
 
 KINDS = (  # kernel name fragments -> what the time went to (first match wins)
+    ("collectives", ("nccl", "all_reduce", "allreduce")),
     ("attention", ("flash", "fmha", "attention")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
     ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_", "sm80_")),
