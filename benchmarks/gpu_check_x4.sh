@@ -9,9 +9,9 @@
 #              the comparison for W05_ARGS, on the same machine);
 #   GPU 2:     every other `gpu` test but the two-GPU TP test, then the eager phases of a rollout on the 1.5B shape
 #              (eager_profile.py), the 1.5B checkpoint's decode step against its HBM floor (step_costs.py --profile)
-#              and a sweep of the decode attention's launch parameters on its heads; then, once GPU 3 is free, on GPUs 2-3: the TP test, TP=2 against TP=1 on the
-#              Qwen2.5-7B shape (bf16, graphs, plain and 8_4_32, NCCL and the one-shot sum; each row profiled once
-#              more into OUT/tp_profile), and an RL run of one
+#              and a sweep of the decode attention's launch parameters on its heads; then, once GPU 3 is free,
+#              on GPUs 2-3: the TP test, TP=2 against TP=1 on the Qwen2.5-7B shape (bf16, graphs, plain and 8_4_32,
+#              NCCL and the one-shot sum; each row profiled once more into OUT/tp_profile), and an RL run of one
 #              TP=2 engine on the 1.5B with the warm-up's drafter (TP_RL_STEPS (4) steps; its SD step costs in the
 #              step log). TP=0 leaves the last two out.
 # Each job is its own process pinned by CUDA_VISIBLE_DEVICES with a quarter of the host's cores. Everything runs in
