@@ -16,7 +16,7 @@ from collections.abc import Callable
 CATCHUP_PRIOR = 0.25
 # the most one catch-up is believed to cost, in plain steps of its bucket: CAP_STEPS (an eager drafter forward is a
 # few launch-bound plain steps whatever its rows) plus CAP_ROW per row as a share of a plain step's seconds per
-# sequence. Measured catch-ups stay well inside it (1.5B, batch 128: ~10 plain steps for 10,000 rows, the cap ~90;
+# sequence. Measured catch-ups stay well inside it (1.5B, batch 128: ~10 plain steps for 10,000 rows, the cap ~85;
 # batch 1-8: 1-5 plain steps); a step past it carried something else: a kernel compiled on first use made one
 # 2-row catch-up at batch 1 read as 0.55 s a row, which held speculation back for the rest of the call.
 CAP_STEPS, CAP_ROW = 6.0, 1.0
