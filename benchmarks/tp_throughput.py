@@ -126,6 +126,22 @@ def drafter_for(arch: ArchConfig, target, device: torch.device) -> Drafter:
     return drafter.eval()
 
 
+def bare_step_ms(engine, batch: int, ctx: int, device, n: int = 20) -> float:
+    """ms of one bare step of the engine's captured plain or speculative graph (inputs filled, replayed, its result
+    copied to the host; `ModelRunner.synthetic_step`), no scheduling: what a timed row's ms/step pays beyond it is
+    the engine loop's own host work. Collective: every rank calls it alike (the step's sums run inside it)."""
+    strategy = engine.strategies[0] if engine.speculative != "off" else None
+    step = engine.runner.synthetic_step(batch, strategy, "greedy", ctx)
+    for _ in range(3):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    return 1e3 * (time.perf_counter() - t0) / n
+
+
 def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: int) -> None:
     """Time `engine` at every batch size; rank 0 records (tp, batch, mode, tok/s, ms/step, equal to ref), tp the
     row's label: the rank count, and the all-reduce where it is not NCCL ("2 oneshot")."""
@@ -135,11 +151,12 @@ def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: in
         toks, secs, steps, setup = timed(engine, prompts, args.max_new_tokens, device)
         if ref is not None and b not in ref:
             ref[b] = toks
+        bare = bare_step_ms(engine, b, args.prompt_len + args.max_new_tokens // 2, device)
         if rank == 0:
             equal = "-" if tp == "1" and mode == "plain" else ("yes" if toks == ref[b] else "NO")
-            rows.append((tp, b, mode, b * args.max_new_tokens / secs, 1e3 * secs / steps, equal))
-            print(f"TP={tp} {mode} batch {b}: {rows[-1][3]:.1f} tok/s, {rows[-1][4]:.2f} ms/step, equal {equal} "
-                  f"({setup})", flush=True)  # fmt: skip
+            rows.append((tp, b, mode, b * args.max_new_tokens / secs, 1e3 * secs / steps, equal, bare))
+            print(f"TP={tp} {mode} batch {b}: {rows[-1][3]:.1f} tok/s, {rows[-1][4]:.2f} ms/step (bare step "
+                  f"{bare:.2f}), equal {equal} ({setup})", flush=True)  # fmt: skip
         if args.profile is not None:  # one more generate of the same prompts, profiled on rank 0 (all ranks run it)
             path = args.profile / f"tp{tp.replace(' ', '-')}-{mode}-b{b}.txt" if rank == 0 else None
             params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
@@ -209,12 +226,16 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         if rank == 0:
             out["rows"] = rows
             out["arch"] = f"{args.shape if not args.smoke else 'smoke'} ({arch.num_hidden_layers} layers, {dtype})"
-    finally:
+    except BaseException:
         dist.destroy_process_group()
-    if cuda:  # every row is done: leave without the interpreter's shutdown, which hung the CUDA ranks for minutes
-        sys.stdout.flush()  # after their last row (2x H200, NCCL; no Python frame left to dump)
+        raise
+    if cuda:  # every row is done: leave without tearing the group or the interpreter down; both hung CUDA ranks for
+        # minutes after their last row (2x H200, NCCL, symmetric memory: an exit at the end of the rank, then
+        # destroy_process_group before it, each hung)
+        sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+    dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,13 +289,14 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{arch}, prompt {args.prompt_len} tokens, {args.max_new_tokens} new tokens, greedy, "
         f"{'plain and ' + args.sd + ' (a random drafter)' if args.sd else 'plain decoding'}\n"
     )
-    plain_ms = {(tp, b): ms for tp, b, mode, _, ms, _ in rows if mode == "plain"}
+    plain_ms = {(tp, b): ms for tp, b, mode, _, ms, _, _ in rows if mode == "plain"}
     order = {label: i for i, label in enumerate(dict.fromkeys(r[0] for r in rows))}  # as they ran
-    print("| tp | batch | mode | tok/s | ms/step | SD/plain step | equal |")
-    print("|---:|---:|---|---:|---:|---:|:---:|")
-    for tp, b, mode, tps, ms, eq in sorted(rows, key=lambda r: (r[1], r[2] != "plain", order[r[0]])):
+    print("bare step: the captured step alone (inputs in, replay, result out), no scheduling\n")
+    print("| tp | batch | mode | tok/s | ms/step | bare step ms | SD/plain step | equal |")
+    print("|---:|---:|---|---:|---:|---:|---:|:---:|")
+    for tp, b, mode, tps, ms, eq, bare in sorted(rows, key=lambda r: (r[1], r[2] != "plain", order[r[0]])):
         ratio = f"{ms / plain_ms[tp, b]:.2f}x" if mode != "plain" and (tp, b) in plain_ms else "-"
-        print(f"| {tp} | {b} | {mode} | {tps:.1f} | {ms:.2f} | {ratio} | {eq} |")
+        print(f"| {tp} | {b} | {mode} | {tps:.1f} | {ms:.2f} | {bare:.2f} | {ratio} | {eq} |")
     return 0 if all(r[5] != "NO" for r in rows) else 1
 
 

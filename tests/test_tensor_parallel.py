@@ -221,6 +221,60 @@ class SmallSums:
         return True
 
 
+class DirectSums(SmallSums):
+    """SmallSums that also takes a row-parallel layer's whole matmul (`linear`, as the one-shot sum does: the
+    product written where the sum reads it), for row blocks of at most `most` elements."""
+
+    def __init__(self, most: int):
+        super().__init__(most)
+        self.direct = 0
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        if x.shape[0] * weight.shape[0] > self.most:
+            return None
+        y = x @ weight.t()
+        dist.all_reduce(y)
+        self.direct += 1
+        return y
+
+
+def check_direct_allreduce(case: str, rank: int) -> None:
+    """A fast sum with `linear` takes every row-parallel matmul of a paged (2-D) forward that fits it; the
+    embedding's sum still goes through its `__call__`: the logits are unchanged."""
+    full, tp = _pair(case)
+    a = CASES[case]
+    fast = DirectSums(most=13 * a.hidden_size)
+    set_fast_allreduce(tp, fast)
+    steps, num_blocks = _paged_script(a.vocab_size, 4)
+    cf, ct = full.make_cache(num_blocks, 4), tp.make_cache(num_blocks, 4)
+    with torch.no_grad():
+        for n, (ids, pos, meta) in enumerate(steps):
+            want, got = full.forward_paged(ids, pos, cf, meta), tp.forward_paged(ids, pos, ct, meta)
+            _close(got.logits, want.logits, f"step {n} ({meta.mode}) logits")
+    assert fast.direct == 2 * a.num_hidden_layers * len(steps), (fast.direct, len(steps))
+    assert fast.taken == len(steps), fast.taken  # the embedding's sums
+
+
+def check_fused_shards(case: str, rank: int) -> None:
+    """The engine fuses each rank's column-parallel q/k/v and gate/up slices into one matmul each (as on one GPU),
+    and its greedy tokens stay those of the unsharded model."""
+    from tlt_rt.rollout.engine import Engine
+    from tlt_rt.rollout.params import SamplingParams
+
+    full, tp = _pair(case)
+    kw = dict(speculative="off", block_size=4, max_batch=4, max_prefill_tokens=8)
+    ref, eng = Engine(full, **kw), Engine(tp, **kw)
+    for layer in tp.model.layers:
+        assert (
+            layer.self_attn.fused is not None and layer.self_attn.fused.sizes[0] == layer.self_attn.q_proj.out_features
+        )
+        assert layer.mlp.fused is not None
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=10, stop_token_ids=[])
+    prompts = [[1, 2, 3, 4, 5], [42]]
+    want, got = ref.generate(prompts, params), eng.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want], "fused TP=2 tokens differ from TP=1"
+
+
 def check_fast_allreduce(case: str, rank: int) -> None:
     """With a fast all-reduce set, every no-grad sum asks it first and the ones it declines go through NCCL/gloo:
     the forward is unchanged. `use_allreduce` names its kinds and refuses a CPU shard for the one-shot sum."""
@@ -246,7 +300,8 @@ def check_fast_allreduce(case: str, rank: int) -> None:
 
 
 CHECKS = {"dense": check_dense, "dense_grad": check_dense_grad, "paged": check_paged, "engine": check_engine,
-          "lockstep": check_lockstep, "fast_allreduce": check_fast_allreduce}  # fmt: skip
+          "lockstep": check_lockstep, "fast_allreduce": check_fast_allreduce,
+          "direct_allreduce": check_direct_allreduce, "fused_shards": check_fused_shards}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- harness

@@ -91,10 +91,13 @@ def fuse_linears(current: FusedLinears | None, linears: list[nn.Linear]) -> Fuse
 
 
 def _fusable(*linears) -> bool:
-    """Plain nn.Linear layers of one dtype / device / input size (tensor-parallel shards are left alone)."""
+    """Plain nn.Linear layers of one dtype / device / input size, or layers that say they compute F.linear of their
+    input in inference (a class attribute `fusable = True`: the column-parallel shards of tensor parallelism, whose
+    q/k/v and gate/up slices then run as one matmul on each rank, as on one GPU); row-parallel shards, which sum
+    over the ranks, are left alone."""
     first = linears[0].weight
     return all(
-        type(lin) is nn.Linear
+        (type(lin) is nn.Linear or getattr(type(lin), "fusable", False))
         and lin.weight.dtype == first.dtype
         and lin.weight.device == first.device
         and lin.in_features == linears[0].in_features

@@ -78,6 +78,26 @@ class OneShotAllReduce:
         x.view(-1).copy_(torch.ops.symm_mem.one_shot_all_reduce(staged, "sum", self.group_name))
         return True
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        """The sum over the ranks of x [M, K] @ weight^T with the matmul writing straight into the symmetric buffer
+        and the sum into a fresh tensor: no copy in or out (a row-parallel layer's partial sums; two copies a
+        sum fewer than `__call__`); None where it does not fit (the caller goes the ordinary way)."""
+        out_op = getattr(torch.ops.symm_mem, "one_shot_all_reduce_out", None)
+        m, n = x.shape[0], weight.shape[0]
+        if (
+            out_op is None
+            or x.dim() != 2
+            or x.dtype != self.dtype
+            or weight.dtype != self.dtype
+            or m * n > self.buffer.numel()
+        ):
+            return None
+        staged = self.buffer[: m * n].view(m, n)
+        torch.mm(x, weight.t(), out=staged)
+        out = torch.empty_like(staged)
+        out_op(staged, "sum", self.group_name, out)
+        return out
+
 
 # ------------------------------------------------------------------------------------------ collectives
 class _ReduceFromTP(torch.autograd.Function):
@@ -145,7 +165,11 @@ def _param(t: torch.Tensor, requires_grad: bool) -> nn.Parameter:
 
 
 class ColumnParallelLinear(nn.Module):
-    """Rows [start, end) of a Linear: replicated input -> this rank's slice of the output features."""
+    """Rows [start, end) of a Linear: replicated input -> this rank's slice of the output features. In inference its
+    forward is F.linear of the input, so the engine fuses the q/k/v and the gate/up slices of a rank into one
+    matmul each (`glue.FusedLinears`; fusable), as it does on one GPU."""
+
+    fusable = True
 
     def __init__(self, full: nn.Linear, start: int, end: int, tp: TPInfo):
         super().__init__()
@@ -153,6 +177,14 @@ class ColumnParallelLinear(nn.Module):
         self.weight = _param(full.weight[start:end], rg)
         self.bias = None if full.bias is None else _param(full.bias[start:end], rg)
         self.tp = tp
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(copy_to_tp(x, self.tp.group), self.weight, self.bias)
@@ -170,7 +202,12 @@ class RowParallelLinear(nn.Module):
         self.tp = tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_tp(F.linear(x, self.weight), self.tp.group, self.tp.fast)
+        y = None
+        direct = getattr(self.tp.fast, "linear", None)  # the one-shot sum: the matmul writes into its buffer
+        if direct is not None and not torch.is_grad_enabled() and x.dim() == 2:
+            y = direct(x, self.weight)
+        if y is None:
+            y = reduce_from_tp(F.linear(x, self.weight), self.tp.group, self.tp.fast)
         return y if self.bias is None else y + self.bias
 
 
