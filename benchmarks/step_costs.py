@@ -13,6 +13,15 @@ or a converted model folder (the last four read by the project's loader, in bf16
 first decode shape's kernels by time, their count per step and per layer, and their summed time against
 the step's replay time (the rest is gaps between kernels inside the graph).
 Prints a table and, with --out, appends JSON lines.
+
+--compare V1 V2 ... times variants of the engine's glue side by side in one process (each shape captured once per
+variant, then `--rounds` rounds of replays taking the variants in turn; median per variant, ratio to the first):
+    base        the engine's default (`KernelGlue()`)
+    fused-norm  + the residual add and RMSNorm inside the q/k/v and gate/up projections (`kernels.norm_linear`),
+                for steps of at most 8 rows
+    skinny      + the skinny Triton matmul for one-row steps (weights from --skinny-min-weight elements up)
+    skinny+fused-norm  both
+With --profile, each variant's kernels for the first decode shape.
 """
 
 from __future__ import annotations
@@ -228,6 +237,61 @@ def print_rows(rows: list[dict]) -> None:
         )
 
 
+VARIANTS = {
+    "base": {},
+    "fused-norm": {"fused_norm": True, "norm_rows": 8},
+    "skinny": {"skinny": True},
+    "skinny+fused-norm": {"skinny": True, "fused_norm": True, "norm_rows": 8},
+}
+
+
+def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
+    """`--compare`: every shape captured under each variant's glue, then replays in interleaved rounds."""
+    from tlt_rt.codegen.model_kernels import KernelGlue
+    from tlt_rt.models.layers import set_glue
+
+    base = model.compile_glue(KernelGlue())  # compiled once; the other variants share its compiled pieces
+    glues = {name: KernelGlue(pieces=base, **VARIANTS[name]) for name in args.compare}
+    if args.profile:
+        for name, glue in glues.items():
+            set_glue(model, glue)
+            print(f"--- {name}")
+            print_breakdown(model, args.batch[0], args.ctx[0])
+    rows = []
+    for ctx in args.ctx:
+        for b in args.batch:
+            for t in [1, *args.verify]:
+                graphs = {}
+                for name, glue in glues.items():
+                    set_glue(model, glue)
+                    graphs[name] = graphed_step(model, b, ctx, t)
+                times: dict[str, list[float]] = {name: [] for name in glues}
+                for _ in range(args.rounds):
+                    for name, (g, _) in graphs.items():
+                        times[name].append(time_replays(g, args.iters))
+                fl = floor_seconds(model, b, ctx, t, bw)
+                first = statistics.median(times[args.compare[0]])
+                for name in glues:
+                    sec = statistics.median(times[name])
+                    rows.append(dict(model=args.model, label=name, batch=b, ctx=ctx, tokens=t, ms=sec * 1e3,
+                                     floor_ms=fl * 1e3, pct_floor=100 * fl / sec, floor_fraction=fl / sec,
+                                     vs_first=first / sec, hbm_gbs=bw / 1e9,
+                                     device=torch.cuda.get_device_name()))  # fmt: skip
+                del graphs
+                torch.cuda.empty_cache()
+    set_glue(model, base)
+    return rows
+
+
+def print_compare(rows: list[dict], first: str) -> None:
+    print(f"variants side by side (median over interleaved rounds); 'x {first}': {first}'s ms over the variant's")
+    print(f"{'variant':18} {'batch':>5} {'ctx':>6} {'tokens':>6} {'ms':>8} {'floor ms':>8} {'% of floor':>10} "
+          f"{'x ' + first:>10}")  # fmt: skip
+    for r in rows:
+        print(f"{r['label']:18} {r['batch']:5d} {r['ctx']:6d} {r['tokens']:6d} {r['ms']:8.3f} {r['floor_ms']:8.3f} "
+              f"{r['pct_floor']:10.1f} {r['vs_first']:10.3f}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -255,7 +319,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--decode-meta", default=None, help="JSON file of decode attention meta-parameters to use")
     ap.add_argument("--profile", action="store_true", help="kernels of the first decode shape: time, count, gaps")
     ap.add_argument("--label", default="", help="tag written into each row (variant under test)")
+    ap.add_argument("--compare", nargs="+", default=None, choices=sorted(VARIANTS), metavar="VARIANT",
+                    help=f"glue variants side by side, the first the baseline ({', '.join(VARIANTS)})")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=5, help="with --compare: interleaved rounds of --iters replays")
     args = ap.parse_args(argv)
+    if args.compare and (args.eager_glue or args.skinny or args.no_fused_rope):
+        ap.error("--compare builds each variant's glue itself: leave out --eager-glue, --skinny, --no-fused-rope")
     try:
         model_source(args.model)
     except ValueError as e:
@@ -275,6 +344,18 @@ def main(argv: list[str] | None = None) -> None:
     bw = hbm_bandwidth()
     model = build_model(args.model)
     model.attn_backend = select_backend("cuda")
+    if args.compare:
+        if args.skinny_min_weight is not None:
+            from tlt_rt.codegen.kernels import skinny_gemm
+
+            skinny_gemm.MIN_WEIGHT = args.skinny_min_weight
+        if not args.unfused:
+            model.fuse_projections()
+        rows = compare_variants(model, args, bw)
+        print(f"HBM copy bandwidth: {bw / 1e9:.0f} GB/s on {torch.cuda.get_device_name()}")
+        print_compare(rows, args.compare[0])
+        append_jsonl(args.out, rows)
+        return
     if not args.eager_glue:  # the fused RMSNorm / rotary / SwiGLU the engine runs with on CUDA
         from tlt_rt.codegen.model_kernels import KernelGlue
 

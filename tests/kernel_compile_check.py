@@ -230,7 +230,7 @@ def draft_cases():
 
 
 def layer_cases():
-    from tlt_rt.codegen.kernels import rope_cache, skinny_gemm
+    from tlt_rt.codegen.kernels import norm_linear, rope_cache, skinny_gemm
 
     for n_heads, n_kv, head_dim in ((28, 4, 128), (9, 3, 64)):
         qkv = _t(2, n_heads + 2 * n_kv, head_dim, dtype=BF16)  # q, k and v: views of one fused projection
@@ -242,6 +242,12 @@ def layer_cases():
     for rows, swiglu, bias in ((1, False, False), (1, True, False), (8, True, False), (3, False, True)):
         x, w = _t(rows, 4096, dtype=BF16), _t(256, 4096, dtype=BF16)
         skinny_gemm.skinny_linear_triton(x, w, _t(256, dtype=BF16) if bias else None, swiglu=swiglu)
+    # Qwen2.5-Coder-1.5B's q/k/v (with bias, after a residual) and gate/up (layer 0: no residual), 1 and 8 rows
+    for rows, swiglu, res in ((1, False, True), (1, True, False), (8, True, True)):
+        x, nw = _t(rows, 1536, dtype=BF16), _t(1536, dtype=BF16)
+        w = _t(2 * 256 if swiglu else 2048, 1536, dtype=BF16)
+        bias = None if swiglu else _t(2048, dtype=BF16)
+        norm_linear.norm_linear(x, _t(rows, 1536, dtype=BF16) if res else None, nw, 1e-6, w, bias, swiglu=swiglu)
 
 
 CASES = (attention_cases, accept_cases, commit_cases, draft_cases, layer_cases)

@@ -20,10 +20,12 @@ from tlt_rt.train.__main__ import resolve_arch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from step_costs import (  # noqa: E402
+    VARIANTS,
     build_model,
     floor_seconds,
     main,
     model_source,
+    print_compare,
     print_rows,
     step_summary,
     weight_bytes,
@@ -129,6 +131,33 @@ def test_table_has_percent_of_floor(capsys):
     assert header.split()[-3:] == ["%", "of", "floor"] and len(header) == len(first) == len(second)
     assert first.split() == ["qwen2.5-coder-1.5b", "8", "1024", "1", "2.000", "1.500", "75.0"]
     assert second.split()[-1] == "25.0"
+
+
+def test_compare_names_its_variants_and_refuses_a_glue_flag_beside_them(capsys):
+    """--compare builds each variant's glue itself; every variant is a KernelGlue the engine could run."""
+    from tlt_rt.codegen.model_kernels import KernelGlue
+    from tlt_rt.models.glue import Glue
+
+    with pytest.raises(SystemExit) as e:
+        main(["--compare", "base", "fused-norm", "--skinny"])
+    assert e.value.code == 2 and "--compare builds each variant's glue itself" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--compare", "base", "fastest"])
+    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    for name, kw in VARIANTS.items():
+        glue = KernelGlue(pieces=Glue(), **kw)
+        assert glue.fused_norm == ("fused-norm" in name) and glue.skinny == ("skinny" in name)
+
+
+def test_compare_table_gives_each_variant_against_the_first(capsys):
+    rows = [
+        dict(label="base", batch=1, ctx=1024, tokens=1, ms=1.8, floor_ms=0.75, pct_floor=41.7, vs_first=1.0),
+        dict(label="fused-norm", batch=1, ctx=1024, tokens=1, ms=1.5, floor_ms=0.75, pct_floor=50.0, vs_first=1.2),
+    ]
+    print_compare(rows, "base")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[-2:] == ["x", "base"]
+    assert lines[3].split() == ["fused-norm", "1", "1024", "1", "1.500", "0.750", "50.0", "1.200"]
 
 
 def test_step_summary_counts_kernels_per_layer_and_the_gaps():

@@ -6,6 +6,9 @@ the engine hands its model this one (`engine_glue`), as it hands it an attention
                   resolved slots (the paged forward's); elsewhere the reference
     linear, linear_swiglu -> kernels.skinny_gemm, only with skinny=True and no gradients (the kernel itself
                   sends what it does not win, more rows or small weights, to F.linear)
+    add_norm_linear, add_norm_linear_swiglu -> kernels.norm_linear: the residual add, RMSNorm and the projection
+                  after it in one launch, with fused_norm=True, no gradients and at most norm_rows rows (a decode
+                  step's q/k/v and gate/up at small batch); elsewhere the two-kernel reference
 Kernel modules are imported on first use, so importing this module never needs Triton.
 """
 
@@ -39,14 +42,45 @@ class KernelGlue(CompiledGlue):
     """CompiledGlue with Triton kernels. skinny: one-row matmuls of large weights through
     `kernels.skinny_gemm` instead of cuBLAS (off by default: on an H100 the Qwen2.5-7B-shaped decode step
     measured the same with it, 5.84 against 5.86 ms at batch 1, within run-to-run noise). fused_rope: on
-    CUDA, rotary and the KV-cache write as one Triton kernel (`kernels.rope_cache`). pieces: as
-    CompiledGlue's (the functions of another glue, taken instead of compiling anew)."""
+    CUDA, rotary and the KV-cache write as one Triton kernel (`kernels.rope_cache`). fused_norm: a layer's
+    residual add and RMSNorm inside its q/k/v and gate/up projections (`kernels.norm_linear`) for steps of at
+    most norm_rows rows (off by default until measured beside cuBLAS: `benchmarks/step_costs.py --compare`).
+    pieces: as CompiledGlue's (the functions of another glue, taken instead of compiling anew)."""
 
-    def __init__(self, skinny: bool = False, fused_rope: bool = True, pieces: Glue | None = None) -> None:
+    def __init__(
+        self,
+        skinny: bool = False,
+        fused_rope: bool = True,
+        pieces: Glue | None = None,
+        fused_norm: bool = False,
+        norm_rows: int = 1,
+    ) -> None:
         super().__init__(pieces)
         self.skinny, self.fused_rope = skinny, fused_rope
+        self.fused_norm, self.norm_rows = fused_norm, norm_rows
         if skinny:
             self.linear = _inference_linear
+
+    def _norm_kernel(self, x, r, norm_weight, eps, weight, bias, swiglu: bool):
+        """The one-launch add + norm + projection (`kernels.norm_linear`) where this glue takes it, else None."""
+        if not (self.fused_norm and x.is_cuda and not torch.is_grad_enabled() and x.dim() == 2):
+            return None
+        if not 0 < x.shape[0] <= self.norm_rows:
+            return None
+        # local: Triton, as in _inference_linear
+        from tlt_rt.codegen.kernels.norm_linear import norm_linear, norm_linear_supported
+
+        if not norm_linear_supported(x, r, norm_weight, weight, bias) or (swiglu and weight.shape[0] % 2):
+            return None
+        return norm_linear(x, r, norm_weight, eps, weight, bias, swiglu=swiglu)
+
+    def add_norm_linear(self, x, r, norm_weight, eps, weight, bias=None):
+        out = self._norm_kernel(x, r, norm_weight, eps, weight, bias, swiglu=False)
+        return out if out is not None else super().add_norm_linear(x, r, norm_weight, eps, weight, bias)
+
+    def add_norm_linear_swiglu(self, x, r, norm_weight, eps, weight, bias=None):
+        out = self._norm_kernel(x, r, norm_weight, eps, weight, bias, swiglu=True)
+        return out if out is not None else super().add_norm_linear_swiglu(x, r, norm_weight, eps, weight, bias)
 
     def linear_swiglu(self, x, weight, bias=None):
         if self.skinny and not torch.is_grad_enabled():

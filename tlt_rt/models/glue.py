@@ -122,6 +122,38 @@ class Glue:
         gate, up = self.linear(x, weight, bias).chunk(2, dim=-1)
         return self.swiglu(gate, up)
 
+    def _add_norm(self, x: torch.Tensor, r: torch.Tensor | None, norm_weight: torch.Tensor, eps: float):
+        if r is None:
+            return x, self.rms_norm(x, norm_weight, eps)
+        return self.add_rms_norm(x, r, norm_weight, eps)
+
+    def add_norm_linear(
+        self,
+        x: torch.Tensor,
+        r: torch.Tensor | None,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, linear(rms_norm(s))) with s = x + r (x where r is None): a residual add, the norm after it and the
+        projection that reads it (a layer's fused q/k/v), which a device glue may run as one kernel."""
+        s, h = self._add_norm(x, r, norm_weight, eps)
+        return s, self.linear(h, weight, bias)
+
+    def add_norm_linear_swiglu(
+        self,
+        x: torch.Tensor,
+        r: torch.Tensor | None,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, linear_swiglu(rms_norm(s))) with s = x + r: `add_norm_linear` for a stacked [gate; up] weight."""
+        s, h = self._add_norm(x, r, norm_weight, eps)
+        return s, self.linear_swiglu(h, weight, bias)
+
     def rope_write(
         self,
         q: torch.Tensor,

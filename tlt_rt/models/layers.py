@@ -71,13 +71,18 @@ class Attention(nn.Module):
         self.fused = fuse_linears(self.fused, [self.q_proj, self.k_proj, self.v_proj])
         return self.fused is not None
 
+    def _fused(self) -> FusedLinears | None:
+        return self.fused if self.fused is not None and self.fused.intact() else None
+
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [..., Hq, D], k and v [..., Hkv, D] before rotary (views of one matmul's output when fused)."""
-        shape = x.shape[:-1]
-        if self.fused is not None and self.fused.intact():
-            q, k, v = self.fused(x, self.glue.linear)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        fused = self._fused()
+        if fused is not None:
+            return self._heads(*fused(x, self.glue.linear))
+        return self._heads(self.q_proj(x), self.k_proj(x), self.v_proj(x))
+
+    def _heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        shape = q.shape[:-1]
         q = q.view(*shape, self.n_heads, self.head_dim)
         k = k.view(*shape, self.n_kv, self.head_dim)
         v = v.view(*shape, self.n_kv, self.head_dim)
@@ -117,10 +122,33 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """q/k/v of the rows x [N, H], rotary applied, K/V written to the cache at meta.slot_mapping; returns the
         rotated q [N, Hq, D]."""
-        q, k, v = self._project(x)  # [N, H, D]
+        return self._rope_write(*self._project(x), positions, rotary, k_cache, v_cache, meta)
+
+    def _rope_write(self, q, k, v, positions, rotary: Rotary, k_cache, v_cache, meta: AttnMetadata) -> torch.Tensor:
         return self.glue.rope_write(
             q, k, v, positions, rotary.inv_freq, k_cache, v_cache, meta.slot_mapping, meta.slots_resolved
         )
+
+    def norm_project_write(
+        self,
+        x: torch.Tensor,
+        r: torch.Tensor | None,
+        norm: RMSNorm,
+        positions: torch.Tensor,
+        rotary: Rotary,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttnMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, q) with s = x + r (x where r is None): `project_write` of norm(s), the add and the norm reaching the
+        glue together with the fused q/k/v projection (`Glue.add_norm_linear`: one kernel where it fuses them)."""
+        fused = self._fused()
+        if fused is None:
+            s, h = (x, norm(x)) if r is None else norm.add(x, r)
+            return s, self.project_write(h, positions, rotary, k_cache, v_cache, meta)
+        s, qkv = self.glue.add_norm_linear(x, r, norm.weight, norm.eps, fused.weight, fused.bias)
+        q, k, v = self._heads(*qkv.split(fused.sizes, dim=-1))
+        return s, self._rope_write(q, k, v, positions, rotary, k_cache, v_cache, meta)
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata, backend
@@ -147,6 +175,16 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return apply_linear(self.glue, self.down_proj, self._activated(x))
+
+    def norm_forward(self, x: torch.Tensor, r: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, self(norm(s))) with s = x + r, the add and the norm reaching the glue together with the fused
+        gate/up projection (`Glue.add_norm_linear_swiglu`: one kernel where it fuses them)."""
+        fused = self.fused if self.fused is not None and self.fused.intact() else None
+        if fused is None:
+            s, h = norm.add(x, r)
+            return s, self(h)
+        s, act = self.glue.add_norm_linear_swiglu(x, r, norm.weight, norm.eps, fused.weight, fused.bias)
+        return s, apply_linear(self.glue, self.down_proj, act)
 
     def _activated(self, x: torch.Tensor) -> torch.Tensor:
         """swiglu(gate, up) of x, the input of the down projection."""
@@ -196,13 +234,11 @@ class DecoderLayer(nn.Module):
         """Paged forward that leaves its last residual add to the caller: returns (x, mlp_out) with the
         layer's output x + mlp_out. `pending` is the previous layer's mlp_out, added here together with
         this layer's input norm (one kernel for both), so no residual add runs on its own."""
-        if pending is None:
-            h = self.input_layernorm(x)
-        else:
-            x, h = self.input_layernorm.add(x, pending)
-        h = self.self_attn.forward_paged(h, positions, rotary, *paged)
-        x, h = self.post_attention_layernorm.add(x, h)
-        return x, self.mlp(h)
+        k_cache, v_cache, meta, backend = paged
+        at = self.self_attn
+        x, q = at.norm_project_write(x, pending, self.input_layernorm, positions, rotary, k_cache, v_cache, meta)
+        h = at.attend(q, k_cache, v_cache, meta, backend)
+        return self.mlp.norm_forward(x, h, self.post_attention_layernorm)
 
 
 def fuse_projections(module: nn.Module) -> int:
