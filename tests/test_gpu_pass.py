@@ -203,27 +203,29 @@ def test_gpu_x4_with_a_second_small_warm_up_times_the_better_small_drafter(tmp_p
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
 @pytest.mark.parametrize("tp", ["1", "0"])
 def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path, tp):
-    """Every `gpu` test file in one of two halves (the TP test apart, on two GPUs once the GPU 3 chain is free);
-    the 0.5B timing on the better of its two warm-ups; the TP rows and the TP=2 RL run (on the 1.5B warm-up's
-    drafter) after the TP test unless TP=0."""
+    """The TP test first on GPUs 2-3 (then the TP rows unless TP=0); every other `gpu` test file in one of two halves
+    after it, the glue variants of both checkpoints' decode steps after the first half; the 0.5B timing on its
+    warm-up's drafter; the TP=2 RL run (on the 1.5B warm-up's drafter) last unless TP=0."""
     calls, main = _pass(tmp_path, "gpu_check_x4.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TP=tp)
     assert "all done" in main
     out = tmp_path / "out"
-    _halves(calls)
+    first, rest = _halves(calls)
     warm = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if "--warmup-only" in c}
-    assert set(warm) == {"w0", "w05", "w05b"}
-    assert "--warmup-arg=--unroll=5" in warm["w05b"] and "--warmup-epochs 1.0 " in warm["w05b"]
-    assert "--unroll" not in warm["w05"] and "--warmup-epochs 1.3 " in warm["w05"] and "q05" in warm["w05"]
+    assert set(warm) == {"w0", "w05"}
+    assert "--warmup-arg=--lr=9e-4" in warm["w05"] and "--warmup-epochs 1.3 " in warm["w05"] and "q05" in warm["w05"]
     timed = {("q05" if "q05" in c else "q15"): c for c in calls if "engine_throughput" in c}
-    assert f"--drafter {out / 'w05b' / 'drafter'} " in timed["q05"]  # the stub's second 0.5B warm-up is better
+    assert f"--drafter {out / 'w05' / 'drafter'} " in timed["q05"]
     assert f"--drafter {out / 'w0' / 'drafter'} " in timed["q15"]
     tp_test = next(i for i, c in enumerate(calls) if c.endswith(" tests/test_tp_gpu.py"))
-    assert tp_test > calls.index(warm["w05"]) and tp_test > next(i for i, c in enumerate(calls) if "eager_profile" in c)
+    assert tp_test < calls.index(first) and tp_test < calls.index(rest)
+    glue = [i for i, c in enumerate(calls) if "step_costs.py" in c]
+    assert len(glue) == 2 and all(i > calls.index(first) for i in glue)
+    assert "--compare base fused-norm skinny skinny+fused-norm" in calls[glue[0]] and "q15" in calls[glue[0]]
     rows = [i for i, c in enumerate(calls) if "tp_throughput.py" in c]
-    rl = [c for c in calls if "tlt_rt.train" in c]
+    rl = [i for i, c in enumerate(calls) if "tlt_rt.train" in c]
     if tp == "1":
-        assert len(rows) == 1 and rows[0] > tp_test and "--allreduce nccl oneshot" in calls[rows[0]]
-        assert len(rl) == 1 and "cluster.tensor_parallel=2" in rl[0]
-        assert f"drafter.path={out / 'w0' / 'drafter'}" in rl[0]
+        assert len(rows) == 1 and tp_test < rows[0] < calls.index(rest) and "--allreduce nccl oneshot" in calls[rows[0]]
+        assert len(rl) == 1 and "cluster.tensor_parallel=2" in calls[rl[0]] and rl[0] > max(glue)
+        assert f"drafter.path={out / 'w0' / 'drafter'}" in calls[rl[0]]
     else:
         assert not rows and not rl
