@@ -33,7 +33,7 @@ prompts=${WARMUP_PROMPTS:-3072}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROM
 e05=${WARMUP_EPOCHS05:-1.3}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
 tp_steps=${TP_RL_STEPS:-3}; limit=${TESTS_SECONDS:-330}
 VARIANTS=("--warmup-arg=--gen-batch=512")
-GLUES="base fused-norm skinny skinny+fused-norm"
+GLUES="base fused-norm rope-attn fused fused+skinny"
 
 # wait_for NAME: until $out/NAME.done exists
 wait_for() { while [ ! -f "$out/$1.done" ]; do sleep 2; done; }

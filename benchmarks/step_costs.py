@@ -14,13 +14,15 @@ first decode shape's kernels by time, their count per step and per layer, and th
 the step's replay time (the rest is gaps between kernels inside the graph).
 Prints a table and, with --out, appends JSON lines.
 
---compare V1 V2 ... times variants of the engine's glue side by side in one process (each shape captured once per
-variant, then `--rounds` rounds of replays taking the variants in turn; median per variant, ratio to the first):
-    base        the engine's default (`KernelGlue()`)
+--compare V1 V2 ... times variants of the engine's glue and attention side by side in one process (each shape
+captured once per variant, then `--rounds` rounds of replays taking the variants in turn; median per variant, ratio
+to the first):
+    base        the engine's default (`KernelGlue()`, `TritonAttention()`)
     fused-norm  + the residual add and RMSNorm inside the q/k/v and gate/up projections (`kernels.norm_linear`),
                 for steps of at most 8 rows
+    rope-attn   + a decode step's rotary and K/V write inside its attention kernel (`kernels.decode_rope_attention`)
     skinny      + the skinny Triton matmul for one-row steps (weights from --skinny-min-weight elements up)
-    skinny+fused-norm  both
+    fused       fused-norm and rope-attn;  fused+skinny  all three
 With --profile, each variant's kernels for the first decode shape.
 """
 
@@ -237,24 +239,36 @@ def print_rows(rows: list[dict]) -> None:
         )
 
 
+NORM = {"fused_norm": True, "norm_rows": 8}
+ROPE = {"fuse_rope": True}
+# name -> (KernelGlue keywords, TritonAttention keywords)
 VARIANTS = {
-    "base": {},
-    "fused-norm": {"fused_norm": True, "norm_rows": 8},
-    "skinny": {"skinny": True},
-    "skinny+fused-norm": {"skinny": True, "fused_norm": True, "norm_rows": 8},
+    "base": ({}, {}),
+    "fused-norm": (NORM, {}),
+    "rope-attn": ({}, ROPE),
+    "skinny": ({"skinny": True}, {}),
+    "fused": (NORM, ROPE),
+    "fused+skinny": ({**NORM, "skinny": True}, ROPE),
 }
 
 
 def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
     """`--compare`: every shape captured under each variant's glue, then replays in interleaved rounds."""
+    from tlt_rt.codegen.backend import TritonAttention
     from tlt_rt.codegen.model_kernels import KernelGlue
     from tlt_rt.models.layers import set_glue
 
     base = model.compile_glue(KernelGlue())  # compiled once; the other variants share its compiled pieces
-    glues = {name: KernelGlue(pieces=base, **VARIANTS[name]) for name in args.compare}
+    glues = {name: KernelGlue(pieces=base, **VARIANTS[name][0]) for name in args.compare}
+    backends = {name: TritonAttention(**VARIANTS[name][1]) for name in args.compare}
+
+    def use(name: str) -> None:
+        set_glue(model, glues[name])
+        model.attn_backend = backends[name]
+
     if args.profile:
-        for name, glue in glues.items():
-            set_glue(model, glue)
+        for name in glues:
+            use(name)
             print(f"--- {name}")
             print_breakdown(model, args.batch[0], args.ctx[0])
     rows = []
@@ -262,8 +276,8 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
         for b in args.batch:
             for t in [1, *args.verify]:
                 graphs = {}
-                for name, glue in glues.items():
-                    set_glue(model, glue)
+                for name in glues:
+                    use(name)
                     graphs[name] = graphed_step(model, b, ctx, t)
                 times: dict[str, list[float]] = {name: [] for name in glues}
                 for _ in range(args.rounds):
@@ -280,6 +294,7 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
                 del graphs
                 torch.cuda.empty_cache()
     set_glue(model, base)
+    model.attn_backend = TritonAttention()
     return rows
 
 

@@ -248,6 +248,20 @@ def layer_cases():
         w = _t(2 * 256 if swiglu else 2048, 1536, dtype=BF16)
         bias = None if swiglu else _t(2048, dtype=BF16)
         norm_linear.norm_linear(x, _t(rows, 1536, dtype=BF16) if res else None, nw, 1e-6, w, bias, swiglu=swiglu)
+    # decode attention with the rotary and K/V write fused in: Qwen2.5-Coder-1.5B's heads (split) and 0.5B's (one)
+    from tlt_rt.codegen.kernels import decode_rope_attention as rope_dec
+
+    rope_dec.check_paged_inputs = lambda kernel, *a, check=rope_dec.check_paged_inputs: check(None, *a)
+    rope_dec.num_sms = lambda device: 132
+    for b, n_heads, head_dim, splits in ((1, 12, 128, None), (4, 14, 64, 1)):
+        qkv = _t(b, n_heads + 4, head_dim, dtype=BF16)
+        q, k, v = qkv.split([n_heads, 2, 2], dim=1)
+        cache = _t(2, 8, 16, 2, head_dim, dtype=BF16)
+        tables = torch.zeros(b, 64 if splits is None else 4, dtype=torch.int32)  # 1,024 positions: split-K
+        rope_dec.decode_rope_attention(
+            q, k, v, torch.arange(b), _t(head_dim // 2), cache[0], cache[1], torch.arange(b), tables,
+            torch.full((b,), 30, dtype=torch.int32), 0.1, num_splits=splits,
+        )  # fmt: skip
 
 
 CASES = (attention_cases, accept_cases, commit_cases, draft_cases, layer_cases)

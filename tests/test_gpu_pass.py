@@ -220,7 +220,7 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
     assert tp_test < calls.index(first) and tp_test < calls.index(rest)
     glue = [i for i, c in enumerate(calls) if "step_costs.py" in c]
     assert len(glue) == 2 and all(i > calls.index(first) for i in glue)
-    assert "--compare base fused-norm skinny skinny+fused-norm" in calls[glue[0]] and "q15" in calls[glue[0]]
+    assert "--compare base fused-norm rope-attn fused fused+skinny" in calls[glue[0]] and "q15" in calls[glue[0]]
     rows = [i for i, c in enumerate(calls) if "tp_throughput.py" in c]
     rl = [i for i, c in enumerate(calls) if "tlt_rt.train" in c]
     if tp == "1":

@@ -144,9 +144,12 @@ def test_compare_names_its_variants_and_refuses_a_glue_flag_beside_them(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--compare", "base", "fastest"])
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
-    for name, kw in VARIANTS.items():
-        glue = KernelGlue(pieces=Glue(), **kw)
-        assert glue.fused_norm == ("fused-norm" in name) and glue.skinny == ("skinny" in name)
+    from tlt_rt.codegen.backend import TritonAttention
+
+    for name, (glue_kw, attn_kw) in VARIANTS.items():
+        glue, attn = KernelGlue(pieces=Glue(), **glue_kw), TritonAttention(**attn_kw)
+        assert glue.fused_norm == (name.startswith("fused")) and glue.skinny == ("skinny" in name)
+        assert attn.fuse_rope == (name in ("rope-attn", "fused", "fused+skinny"))
 
 
 def test_compare_table_gives_each_variant_against_the_first(capsys):

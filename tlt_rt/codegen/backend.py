@@ -36,22 +36,43 @@ class TritonAttention:
     num_splits: split-K partitions of the context (None: chosen per call from the shapes, see
     `kernels.decode_attention.choose_num_splits`; depends on host ints only, so CUDA-graph safe).
     prefill_kernel: False runs prefill through the torch reference (`benchmarks/eager_profile.py` times both).
+    fuse_rope: decode steps rotate q and k and write the new K/V inside the attention kernel
+    (`kernels.decode_rope_attention`, through `rope_decode`) instead of the glue's rotary kernel before it; off by
+    default until measured beside the two kernels (`benchmarks/step_costs.py --compare`).
     """
 
     name = "triton"
 
-    def __init__(self, num_splits: int | None = None, prefill_kernel: bool = True) -> None:
+    def __init__(self, num_splits: int | None = None, prefill_kernel: bool = True, fuse_rope: bool = False) -> None:
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits must be >= 1 or None, got {num_splits}")
         self.num_splits = num_splits
         self.prefill_kernel = prefill_kernel
+        self.fuse_rope = fuse_rope
+
+    def rope_decode(self, q, k, v, positions, inv_freq, k_cache, v_cache, meta: AttnMetadata, scale: float):
+        """A decode step's rotary, K/V write and attention in one kernel: q [B, Hq, D], k / v [B, Hkv, D] before
+        rotary -> [B, Hq, D]; None where this backend leaves rotary to the glue (fuse_rope off, strided positions
+        or slots, a head size under 32, caches not contiguous)."""
+        if not (self.fuse_rope and meta.mode == "decode" and meta.slots_resolved and q.dim() == 3):
+            return None
+        slots = meta.slot_mapping
+        if q.shape[-1] < 32 or not (positions.is_contiguous() and slots.is_contiguous()):
+            return None
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            return None
+        # local: Triton, as in __call__
+        from tlt_rt.codegen.kernels.decode_rope_attention import decode_rope_attention
+
+        return decode_rope_attention(q, k, v, positions, inv_freq, k_cache, v_cache, slots, meta.block_tables,
+                                     meta.seq_lens, scale, num_splits=self.num_splits)  # fmt: skip
 
     def eager(self) -> TritonAttention:
         """This backend for eager calls, whose shapes change from call to call (the drafter's catch-up): one
         split-K partition unless one is set, so no call meets a kernel variant its warm-up did not compile. A
         split count chosen per call (from the batch and the block tables' width) specialises the decode kernel
         anew: its first use mid-rollout compiled for ~1.1 s inside one speculative step (H200)."""
-        return TritonAttention(1 if self.num_splits is None else self.num_splits, self.prefill_kernel)
+        return TritonAttention(1 if self.num_splits is None else self.num_splits, self.prefill_kernel, self.fuse_rope)
 
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata, scale: float

@@ -129,26 +129,42 @@ class Attention(nn.Module):
             q, k, v, positions, rotary.inv_freq, k_cache, v_cache, meta.slot_mapping, meta.slots_resolved
         )
 
-    def norm_project_write(
+    def norm_project(
+        self, x: torch.Tensor, r: torch.Tensor | None, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(s, q, k, v) with s = x + r (x where r is None) and q / k / v the projections of norm(s) before rotary,
+        the add and the norm reaching the glue together with the fused q/k/v projection (`Glue.add_norm_linear`:
+        one kernel where it fuses them)."""
+        fused = self._fused()
+        if fused is None:
+            s, h = (x, norm(x)) if r is None else norm.add(x, r)
+            return (s, *self._project(h))
+        s, qkv = self.glue.add_norm_linear(x, r, norm.weight, norm.eps, fused.weight, fused.bias)
+        return (s, *self._heads(*qkv.split(fused.sizes, dim=-1)))
+
+    def write_attend(
         self,
-        x: torch.Tensor,
-        r: torch.Tensor | None,
-        norm: RMSNorm,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         positions: torch.Tensor,
         rotary: Rotary,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttnMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(s, q) with s = x + r (x where r is None): `project_write` of norm(s), the add and the norm reaching the
-        glue together with the fused q/k/v projection (`Glue.add_norm_linear`: one kernel where it fuses them)."""
-        fused = self._fused()
-        if fused is None:
-            s, h = (x, norm(x)) if r is None else norm.add(x, r)
-            return s, self.project_write(h, positions, rotary, k_cache, v_cache, meta)
-        s, qkv = self.glue.add_norm_linear(x, r, norm.weight, norm.eps, fused.weight, fused.bias)
-        q, k, v = self._heads(*qkv.split(fused.sizes, dim=-1))
-        return s, self._rope_write(q, k, v, positions, rotary, k_cache, v_cache, meta)
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """Rotary on q and k, their K/V into the cache, paged attention and the output projection: [N, H]. The first
+        three are one kernel where the backend has it for this step (`rope_decode`: decode steps), else the glue's
+        `rope_write` and then the backend."""
+        fused = getattr(backend, "rope_decode", None)
+        out = None
+        if fused is not None and meta.mode == "decode" and meta.slots_resolved:
+            out = fused(q, k, v, positions, rotary.inv_freq, k_cache, v_cache, meta, self.scale)
+        if out is None:
+            q = self._rope_write(q, k, v, positions, rotary, k_cache, v_cache, meta)
+            return self.attend(q, k_cache, v_cache, meta, backend)
+        return apply_linear(self.glue, self.o_proj, out.flatten(-2))
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata, backend
@@ -234,10 +250,9 @@ class DecoderLayer(nn.Module):
         """Paged forward that leaves its last residual add to the caller: returns (x, mlp_out) with the
         layer's output x + mlp_out. `pending` is the previous layer's mlp_out, added here together with
         this layer's input norm (one kernel for both), so no residual add runs on its own."""
-        k_cache, v_cache, meta, backend = paged
         at = self.self_attn
-        x, q = at.norm_project_write(x, pending, self.input_layernorm, positions, rotary, k_cache, v_cache, meta)
-        h = at.attend(q, k_cache, v_cache, meta, backend)
+        x, q, k, v = at.norm_project(x, pending, self.input_layernorm)
+        h = at.write_attend(q, k, v, positions, rotary, *paged)
         return self.mlp.norm_forward(x, h, self.post_attention_layernorm)
 
 
