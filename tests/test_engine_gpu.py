@@ -48,6 +48,36 @@ def test_graphs_and_kernels_match_eager_torch(speculative):
         assert graphed.stats()["sd_steps"] > 0
 
 
+@pytest.mark.parametrize("speculative", ["off", "on"])
+def test_fused_decode_kernels_keep_the_eager_tokens(speculative, monkeypatch):
+    """fuse_norm and fuse_rope on: the graphed engine's greedy tokens stay the eager torch engine's, plain and
+    speculative, and its plain decode steps ran through both kernels (the add + norm + projection, the rotary
+    inside decode attention)."""
+    from tlt_rt.codegen.kernels import decode_rope_attention, norm_linear
+
+    used = {"norm": 0, "rope": 0}
+    for mod, name, key in (
+        (norm_linear, "norm_linear", "norm"),
+        (decode_rope_attention, "decode_rope_attention", "rope"),
+    ):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _real=real, _key=key, **kw: used.__setitem__(_key, used[_key] + 1)
+                            or _real(*a, **kw))  # fmt: skip
+    params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
+    target, drafter = _pair()
+    eager = Engine(target, drafter=drafter, block_size=16, enforce_eager=True, attn_backend="torch",
+                   speculative=speculative, strategies=("3_3_8", "4_2_6"))  # fmt: skip
+    target, drafter = _pair()
+    fused = Engine(target, drafter=drafter, block_size=16, speculative=speculative, strategies=("3_3_8", "4_2_6"),
+                   fuse_norm=True, fuse_rope=True)  # fmt: skip
+    a, b = eager.generate(PROMPTS, params), fused.generate(PROMPTS, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    if speculative == "off":  # (speculative steps verify more rows than the norm kernel takes, in verify mode)
+        assert used["norm"] > 0 and used["rope"] > 0, used
+    else:
+        assert fused.stats()["sd_steps"] > 0
+
+
 def test_capture_all_buckets_then_generate():
     _, graphed = _engines(speculative="auto", strategies=("3_3_8", "4_2_6"), max_batch=8)
     mem = graphed.capture()

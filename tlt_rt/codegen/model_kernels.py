@@ -53,7 +53,7 @@ class KernelGlue(CompiledGlue):
         fused_rope: bool = True,
         pieces: Glue | None = None,
         fused_norm: bool = False,
-        norm_rows: int = 1,
+        norm_rows: int = 8,
     ) -> None:
         super().__init__(pieces)
         self.skinny, self.fused_rope = skinny, fused_rope

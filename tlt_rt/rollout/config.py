@@ -103,6 +103,16 @@ class EngineConfig:
     enforce_eager: bool = option(
         False, help="Run every step eagerly, without CUDA graphs: slower, for debugging and profiling."
     )
+    fuse_norm: bool = option(
+        False,
+        help="CUDA: a decode step of at most 8 rows runs each layer's residual add and RMSNorm inside its q/k/v and "
+        "gate/up projections (one Triton kernel each, SwiGLU included) instead of cuBLAS after a norm kernel.",
+    )
+    fuse_rope: bool = option(
+        False,
+        help="CUDA, Triton attention: a decode step rotates q and k and writes the new K/V inside its attention "
+        "kernel instead of a rotary kernel before it.",
+    )
     policy: PolicyConfig = option(factory=PolicyConfig, help="The SD policy: exploration and switching.")
 
     def __post_init__(self) -> None:
