@@ -4,7 +4,7 @@
 # for its marker file:
 #   GPU 0:     the 1.5B checkpoint converted, its drafter warm-up (WARMUP_PROMPTS (3,072) x WARMUP_EPOCHS (1.5)),
 #              then auto against off per batch on that drafter (interleaved, T=1.0; AUTO_OFF=0 leaves it out);
-#   GPU 1:     the 0.5B warm-up (WARMUP_PROMPTS05 (5,120) x WARMUP_EPOCHS05 (1.3), W05_ARGS (default a peak rate
+#   GPU 1:     the 0.5B warm-up (WARMUP_PROMPTS05 (5,120) x WARMUP_EPOCHS05 (1.5), W05_ARGS (default a peak rate
 #              of 9e-4, 1.55x the width rule's)), then auto against off on it;
 #   GPUs 2-3:  the two-GPU TP test, then TP=2 against TP=1 on the Qwen2.5-7B shape (bf16, graphs, plain and 8_4_32,
 #              NCCL and the one-shot sum, each row's bare captured step beside it and each row profiled once more
@@ -30,7 +30,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 share_cores 4
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 prompts=${WARMUP_PROMPTS:-3072}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-5120}
-e05=${WARMUP_EPOCHS05:-1.3}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
+e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
 tp_steps=${TP_RL_STEPS:-3}; limit=${TESTS_SECONDS:-330}
 VARIANTS=("--warmup-arg=--gen-batch=512")
 GLUES="base fused-norm rope-attn fused fused+skinny"

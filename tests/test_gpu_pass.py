@@ -212,7 +212,7 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
     first, rest = _halves(calls)
     warm = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if "--warmup-only" in c}
     assert set(warm) == {"w0", "w05"}
-    assert "--warmup-arg=--lr=9e-4" in warm["w05"] and "--warmup-epochs 1.3 " in warm["w05"] and "q05" in warm["w05"]
+    assert "--warmup-arg=--lr=9e-4" in warm["w05"] and "--warmup-epochs 1.5 " in warm["w05"] and "q05" in warm["w05"]
     timed = {("q05" if "q05" in c else "q15"): c for c in calls if "engine_throughput" in c}
     assert f"--drafter {out / 'w05' / 'drafter'} " in timed["q05"]
     assert f"--drafter {out / 'w0' / 'drafter'} " in timed["q15"]
