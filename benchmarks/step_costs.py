@@ -19,7 +19,7 @@ captured once per variant, then `--rounds` rounds of replays taking the variants
 to the first):
     base        the engine's default (`KernelGlue()`, `TritonAttention()`)
     fused-norm  + the residual add and RMSNorm inside the q/k/v and gate/up projections (`kernels.norm_linear`),
-                for steps of at most 8 rows
+                for one-row steps
     rope-attn   + a decode step's rotary and K/V write inside its attention kernel (`kernels.decode_rope_attention`)
     skinny      + the skinny Triton matmul for one-row steps (weights from --skinny-min-weight elements up)
     fused       fused-norm and rope-attn;  fused+skinny  all three
@@ -239,7 +239,7 @@ def print_rows(rows: list[dict]) -> None:
         )
 
 
-NORM = {"fused_norm": True, "norm_rows": 8}
+NORM = {"fused_norm": True}  # one-row steps, its default (at 8 rows it measured 4-6x slower a step)
 ROPE = {"fuse_rope": True}
 # name -> (KernelGlue keywords, TritonAttention keywords)
 VARIANTS = {

@@ -72,6 +72,7 @@ def test_fused_decode_kernels_keep_the_eager_tokens(speculative, monkeypatch):
     target, drafter = _pair()
     fused = Engine(target, drafter=drafter, block_size=16, speculative=speculative, strategies=("3_3_8", "4_2_6"),
                    fuse_norm=True, fuse_rope=True)  # fmt: skip
+    fused.glue.norm_rows = 8  # (one row by default) the kernel on every step of these 6 rows; steps capture lazily
     a, b = eager.generate(prompts, params), fused.generate(prompts, params)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     if speculative == "off":  # (speculative steps verify more rows than the norm kernel takes, in verify mode)

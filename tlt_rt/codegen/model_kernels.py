@@ -44,7 +44,8 @@ class KernelGlue(CompiledGlue):
     measured the same with it, 5.84 against 5.86 ms at batch 1, within run-to-run noise). fused_rope: on
     CUDA, rotary and the KV-cache write as one Triton kernel (`kernels.rope_cache`). fused_norm: a layer's
     residual add and RMSNorm inside its q/k/v and gate/up projections (`kernels.norm_linear`) for steps of at
-    most norm_rows rows (off by default until measured beside cuBLAS: `benchmarks/step_costs.py --compare`).
+    most norm_rows rows: one by default, where it pays on small weights (H200, `step_costs.py --compare`:
+    Qwen2.5-Coder-0.5B batch 1 1.13x, 1.5B 1.00x); at 8 rows its CUDA-core products made the step 4-6x slower.
     pieces: as CompiledGlue's (the functions of another glue, taken instead of compiling anew)."""
 
     def __init__(
@@ -53,7 +54,7 @@ class KernelGlue(CompiledGlue):
         fused_rope: bool = True,
         pieces: Glue | None = None,
         fused_norm: bool = False,
-        norm_rows: int = 8,
+        norm_rows: int = 1,
     ) -> None:
         super().__init__(pieces)
         self.skinny, self.fused_rope = skinny, fused_rope

@@ -105,13 +105,14 @@ class EngineConfig:
     )
     fuse_norm: bool = option(
         False,
-        help="CUDA: a decode step of at most 8 rows runs each layer's residual add and RMSNorm inside its q/k/v and "
-        "gate/up projections (one Triton kernel each, SwiGLU included) instead of cuBLAS after a norm kernel.",
+        help="CUDA: a decode step of one row runs each layer's residual add and RMSNorm inside its q/k/v and "
+        "gate/up projections (one Triton kernel each, SwiGLU included) instead of cuBLAS after a norm kernel; pays "
+        "on small models (Qwen2.5-Coder-0.5B: 1.13x a step at batch 1, 1.5B: even).",
     )
     fuse_rope: bool = option(
         False,
         help="CUDA, Triton attention: a decode step rotates q and k and writes the new K/V inside its attention "
-        "kernel instead of a rotary kernel before it.",
+        "kernel instead of a rotary kernel before it (1.03-1.05x a step on Qwen2.5-Coder-0.5B / 1.5B).",
     )
     policy: PolicyConfig = option(factory=PolicyConfig, help="The SD policy: exploration and switching.")
 
