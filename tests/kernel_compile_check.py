@@ -283,9 +283,42 @@ def check() -> dict:
     return {"compiled": compiled, "specializations": [label for label, _, _ in results], "problems": problems}
 
 
+def eager_table_variants() -> dict[str, int]:
+    """Specializations Triton's launcher would compile for the attention kernels that run eagerly (the drafter's
+    catch-up: decode attention with one split; a prefill), over one sequence's block tables of 1, 17 and 32
+    blocks: the table's row stride is 1, neither 1 nor a multiple of 16, then a multiple of 16. Each launch is
+    one variant when that stride is left unspecialised, else a first catch-up on a longer table compiles mid-rollout
+    (0.6 s in an H200 step). Nothing is compiled here: the launches are only recorded."""
+    from tlt_rt.codegen.kernels import decode_attention as dec
+    from tlt_rt.codegen.kernels import prefill_attention as pre
+
+    for mod in (dec, pre):
+        mod.check_paged_inputs = lambda kernel, *a, check=mod.check_paged_inputs: check(None, *a)
+    JOBS.clear()
+    run, JITFunction.run = JITFunction.run, record
+    try:
+        for width in (1, 17, 32):
+            k, v, _, _ = _paged(1, 2, 128, max_blocks=32)
+            tables = torch.zeros(1, width, dtype=torch.int32)
+            lens = torch.full((1,), 9, dtype=torch.int32)
+            dec.paged_decode_attention(_t(1, 12, 128, dtype=BF16), k, v, tables, lens, 0.1, num_splits=1)
+            cu = torch.tensor([0, 3], dtype=torch.int32)
+            pre.paged_prefill_attention(_t(3, 12, 128, dtype=BF16), k, v, tables, lens, cu, 3, 0.1)
+    finally:
+        JITFunction.run = run
+    counts: dict[str, int] = {}
+    for key in JOBS:
+        name = key.split(" ", 1)[0]
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         sys.exit("unset TRITON_INTERPRET: under the interpreter @triton.jit gives no compilable kernels")
+    if sys.argv[1:] == ["--eager-table-variants"]:
+        print(json.dumps(eager_table_variants()))
+        sys.exit(0)
     # an empty cache: a cached kernel skips code generation, and with it the note of the helpers it calls
     with tempfile.TemporaryDirectory(prefix="tlt-kernel-compile-") as cache:
         os.environ["TRITON_CACHE_DIR"] = cache

@@ -70,3 +70,17 @@ def test_a_loop_carried_type_clash_is_reported(tmp_path):
     raised, [(label, error, _)] = json.loads(proc.stdout.splitlines()[-1])
     assert not raised and label.startswith("clash.clash_kernel[")
     assert error is not None and "Loop-carried variable v" in error, error
+
+
+@pytest.mark.slow
+def test_eager_attention_compiles_once_whatever_the_block_tables_width(tmp_path):
+    """The drafter's eager catch-up and a prefill launch their attention over block tables whose width changes
+    from call to call; Triton's launcher specialises an int equal to 1 or divisible by 16, so widths 1, 17 and 32
+    were three compiles (one of them inside a timed speculative step). The row stride is left unspecialised: one."""
+    proc = _python([str(TESTS / "kernel_compile_check.py"), "--eager-table-variants"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    variants = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert variants == {
+        "tlt_rt.codegen.kernels.decode_attention._decode_attention_kernel": 1,
+        "tlt_rt.codegen.kernels.prefill_attention._prefill_attention_kernel": 1,
+    }, variants

@@ -46,6 +46,11 @@ MERGE_TILE = 1 << 14  # fp32 partials one merge step holds in registers: rows x 
 # sweeps them on a GPU; split_waves is how many waves of programs split-K aims for.
 DECODE_META = {"block_n": 64, "num_warps": 4, "num_stages": 2, "split_waves": 2}
 LOG2E = 1.4426950408889634
+# Left unspecialised in every paged kernel: the block tables' row stride (their width). Triton compiles a kernel
+# apart for an int argument equal to 1 and for one divisible by 16, so eager launches over tables of changing width
+# (the drafter's catch-up, a prefill) compiled anew mid-rollout (0.64 s inside one speculative step, H200); the
+# stride as a runtime value costs one multiply.
+TABLE_STRIDE = ["stride_btb"]
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -117,7 +122,7 @@ def _arrive_last(COUNTERS, idx, num_splits):
     return last
 
 
-@triton.jit
+@triton.jit(do_not_specialize=TABLE_STRIDE)
 def _decode_attention_kernel(
     # pointers
     Q,  # [B, Hq, D]

@@ -27,6 +27,7 @@ import triton.language as tl
 from tlt_rt.codegen.kernels.decode_attention import (
     DECODE_META,
     LOG2E,
+    TABLE_STRIDE,
     _arrive_last,
     _merge_splits,
     check_paged_inputs,
@@ -48,7 +49,7 @@ def _rotate(x1, x2, c, s, dtype):
     return (x1 * c - x2 * s).to(dtype).to(tl.float32), (x2 * c + x1 * s).to(dtype).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=TABLE_STRIDE)
 def _decode_rope_attention_kernel(
     Q, K, V,  # [B, Hq, D], [B, Hkv, D] x2: this step's projections, before rotary (strided views)
     POS, INV_FREQ, SLOTS,  # [B] rotary positions, [D/2] fp32, [B] resolved cache slots of the new token

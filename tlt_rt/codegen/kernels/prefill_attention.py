@@ -23,6 +23,7 @@ import triton.language as tl
 
 from tlt_rt.codegen.kernels.decode_attention import (
     LOG2E,
+    TABLE_STRIDE,
     _attend_tile,
     check_paged_inputs,
     dot_in_fp32,
@@ -36,7 +37,7 @@ __all__ = ["paged_attention_reference", "paged_prefill_attention"]
 PREFILL_META = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=TABLE_STRIDE)
 def _prefill_attention_kernel(
     Q,  # [N, Hq, D] packed new tokens
     K_CACHE,  # [num_blocks, page, Hkv, D]

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from tlt_rt.codegen.kernels.decode_attention import (
     LOG2E,
+    TABLE_STRIDE,
     _attend_tile,
     check_paged_inputs,
     choose_num_splits,
@@ -50,7 +51,7 @@ TREE_META = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2, "sp
 MERGE_MAX_ROWS = 64
 
 
-@triton.jit
+@triton.jit(do_not_specialize=TABLE_STRIDE)
 def _tree_attention_kernel(
     # pointers
     Q,  # [B*T, Hq, D]
