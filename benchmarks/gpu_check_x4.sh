@@ -6,12 +6,13 @@
 #              then auto against off per batch on that drafter (interleaved, T=1.0; AUTO_OFF=0 leaves it out);
 #   GPU 1:     the 0.5B warm-up (WARMUP_PROMPTS05 (5,120) x WARMUP_EPOCHS05 (1.5), W05_ARGS (default a peak rate
 #              of 9e-4, 1.55x the width rule's)), then auto against off on it;
-#   GPUs 2-3:  the two-GPU TP test, then TP=2 against TP=1 on the Qwen2.5-7B shape (bf16, graphs, plain and 8_4_32,
-#              NCCL and the one-shot sum, each row's bare captured step beside it and each row profiled once more
-#              into OUT/tp_profile); then the `gpu` tests in two halves (GPU 3: the engine, drafter and IR tests,
-#              then both checkpoints' decode steps under each glue variant side by side, `step_costs.py --compare`;
-#              GPU 2: every other test); then an RL run of one TP=2 engine on the 1.5B with the warm-up's drafter
+#   GPUs 2-3:  the `gpu` tests in two halves (GPU 3: the engine, drafter and IR tests, then both checkpoints'
+#              decode steps under each glue variant side by side, `step_costs.py --compare`; GPU 2: every other test
+#              but the two-GPU TP test); then, on both, the TP test, TP=2 against TP=1 on the Qwen2.5-7B shape (bf16,
+#              graphs, plain and 8_4_32 with an 8,192-id random drafter, NCCL and the one-shot sum, each row's bare
+#              captured step beside it), and an RL run of one TP=2 engine on the 1.5B with the warm-up's drafter
 #              (TP_RL_STEPS (3) steps; its SD step costs in the step log). TP=0 leaves the TP rows and the RL run out.
+#              The tests come first: a pass cut short by the device time then still has them.
 # Each job is its own process pinned by CUDA_VISIBLE_DEVICES with a quarter of the host's cores. Everything runs in
 # the background; the call returns at once.
 #
@@ -71,15 +72,6 @@ main() {
     fi
   ) &
   (   # GPUs 2-3
-    CUDA_VISIBLE_DEVICES=2,3 timeout 400 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
-        > "$out/tests_tp.log" 2>&1
-    done_at tp_test "TP test ($(tail -n 1 "$out/tests_tp.log"))"
-    if [ "$tp" = 1 ]; then
-      CUDA_VISIBLE_DEVICES=2,3 timeout -s USR1 -k 15 300 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
-          --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot --profile "$out/tp_profile" \
-          > "$out/tp2.log" 2>&1
-      done_at tp2 "TP=2 throughput"
-    fi
     (
       test_half 3 0
       done_at tests0 "tests on GPU 3 ($(tail -n 1 "$out/tests0.log"))"
@@ -90,7 +82,13 @@ main() {
     test_half 2 1
     done_at tests1 "tests on GPU 2 ($(tail -n 1 "$out/tests1.log"))"
     wait
+    CUDA_VISIBLE_DEVICES=2,3 timeout 400 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
+        > "$out/tests_tp.log" 2>&1
+    done_at tp_test "TP test ($(tail -n 1 "$out/tests_tp.log"))"
     if [ "$tp" = 1 ]; then
+      CUDA_VISIBLE_DEVICES=2,3 timeout -s USR1 -k 15 300 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
+          --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot > "$out/tp2.log" 2>&1
+      done_at tp2 "TP=2 throughput"
       wait_for w0
       CUDA_VISIBLE_DEVICES=2,3 timeout 420 python -m tlt_rt.train "$cfg1" name=tp2 "output_dir=$out/tp_rl" \
           "model.path=$q15" "drafter.path=$out/w0/drafter" rl.steps="$tp_steps" cluster.num_workers=1 \

@@ -18,10 +18,10 @@ steps (prefill included). The markdown table is printed last.
 where a TP=N step's time goes beside TP=1's: matmuls, collectives, host waits between kernels.
 
 `--sd STRATEGY` also times speculative decoding with that strategy at TP=1 and TP=N: a drafter of random
-weights (the same on every rank, replicated: it reads the target's full embedding and head, `TargetHeads`),
-greedy, so its tokens must again be TP=1's plain ones. Its accept length is that of an untrained drafter, so
-what the rows tell is the cost of a speculative step: `SD/plain` is its ms per step over the plain engine's at
-the same TP and batch.
+weights (the same on every rank, replicated: it reads the target's full embedding and head, `TargetHeads`, its
+own head over `--draft-vocab` ids as trained drafters have), greedy, so its tokens must again be TP=1's plain
+ones. Its accept length is that of an untrained drafter, so what the rows tell is the cost of a speculative step:
+`SD/plain` is its ms per step over the plain engine's at the same TP and batch.
 """
 
 from __future__ import annotations
@@ -113,12 +113,15 @@ def timed(engine: Engine, prompts, max_new: int, device) -> tuple[list[list[int]
     return [o.token_ids for o in outs], secs, max(1, steps), setup
 
 
-def drafter_for(arch: ArchConfig, target, device: torch.device) -> Drafter:
-    """A drafter of random weights, identical on every rank (same seed), in the target's dtype."""
+def drafter_for(arch: ArchConfig, target, device: torch.device, draft_vocab: int = 0) -> Drafter:
+    """A drafter of random weights, identical on every rank (same seed), in the target's dtype; with draft_vocab > 0
+    (and under the vocabulary's size) its head covers that many target ids, as a trained drafter's reduced head
+    does (the first ids: what the head costs does not depend on which)."""
     torch.manual_seed(7)
     dtype = next(target.parameters()).dtype
+    d2t = torch.arange(draft_vocab) if 0 < draft_vocab < arch.vocab_size else None
     with device:
-        drafter = Drafter(arch, target).to(dtype)
+        drafter = Drafter(arch, target, draft_vocab=d2t).to(dtype)
     with torch.no_grad():
         for p in drafter.parameters():
             if p.dim() == 2:
@@ -198,7 +201,7 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
             run_rows(engine, "1", "plain", args, arch, device, ref, rows, rank)
             del engine
             if sd:
-                engine = Engine(model, drafter=drafter_for(arch, model, device), **sd)
+                engine = Engine(model, drafter=drafter_for(arch, model, device, args.draft_vocab), **sd)
                 note(rank, t_rank, f"TP=1 {args.sd} engine built")
                 run_rows(engine, "1", args.sd, args, arch, device, ref, rows, rank)
                 del engine
@@ -219,7 +222,7 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
             run_rows(engine, label, "plain", args, arch, device, ref if rank == 0 else None, rows, rank)
             del engine
             if sd:
-                engine = lockstep_engine(shard, None, drafter_for(arch, heads, device), **sd)
+                engine = lockstep_engine(shard, None, drafter_for(arch, heads, device, args.draft_vocab), **sd)
                 note(rank, t_rank, f"TP={label} {args.sd} engine built")
                 run_rows(engine, label, args.sd, args, arch, device, ref if rank == 0 else None, rows, rank)
                 del engine
@@ -254,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="after each timed row, profile one more generate of it on rank 0 into DIR (kernels by "
                     "kind: matmul, collectives, ...; the wall time's busy share; host waits by caller)")  # fmt: skip
+    ap.add_argument("--draft-vocab", type=int, default=8192,
+                    help="with --sd: target ids the random drafter's head covers, as a trained one's reduced head "
+                    "(8,192 in the Qwen configs); 0 = the full vocabulary")  # fmt: skip
     ap.add_argument("--sd", default=None, metavar="STRATEGY",
                     help="also time speculative steps of this strategy (e.g. 8_4_32), a random drafter")  # fmt: skip
     args = ap.parse_args(argv)

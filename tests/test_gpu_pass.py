@@ -203,9 +203,9 @@ def test_gpu_x4_with_a_second_small_warm_up_times_the_better_small_drafter(tmp_p
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
 @pytest.mark.parametrize("tp", ["1", "0"])
 def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path, tp):
-    """The TP test first on GPUs 2-3 (then the TP rows unless TP=0); every other `gpu` test file in one of two halves
-    after it, the glue variants of both checkpoints' decode steps after the first half; the 0.5B timing on its
-    warm-up's drafter; the TP=2 RL run (on the 1.5B warm-up's drafter) last unless TP=0."""
+    """Every `gpu` test file in one of two halves on GPUs 2 and 3, the glue variants of both checkpoints' decode
+    steps after the first half; the TP test on both once the halves are done, then the TP rows and the TP=2 RL run
+    (on the 1.5B warm-up's drafter) unless TP=0; the 0.5B timing on its warm-up's drafter."""
     calls, main = _pass(tmp_path, "gpu_check_x4.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TP=tp)
     assert "all done" in main
     out = tmp_path / "out"
@@ -217,15 +217,16 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
     assert f"--drafter {out / 'w05' / 'drafter'} " in timed["q05"]
     assert f"--drafter {out / 'w0' / 'drafter'} " in timed["q15"]
     tp_test = next(i for i, c in enumerate(calls) if c.endswith(" tests/test_tp_gpu.py"))
-    assert tp_test < calls.index(first) and tp_test < calls.index(rest)
+    assert tp_test > calls.index(first) and tp_test > calls.index(rest)
     glue = [i for i, c in enumerate(calls) if "step_costs.py" in c]
     assert len(glue) == 2 and all(i > calls.index(first) for i in glue)
     assert "--compare base fused-norm rope-attn fused fused+skinny" in calls[glue[0]] and "q15" in calls[glue[0]]
     rows = [i for i, c in enumerate(calls) if "tp_throughput.py" in c]
     rl = [i for i, c in enumerate(calls) if "tlt_rt.train" in c]
+    assert tp_test > max(glue)
     if tp == "1":
-        assert len(rows) == 1 and tp_test < rows[0] < calls.index(rest) and "--allreduce nccl oneshot" in calls[rows[0]]
-        assert len(rl) == 1 and "cluster.tensor_parallel=2" in calls[rl[0]] and rl[0] > max(glue)
+        assert len(rows) == 1 and rows[0] > tp_test and "--allreduce nccl oneshot" in calls[rows[0]]
+        assert len(rl) == 1 and "cluster.tensor_parallel=2" in calls[rl[0]] and rl[0] > rows[0]
         assert f"drafter.path={out / 'w0' / 'drafter'}" in calls[rl[0]]
     else:
         assert not rows and not rl
