@@ -128,3 +128,34 @@ def test_the_generating_engine_captures_quarters_of_its_batch():
     assert gen_buckets(512) == [128, 256, 384, 512]
     assert gen_buckets(256) == [64, 128, 192, 256]
     assert gen_buckets(2) == [1, 2]
+
+
+def test_every_measure_after_training_runs_on_an_engine_built_with_the_reduced_vocabulary(tmp_path, monkeypatch):
+    """A captured step keeps the draft head it was captured with: the engine that measured the untrained drafter
+    (full vocabulary) must not measure the trained one, whose head covers the reduced vocabulary. Every engine
+    with a drafter built after the vocabulary is set sees it; the untrained measure's is the only one without."""
+    from tlt_rt.train.drafter import warmup_run
+
+    seen = []
+
+    class Recording(warmup_run.Engine):
+        def __init__(self, target, drafter=None, *args, **kw):
+            super().__init__(target, drafter, *args, **kw)
+            if drafter is not None:
+                seen.append((drafter.d2t is not None, self))
+
+    monkeypatch.setattr(warmup_run, "Engine", Recording)
+    measured = []
+    accept = warmup_run.accept_and_answers
+
+    def counting(spec, prompts, params):
+        measured.append(spec)
+        return accept(spec, prompts, params)
+
+    monkeypatch.setattr(warmup_run, "accept_and_answers", counting)
+    warmup(None, tmp_path / "v", num_prompts=2, held_out=1, samples=1, steps=2, max_new_tokens=8, strategy="3_2_4",
+           batch_tokens=64, device="cpu", progress=False, eval_temperatures=(), curve_points=2,
+           draft_vocab=256)  # fmt: skip
+    assert [has for has, _ in seen] == [False, True]  # the untrained measure's engine, then the trained one's
+    trained = seen[1][1]
+    assert measured and all(spec is trained for spec in measured)  # the curve's point and the final measure
