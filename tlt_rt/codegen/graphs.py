@@ -102,6 +102,13 @@ class GraphPool:
     def has(self, key: Key) -> bool:
         return key in self.graphs
 
+    def drop(self, keys: list[Key]) -> None:
+        """Forget these keys' graphs (their memory goes back to the pool); a later replay captures them anew."""
+        for key in keys:
+            cap = self.graphs.pop(key, None)
+            if cap is not None:
+                cap.graph.reset()
+
     def replay(self, key: Key, *args) -> Any:
         """Fill the key's static inputs from `args`, replay, return the call's share of the outputs."""
         cap = self.graphs[key]

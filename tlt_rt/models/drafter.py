@@ -95,6 +95,9 @@ class Drafter(nn.Module):
         self.packed_attn: PackedAttn = "auto"
         self.register_buffer("d2t", None)
         self.register_buffer("draft_head", None, persistent=False)
+        # bumped whenever d2t or the reduced head become other tensors (not on an in-place copy): a captured step
+        # reads the ones it was captured with, so an engine recaptures its speculative steps when this moves
+        self.head_version = 0
         self._init_weights()
         if self.fuse is not None:  # the identity on the final-norm feature: a fresh fused drafter is today's
             with torch.no_grad():
@@ -162,6 +165,8 @@ class Drafter(nn.Module):
         """Restrict drafting to target ids `d2t` [Vd] (None: the full vocabulary). A vocabulary of the size
         already set is copied into the existing tensors, so CUDA graphs that read them stay valid."""
         if d2t is None:
+            if self.d2t is not None or self.draft_head is not None:
+                self.head_version += 1
             self.d2t, self.draft_head = None, None
             return
         d2t = torch.as_tensor(d2t, dtype=torch.int64).flatten()
@@ -172,6 +177,7 @@ class Drafter(nn.Module):
             self.d2t.copy_(d2t)
         else:
             self.d2t = d2t.to(self.fc.weight.device, copy=True)  # never aliases the caller's tensor
+            self.head_version += 1
         self.refresh_head()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
@@ -206,6 +212,7 @@ class Drafter(nn.Module):
             h.copy_(rows)  # in place: a captured graph keeps reading the right rows
         else:
             self.draft_head = rows.clone()
+            self.head_version += 1
 
     # -- the maths --
     def target_features(self, target_hidden: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ blocks) is the scheduler's business (`Scheduler.postprocess`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 
 import torch
@@ -31,6 +32,9 @@ from tlt_rt.rollout.step.graph import StepArgs, StepGraphs, StepValues, batch_mo
 from tlt_rt.rollout.step.io import StepOut, Uniforms, distinct, pack_floats, pack_ints, parse_host, row_params
 from tlt_rt.rollout.step.ops import scratch_tokens
 from tlt_rt.rollout.step.target import Layout, TargetRunner
+
+log = logging.getLogger(__name__)
+PLAIN = option_name(None)  # the option name of a plain step
 
 
 def engine_drafter(drafter: Drafter | None, target: CausalLM, glue) -> Drafter:
@@ -90,6 +94,7 @@ class ModelRunner:
         self.uniforms = Uniforms(2 * max(1, window_rows))
         if self.pool is not None:
             self.pool.register(("step",), self.steps)
+        self._head_version = None if self.drafter is None else self.drafter.drafter.head_version
 
     # ---- prefill ---------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -130,6 +135,23 @@ class ModelRunner:
         ints = pack_ints(seqs, tables if isinstance(tables, Tables) else Tables.of(tables), r, depth)
         return StepArgs(ints, pack_floats(seqs, rows, depth, self.uniforms), window)
 
+    def drop_stale_steps(self) -> list[Key]:
+        """Forget the captured speculative steps when the drafter's head became other tensors since they were
+        captured (`Drafter.head_version`: a reduced vocabulary set, resized or cleared); a captured step keeps
+        reading the head it was captured with, so it would go on drafting through the old one. Returns the keys
+        dropped (they capture anew on their next use)."""
+        if self.drafter is None or self.drafter.drafter.head_version == self._head_version:
+            return []
+        self._head_version = self.drafter.drafter.head_version
+        if self.pool is None:
+            return []
+        stale = [key for key in self.pool.graphs if key[2] != PLAIN]
+        if stale:
+            log.warning("the drafter's head changed after %d speculative steps were captured: capturing them anew",
+                        len(stale))  # fmt: skip
+            self.pool.drop(stale)
+        return stale
+
     def run_args(self, option: str, mode: str, args: StepArgs) -> StepValues:
         """Replay the captured step for these inputs (capturing it on first use), else run it eagerly."""
         b, c = args.ints.shape
@@ -137,6 +159,8 @@ class ModelRunner:
         key = self.key(b, option, mode, c - 2 - r)
         if key is None:
             return self.steps.eager(option, mode, args)
+        if option != PLAIN:
+            self.drop_stale_steps()
         if not self.pool.has(key):
             self.pool.capture([key])
         return self.pool.replay(key, args)
