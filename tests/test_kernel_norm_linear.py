@@ -14,8 +14,10 @@ if not torch.cuda.is_available():
     import triton
 
     import tlt_rt.codegen.kernels.norm_linear as _norm_linear
+    import tlt_rt.codegen.kernels.skinny_gemm as _skinny
 
     if isinstance(_norm_linear._norm_linear_kernel, triton.runtime.JITFunction):  # imported earlier, compiled
+        importlib.reload(_skinny)  # its jit helpers first: the kernel calls them
         importlib.reload(_norm_linear)
 
 import pytest  # noqa: E402

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tlt_rt.codegen.kernels.skinny_gemm import MAX_ROWS, SKINNY_META, supported
+from tlt_rt.codegen.kernels.skinny_gemm import MAX_ROWS, SKINNY_META, _bias_swiglu, _tile_products, supported
 
 __all__ = ["norm_linear", "norm_linear_supported"]
 
@@ -72,19 +72,8 @@ def _norm_linear_kernel(
         normed = (s.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
         h = (nw[None, :] * normed).to(dtype).to(tl.float32)[:, None, :]
         tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
-        w = tl.load(tile, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.sum(h * w.to(tl.float32)[None, :, :], axis=2)
-        if SWIGLU:
-            w = tl.load(tile + N * stride_wn, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            acc_up += tl.sum(h * w.to(tl.float32)[None, :, :], axis=2)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if SWIGLU:
-            acc_up += tl.load(b_ptr + N + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if SWIGLU:  # gate and up rounded to the output dtype first, as the unfused matmul + swiglu would
-        gate = acc.to(dtype).to(tl.float32)
-        up = acc_up.to(dtype).to(tl.float32)
-        acc = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
+        acc, acc_up = _tile_products(h, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
+    acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
 

@@ -49,6 +49,34 @@ SKINNY_META = {
 
 
 @triton.jit
+def _tile_products(x, tile, w_mask, N, stride_wn, acc, acc_up, SWIGLU: tl.constexpr):
+    """acc += x . W-tile for rows x [M, 1, BLOCK_K] (float32) and the [BLOCK_N, BLOCK_K] tile of W at `tile`; with
+    SWIGLU also acc_up += x . the tile N rows further down (the up half of a stacked [gate; up] weight)."""
+    w = tl.load(tile, mask=w_mask, other=0.0)
+    acc += tl.sum(x * w.to(tl.float32)[None, :, :], axis=2)
+    if SWIGLU:
+        w = tl.load(tile + N * stride_wn, mask=w_mask, other=0.0)
+        acc_up += tl.sum(x * w.to(tl.float32)[None, :, :], axis=2)
+    return acc, acc_up
+
+
+@triton.jit
+def _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
+    """The epilogue: the bias (both halves' with SWIGLU), then silu(gate) * up with gate and up rounded to the
+    output's dtype first, as the unfused matmul + swiglu would."""
+    dtype = y_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if SWIGLU:
+            acc_up += tl.load(b_ptr + N + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if SWIGLU:
+        gate = acc.to(dtype).to(tl.float32)
+        up = acc_up.to(dtype).to(tl.float32)
+        acc = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
+    return acc
+
+
+@triton.jit
 def _skinny_kernel(
     x_ptr,
     w_ptr,
@@ -80,19 +108,8 @@ def _skinny_kernel(
         x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         x = x.to(tl.float32)[:, None, :]
         tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
-        w = tl.load(tile, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.sum(x * w.to(tl.float32)[None, :, :], axis=2)
-        if SWIGLU:
-            w = tl.load(tile + N * stride_wn, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            acc_up += tl.sum(x * w.to(tl.float32)[None, :, :], axis=2)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if SWIGLU:
-            acc_up += tl.load(b_ptr + N + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if SWIGLU:  # gate and up rounded to the output dtype first, as the unfused matmul + swiglu would
-        gate = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
-        up = acc_up.to(y_ptr.dtype.element_ty).to(tl.float32)
-        acc = (gate / (1.0 + tl.exp(-gate))).to(y_ptr.dtype.element_ty).to(tl.float32) * up
+        acc, acc_up = _tile_products(x, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
+    acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
