@@ -106,12 +106,12 @@ class TritonAttention:
         raise ValueError(f"unknown attention mode {meta.mode!r}")
 
 
-def select_backend(device: torch.device | str, name: str = "auto") -> AttentionBackend:
+def select_backend(device: torch.device | str, name: str = "auto", fuse_rope: bool = False) -> AttentionBackend:
     """The attention backend for `device`.
 
     name: "auto" (Triton on CUDA, torch elsewhere: the interpreter is for testing kernels, not for running
     models), "triton" (raises ValueError where the kernels cannot run; on CPU under TRITON_INTERPRET=1) or
-    "torch".
+    "torch". fuse_rope: a Triton backend's `fuse_rope` (decode steps' rotary inside their attention kernel).
     """
     if name == "torch":
         return TorchAttention()
@@ -120,7 +120,7 @@ def select_backend(device: torch.device | str, name: str = "auto") -> AttentionB
             raise ValueError(
                 f"attention backend 'triton' needs a CUDA device or TRITON_INTERPRET=1, got device {device}"
             )
-        return TritonAttention()
+        return TritonAttention(fuse_rope=fuse_rope)
     if name == "auto":
-        return TritonAttention() if torch.device(device).type == "cuda" else TorchAttention()
+        return TritonAttention(fuse_rope=fuse_rope) if torch.device(device).type == "cuda" else TorchAttention()
     raise ValueError(f"unknown attention backend {name!r}: choose 'auto', 'triton' or 'torch'")

@@ -157,10 +157,10 @@ class Attention(nn.Module):
         """Rotary on q and k, their K/V into the cache, paged attention and the output projection: [N, H]. The first
         three are one kernel where the backend has it for this step (`rope_decode`: decode steps), else the glue's
         `rope_write` and then the backend."""
-        fused = getattr(backend, "rope_decode", None)
-        out = None
-        if fused is not None and meta.mode == "decode" and meta.slots_resolved:
-            out = fused(q, k, v, positions, rotary.inv_freq, k_cache, v_cache, meta, self.scale)
+        fused = getattr(
+            backend, "rope_decode", None
+        )  # it answers None where it does not apply (not a decode step, ...)
+        out = None if fused is None else fused(q, k, v, positions, rotary.inv_freq, k_cache, v_cache, meta, self.scale)
         if out is None:
             q = self._rope_write(q, k, v, positions, rotary, k_cache, v_cache, meta)
             return self.attend(q, k_cache, v_cache, meta, backend)
@@ -195,16 +195,19 @@ class MLP(nn.Module):
     def norm_forward(self, x: torch.Tensor, r: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         """(s, self(norm(s))) with s = x + r, the add and the norm reaching the glue together with the fused
         gate/up projection (`Glue.add_norm_linear_swiglu`: one kernel where it fuses them)."""
-        fused = self.fused if self.fused is not None and self.fused.intact() else None
+        fused = self._fused()
         if fused is None:
             s, h = norm.add(x, r)
             return s, self(h)
         s, act = self.glue.add_norm_linear_swiglu(x, r, norm.weight, norm.eps, fused.weight, fused.bias)
         return s, apply_linear(self.glue, self.down_proj, act)
 
+    def _fused(self) -> FusedLinears | None:
+        return self.fused if self.fused is not None and self.fused.intact() else None
+
     def _activated(self, x: torch.Tensor) -> torch.Tensor:
         """swiglu(gate, up) of x, the input of the down projection."""
-        fused = self.fused if self.fused is not None and self.fused.intact() else None
+        fused = self._fused()
         if fused is None:
             return self.glue.swiglu(self.gate_proj(x), self.up_proj(x))
         return self.glue.linear_swiglu(x, fused.weight, fused.bias)

@@ -69,9 +69,7 @@ class Engine:
         self.strategies = [Strategy.parse(s) for s in strategies]
         # the engine chooses the kernels of the model it is given: attention backend, compiled glue, fused
         # projections (the learner sharing the model computes the same function through them)
-        target.attn_backend = select_backend(self.device, attn_backend)
-        if hasattr(target.attn_backend, "fuse_rope"):
-            target.attn_backend.fuse_rope = cfg.fuse_rope
+        target.attn_backend = select_backend(self.device, attn_backend, fuse_rope=cfg.fuse_rope)
         self.glue = engine_glue(target) if self.device.type == "cuda" and not enforce_eager else None
         if self.glue is not None:
             self.glue.fused_norm = cfg.fuse_norm

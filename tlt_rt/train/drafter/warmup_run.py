@@ -191,9 +191,13 @@ def warmup(
     with torch.random.fork_rng(devices=[]):  # the drafter's initial weights follow `seed`: a warm-up repeats
         torch.manual_seed(seed)
         drafter = Drafter(target.arch, target, fc_bias=fc_bias, feature_layers=target.feature_layers).to(device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # sized for the held-out prompts, its steps captured at their batch alone
-        spec = Engine(target, drafter=drafter, **measuring_options(strategy, eval_prompts, max_new_tokens))
+
+    def measuring_engine() -> Engine:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # sized for the held-out prompts, its steps captured at their batch alone
+            return Engine(target, drafter=drafter, **measuring_options(strategy, eval_prompts, max_new_tokens))
+
+    spec = measuring_engine()
     drafter.eval()
     t_before = time.perf_counter()
     before = {t: accept_length(spec, eval_prompts, p) for t, p in evals.items()}
@@ -231,9 +235,7 @@ def warmup(
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            spec = Engine(target, drafter=drafter, **measuring_options(strategy, eval_prompts, max_new_tokens))
+        spec = measuring_engine()
     bar = tqdm(range(steps), desc="drafter warm-up", disable=not progress, file=sys.stderr)
     t1 = time.perf_counter()
     metrics: dict = {}
