@@ -110,9 +110,10 @@ class EngineConfig:
         "on small models (Qwen2.5-Coder-0.5B: 1.13x a step at batch 1, 1.5B: even).",
     )
     fuse_rope: bool = option(
-        False,
+        True,
         help="CUDA, Triton attention: a decode step rotates q and k and writes the new K/V inside its attention "
-        "kernel instead of a rotary kernel before it (1.03-1.05x a step on Qwen2.5-Coder-0.5B / 1.5B).",
+        "kernel instead of a rotary kernel before it (1.03-1.05x a step on Qwen2.5-Coder-0.5B / 1.5B); false: "
+        "the rotary kernel, then attention.",
     )
     policy: PolicyConfig = option(factory=PolicyConfig, help="The SD policy: exploration and switching.")
 
