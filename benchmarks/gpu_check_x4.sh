@@ -6,9 +6,10 @@
 #              then auto against off per batch on that drafter (interleaved, T=1.0; AUTO_OFF=0 leaves it out);
 #   GPU 1:     the 0.5B warm-up (WARMUP_PROMPTS05 (5,120) x WARMUP_EPOCHS05 (1.5), W05_ARGS (default a peak rate
 #              of 9e-4, 1.55x the width rule's)), then auto against off on it;
-#   GPUs 2-3:  the `gpu` tests in two halves (GPU 3: the engine, drafter and IR tests, then both checkpoints'
-#              decode steps under each glue variant side by side, `step_costs.py --compare`; GPU 2: every other test
-#              but the two-GPU TP test); then, on both, the TP test, TP=2 against TP=1 on the Qwen2.5-7B shape (bf16,
+#   GPUs 2-3:  the `gpu` tests in two halves (GPU 3: the engine, drafter, IR and real-Qwen tests; GPU 2: every
+#              other test but the two-GPU TP test) and, beside them on the same two GPUs, the TP test (it checks
+#              tokens, not times); with GLUE=1 then both checkpoints' decode steps under each glue variant side by
+#              side (`step_costs.py --compare`, GPU 3); then TP=2 against TP=1 on the Qwen2.5-7B shape (bf16,
 #              graphs, plain and 8_4_32 with an 8,192-id random drafter, NCCL and the one-shot sum, each row's bare
 #              captured step beside it), and an RL run of one TP=2 engine on the 1.5B with the warm-up's drafter
 #              (TP_RL_STEPS (3) steps; its SD step costs in the step log). TP=0 leaves the TP rows and the RL run out.
@@ -32,7 +33,7 @@ share_cores 4
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 prompts=${WARMUP_PROMPTS:-3072}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-5120}
 e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
-tp_steps=${TP_RL_STEPS:-3}; limit=${TESTS_SECONDS:-330}
+tp_steps=${TP_RL_STEPS:-3}; limit=${TESTS_SECONDS:-540}; glue=${GLUE:-0}
 VARIANTS=("--warmup-arg=--gen-batch=512")
 GLUES="base fused-norm rope-attn fused fused+skinny"
 
@@ -75,16 +76,20 @@ main() {
     (
       test_half 3 0
       done_at tests0 "tests on GPU 3 ($(tail -n 1 "$out/tests0.log"))"
-      glue_costs 3 "$q15" glue-q15
-      glue_costs 3 "$q05" glue-q05
-      done_at glue "glue variants"
+      if [ "$glue" = 1 ]; then
+        glue_costs 3 "$q15" glue-q15
+        glue_costs 3 "$q05" glue-q05
+        done_at glue "glue variants"
+      fi
     ) &
-    test_half 2 1
-    done_at tests1 "tests on GPU 2 ($(tail -n 1 "$out/tests1.log"))"
-    wait
+    (
+      test_half 2 1
+      done_at tests1 "tests on GPU 2 ($(tail -n 1 "$out/tests1.log"))"
+    ) &
     CUDA_VISIBLE_DEVICES=2,3 timeout 400 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
         > "$out/tests_tp.log" 2>&1
     done_at tp_test "TP test ($(tail -n 1 "$out/tests_tp.log"))"
+    wait
     if [ "$tp" = 1 ]; then
       CUDA_VISIBLE_DEVICES=2,3 timeout -s USR1 -k 15 300 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
           --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot > "$out/tp2.log" 2>&1
@@ -101,6 +106,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off wait_for done_at test_half glue_costs); $(declare -p VARIANTS DEFAULT GLUES out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit HALF0 HALF1); main" \
+setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off wait_for done_at test_half glue_costs); $(declare -p VARIANTS DEFAULT GLUES out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit glue HALF0 HALF1); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x4.sh --snapshot $out DEST"

@@ -11,11 +11,11 @@ share_cores() {
 }
 
 # the `gpu` tests in two halves of about equal time, one GPU each (gpu_check_x2.sh, gpu_check_x4.sh): the engine,
-# drafter and IR tests; every other one (the kernels', the log-probs', the models' and the real-Qwen ones today) but
-# the two-GPU TP test, which runs after them on both GPUs
-HALF0="tests/test_engine_gpu.py tests/test_drafter_train.py tests/test_ir_tree.py"
+# drafter, IR and real-Qwen tests (166 s without the Qwen ones on an H200); every other one (the kernels', the
+# log-probs', the models') but the two-GPU TP test, which runs on both GPUs
+HALF0="tests/test_engine_gpu.py tests/test_drafter_train.py tests/test_ir_tree.py tests/test_qwen_gpu.py"
 HALF1="tests --ignore=tests/test_engine_gpu.py --ignore=tests/test_drafter_train.py --ignore=tests/test_ir_tree.py
---ignore=tests/test_tp_gpu.py"
+--ignore=tests/test_qwen_gpu.py --ignore=tests/test_tp_gpu.py"
 
 # test_half GPU N: half N of the `gpu` tests on GPU, cut at $limit seconds, into $out/testsN.log
 test_half() {

@@ -310,6 +310,7 @@ def warmup(
         "load_seconds": load_s,
         "generation_seconds": gen_s,
         "generation_split": gen_split,  # prefill / decode / sd / other seconds, decode steps, mean batch, preemptions
+        "answers_device": str(data_device),  # where the answers' hidden rows were kept for training
         "train_steps": steps,
         "batch_tokens": batch_tokens,
         "lr": lr,
