@@ -103,11 +103,18 @@ class GraphPool:
         return key in self.graphs
 
     def drop(self, keys: list[Key]) -> None:
-        """Forget these keys' graphs (their memory goes back to the pool); a later replay captures them anew."""
+        """Forget these keys' graphs (their memory goes back to the pool); a later replay captures them anew.
+
+        The allocator counts the graphs that hold a private pool and releases the pool when the count reaches
+        zero; a capture into a released pool's handle fails an internal assert of PyTorch's caching allocator
+        (a speculative-only engine whose every step was dropped did, H200, torch 2.11). When no graph is left,
+        later captures therefore go to a new pool."""
         for key in keys:
             cap = self.graphs.pop(key, None)
             if cap is not None:
                 cap.graph.reset()
+        if not self.graphs:
+            self.pool = torch.cuda.graph_pool_handle()
 
     def replay(self, key: Key, *args) -> Any:
         """Fill the key's static inputs from `args`, replay, return the call's share of the outputs."""

@@ -36,3 +36,13 @@ def all_reduce_sum(tensors: list[torch.Tensor]) -> None:
                 b.copy_(flat[offset : offset + b.numel()].view_as(b))
                 offset += b.numel()
             bucket, size = [], 0
+
+
+def busiest_rank(my_steps: int, device: torch.device) -> int:
+    """The global rank that took the most steps (the lowest of those tied), the same answer on every rank.
+
+    Collective over the default process group."""
+    steps = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=device)
+    steps[dist.get_rank()] = my_steps
+    dist.all_reduce(steps)
+    return int(steps.argmax())

@@ -14,10 +14,11 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.eagle_export import load_eagle
-from tlt_rt.train.cluster.comm import all_reduce_sum
+from tlt_rt.train.cluster.comm import all_reduce_sum, busiest_rank
 from tlt_rt.train.config import TLTConfig
 from tlt_rt.train.drafter.data import DrafterBuffer
 from tlt_rt.train.drafter.eval import frozen_copy
@@ -99,7 +100,12 @@ class DrafterRole:
     def merge(self, my_steps: int, total_steps: int, world_size: int) -> None:
         """Average the replicas over the workers that trained, weighted by their steps; push to the serving copy.
 
-        Collective: every worker calls it. Optimizer moments stay per worker (local-SGD style).
+        Collective: every worker calls it. Optimizer moments stay per worker (local-SGD style). The reduced draft
+        vocabulary is not averaged: each trainer rebuilds it from its own buffer, and every worker takes the one
+        of the replica that trained most. The ranks of a tensor-parallel engine must draft alike: with rank 0's
+        vocabulary rebuilt from its answers and its peers' left as they were (peers collect no answers), the ranks
+        drafted over different ids, so their trees, accepted lengths and schedules could part; a TP=2 run on
+        Qwen2.5-Coder-1.5B hung, as engines out of lockstep do, in the first rollout after its drafter trained.
         """
         if world_size > 1 and total_steps > 0:
             tensors = [t for t in self.replica.state_dict().values() if t.is_floating_point()]
@@ -108,6 +114,10 @@ class DrafterRole:
             all_reduce_sum(shares)
             for t, s in zip(tensors, shares, strict=True):
                 t.copy_(s)
+            if self.replica.d2t is not None:
+                d2t = self.replica.d2t.clone()
+                dist.broadcast(d2t, src=busiest_rank(my_steps, d2t.device))
+                self.replica.set_draft_vocab(d2t)
         if total_steps > 0:
             self.push()
 
