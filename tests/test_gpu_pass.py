@@ -201,15 +201,17 @@ def test_gpu_x4_with_a_second_small_warm_up_times_the_better_small_drafter(tmp_p
 
 
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
-@pytest.mark.parametrize("tp", ["1", "0"])
-def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path, tp):
-    """Every `gpu` test file in one of two halves on GPUs 2 and 3, the glue variants of both checkpoints' decode
-    steps after the first half; the TP test on both once the halves are done, then the TP rows and the TP=2 RL run
-    (on the 1.5B warm-up's drafter) unless TP=0; the 0.5B timing on its warm-up's drafter."""
-    calls, main = _pass(tmp_path, "gpu_check_x4.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TP=tp)
+@pytest.mark.parametrize("tp,glue", [("1", "1"), ("0", "0"), ("1", "0")])
+def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path, tp, glue):
+    """Every `gpu` test file in one of two halves on GPUs 2 and 3 with the TP test beside them, the glue variants of
+    both checkpoints' decode steps after the first half with GLUE=1; the TP rows once the halves and the TP test are
+    done, then the TP=2 RL run (on the 1.5B warm-up's drafter) unless TP=0; the 0.5B timing on its warm-up's
+    drafter."""
+    calls, main = _pass(tmp_path, "gpu_check_x4.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TP=tp, GLUE=glue)
     assert "all done" in main
     out = tmp_path / "out"
     first, rest = _halves(calls)
+    assert "tests/test_qwen_gpu.py" in first and "--ignore=tests/test_qwen_gpu.py" in rest
     warm = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if "--warmup-only" in c}
     assert set(warm) == {"w0", "w05"}
     assert "--warmup-arg=--lr=9e-4" in warm["w05"] and "--warmup-epochs 1.5 " in warm["w05"] and "q05" in warm["w05"]
@@ -217,15 +219,18 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
     assert f"--drafter {out / 'w05' / 'drafter'} " in timed["q05"]
     assert f"--drafter {out / 'w0' / 'drafter'} " in timed["q15"]
     tp_test = next(i for i, c in enumerate(calls) if c.endswith(" tests/test_tp_gpu.py"))
-    assert tp_test > calls.index(first) and tp_test > calls.index(rest)
-    glue = [i for i, c in enumerate(calls) if "step_costs.py" in c]
-    assert len(glue) == 2 and all(i > calls.index(first) for i in glue)
-    assert "--compare base fused-norm rope-attn fused fused+skinny" in calls[glue[0]] and "q15" in calls[glue[0]]
+    glue_calls = [i for i, c in enumerate(calls) if "step_costs.py" in c]
+    if glue == "1":
+        assert len(glue_calls) == 2 and all(i > calls.index(first) for i in glue_calls)
+        assert "--compare base fused-norm rope-attn fused fused+skinny" in calls[glue_calls[0]]
+        assert "q15" in calls[glue_calls[0]]
+    else:
+        assert not glue_calls
     rows = [i for i, c in enumerate(calls) if "tp_throughput.py" in c]
     rl = [i for i, c in enumerate(calls) if "tlt_rt.train" in c]
-    assert tp_test > max(glue)
     if tp == "1":
-        assert len(rows) == 1 and rows[0] > tp_test and "--allreduce nccl oneshot" in calls[rows[0]]
+        assert len(rows) == 1 and "--allreduce nccl oneshot" in calls[rows[0]]
+        assert rows[0] > max(tp_test, calls.index(first), calls.index(rest), *glue_calls)
         assert len(rl) == 1 and "cluster.tensor_parallel=2" in calls[rl[0]] and rl[0] > rows[0]
         assert f"drafter.path={out / 'w0' / 'drafter'}" in calls[rl[0]]
     else:
