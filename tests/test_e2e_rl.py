@@ -67,7 +67,7 @@ def test_e2e_warmup_only_passes_its_arguments_on_and_stops(tmp_path, monkeypatch
     i = cmd.index("--prompts")
     assert cmd[i + 1] == "256" and cmd[cmd.index("--epochs") + 1] == "10.0"
     qwen = str(ROOT / "configs" / "qwen2.5-1.5b-math-gpu.yaml")
-    for extra, want in (([], ("1024", "3.0", "512")), (["--warmup-prompts", "64"], ("64", "3.0", "512"))):
+    for extra, want in (([], ("3072", "1.5", "512")), (["--warmup-prompts", "64"], ("64", "1.5", "512"))):
         seen.clear()
         assert script.main(["--config", qwen, "--out", str(tmp_path / "q"), "--warmup-only", *extra]) == 0
         cmd = seen[0]
