@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-temperatures", type=float, nargs="*", default=[0.0],
                     help="accept length is also measured at these (0 = greedy)")  # fmt: skip
     ap.add_argument("--gen-batch", type=int, default=512,
-                    help="batch of the engine that generates the data (512: what the Qwen warm-ups of "
-                         "benchmarks/RESULTS.md use; it generated 4.0M tokens on the 1.5B in 110 s on an H200)")  # fmt: skip
+                    help="batch of the engine that generates the data (the Qwen warm-ups' 512: 4.0M tokens "
+                         "of the 1.5B in 110 s on an H200)")  # fmt: skip
     ap.add_argument("--strategy", default="8_4_48")
     ap.add_argument("--also-strategies", nargs="*", default=[],
                     help="measure the trained drafter with these strategies too ('default': the engine's default "
