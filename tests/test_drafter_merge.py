@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -40,15 +43,53 @@ def _merge_case(case: str, rank: int) -> None:
     assert torch.equal(both[0], both[1])
 
 
+def _agree_case(case: str, rank: int) -> None:
+    from tlt_rt.models.drafter import Drafter
+    from tlt_rt.models.llama import CausalLM
+    from tlt_rt.train.cluster.comm import check_same_drafter
+
+    torch.manual_seed(0)
+    target = CausalLM(TINY).eval()
+    drafter = Drafter(TINY, target).eval()
+    drafter.set_draft_vocab(torch.tensor([0, 1, 2, 11]))
+    if rank == 1 and case == "another vocabulary":
+        drafter.set_draft_vocab(torch.tensor([0, 2, 1, 11]))  # the same ids in another order: another head
+    if rank == 1 and case == "another weight":
+        with torch.no_grad():
+            drafter.fc.weight[0, 0] += 1e-3
+    if case == "equal":
+        check_same_drafter(drafter, None)
+    else:
+        with pytest.raises(RuntimeError, match="differs between tensor-parallel ranks"):
+            check_same_drafter(drafter, None)
+
+
 def _ranks(rank: int, world: int, out_dir: str) -> None:
     run_checks(rank, {"merge": _merge_case}, tuple(STEPS), out_dir)
+    run_checks(rank, {"agree": _agree_case}, ("equal", "another vocabulary", "another weight"), f"{out_dir}/agree")
 
 
-def test_every_rank_drafts_with_the_busiest_replicas_vocabulary_after_a_merge(tmp_path):
+@pytest.fixture(scope="module")
+def ranks_out(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("merge")
+    (out / "agree").mkdir()
+    spawn_ranks(_ranks, world=2, args=(str(out),))
+    return out
+
+
+def test_every_rank_drafts_with_the_busiest_replicas_vocabulary_after_a_merge(ranks_out):
     """Each trainer rebuilds its draft vocabulary from its own answers; TP peers collect none. After the merge
     every worker's serving drafter holds the vocabulary of the replica that trained most (rank 0 on a tie)."""
-    spawn_ranks(_ranks, world=2, args=(str(tmp_path),))
-    for rank, results in enumerate(read_checks(tmp_path, 2)):
-        assert len(results) == 3
+    for rank, results in enumerate(read_checks(ranks_out, 2)):
+        assert set(results) == {f"merge[{case}]" for case in STEPS}
+        for name, status in results.items():
+            assert status == "ok", f"rank {rank} {name}:\n{status}"
+
+
+def test_tensor_parallel_ranks_refuse_to_go_on_with_different_drafters(ranks_out):
+    """`check_same_drafter` (run by the sharded workers after every drafter merge) raises on every rank when any
+    rank's draft vocabulary or weights differ, instead of letting the engines leave lockstep."""
+    for rank, results in enumerate(read_checks(ranks_out / "agree", 2)):
+        assert set(results) == {"agree[equal]", "agree[another vocabulary]", "agree[another weight]"}
         for name, status in results.items():
             assert status == "ok", f"rank {rank} {name}:\n{status}"

@@ -145,11 +145,16 @@ def test_fsdp_learner_gives_the_unsharded_update(reference_run, tiny, tmp_path):
 
 
 def test_tensor_parallel_engine_steps_and_learns(ray_cluster, tiny, tmp_path):
-    # one DP replica of two TP ranks (two processes), speculative decoding on: the lockstep engine
-    records = train(tiny_config(tiny, tmp_path, "tp2", "rl.steps=1", "cluster.num_workers=1",
-                                "cluster.tensor_parallel=2"))  # fmt: skip
-    assert records[0]["policy_version"] == 1 and records[0]["samples_trained"] > 0
-    assert records[0]["sd_share"] > 0
+    # one DP replica of two TP ranks (two processes), speculative decoding on: the lockstep engine; the drafter trains
+    # online over a reduced vocabulary that rank 0 rebuilds from its answers, and after each merge the ranks check
+    # that they serve the same drafter (rank 1 kept its first vocabulary and the engines left lockstep, before)
+    records = train(tiny_config(tiny, tmp_path, "tp2", "rl.steps=3", "cluster.num_workers=1",
+                                "cluster.tensor_parallel=2", "drafter.train_online=true", "drafter.batch_tokens=32",
+                                "drafter.draft_vocab=16", "drafter.tail_fraction=0.5", "rollout.max_new_tokens=48",
+                                "rl.prompts_per_step=2"))  # fmt: skip
+    assert len(records) == 3 and records[0]["policy_version"] == 1 and records[0]["samples_trained"] > 0
+    assert all(r["sd_share"] > 0 for r in records)
+    assert sum(r["spot_steps"] for r in records) > 0  # the drafter trained, so the merges after it checked the ranks
     start, got = policy_weights(tiny / "policy"), policy_weights(ckpt.latest_checkpoint(tmp_path / "tp2") / "policy")
     assert any(not torch.equal(got[k], start[k]) for k in got), "the policy did not change"
 

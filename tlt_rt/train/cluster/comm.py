@@ -46,3 +46,26 @@ def busiest_rank(my_steps: int, device: torch.device) -> int:
     steps[dist.get_rank()] = my_steps
     dist.all_reduce(steps)
     return int(steps.argmax())
+
+
+@torch.no_grad()
+def check_same_drafter(drafter, group, what: str = "drafter") -> None:
+    """Raise where the ranks of `group` hold different drafters (their draft vocabularies, or the sums of their
+    weights, differ). Collective over `group`. The ranks of a tensor-parallel engine draft alike only with equal
+    drafters; one that differs makes its rank verify another tree, and the engines leave lockstep silently (a
+    collective that never completes, or tokens drawn from sums of the ranks' different forwards)."""
+    device = next(drafter.parameters()).device
+    d2t = drafter.d2t
+    ids = torch.zeros(2, dtype=torch.float64, device=device)
+    if d2t is not None:
+        d = d2t.to(device, torch.float64)
+        ids[0], ids[1] = d.sum(), (d * torch.arange(1, d.numel() + 1, device=device, dtype=torch.float64)).sum()
+    sums = torch.stack([t.detach().double().sum() for t in drafter.state_dict().values() if t.is_floating_point()])
+    mine = torch.cat([ids, sums, torch.tensor([-1.0 if d2t is None else d2t.numel()], device=device,
+                                              dtype=torch.float64)])  # fmt: skip
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    differ = [r for r, other in enumerate(every) if not torch.equal(other, every[0])]
+    if differ:
+        raise RuntimeError(f"the {what} differs between tensor-parallel ranks (group ranks {differ} against rank 0: "
+                           "draft vocabulary or weights); their engines would leave lockstep")  # fmt: skip

@@ -36,7 +36,7 @@ from tlt_rt.models import save_target
 from tlt_rt.models.tensor_parallel import check_tp_divisible, shard_for_tp
 from tlt_rt.rollout import Engine
 from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine
-from tlt_rt.train.cluster.comm import all_reduce_sum
+from tlt_rt.train.cluster.comm import all_reduce_sum, check_same_drafter
 from tlt_rt.train.cluster.fsdp import full_state_for_engine, iter_full_state, reshard_for_tp, shard_learner
 from tlt_rt.train.cluster.learner_role import copy_tokenizer_files
 from tlt_rt.train.cluster.results import RolloutResult, Sample
@@ -141,6 +141,8 @@ class ShardedWorker(Worker):
     def merge_drafter(self, my_steps: int, total_steps: int) -> None:
         refs = [p.merge_drafter.remote(0, total_steps) for p in self.peers]  # peers' replicas weigh nothing
         super().merge_drafter(my_steps, total_steps)
+        if self.tp > 1 and total_steps > 0:  # every rank of the group is here (rank 0 and, called by it, its peers)
+            check_same_drafter(self.drafter_role.serving, self.tp_group, "serving drafter")
         ray.get(refs)
 
     def _policy_updated(self) -> None:
