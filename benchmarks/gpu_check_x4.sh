@@ -11,8 +11,9 @@
 #              tokens, not times); with GLUE=1 then both checkpoints' decode steps under each glue variant side by
 #              side (`step_costs.py --compare`, GPU 3); then TP=2 against TP=1 on the Qwen2.5-7B shape (bf16,
 #              graphs, plain and 8_4_32 with an 8,192-id random drafter, NCCL and the one-shot sum, each row's bare
-#              captured step beside it), and an RL run of one TP=2 engine on the 1.5B with the warm-up's drafter
-#              (TP_RL_STEPS (3) steps; its SD step costs in the step log). TP=0 leaves the TP rows and the RL run out.
+#              captured step beside it), and, once both timings are done, an RL run of one TP=2 engine on the 1.5B
+#              with the warm-up's drafter (TP_RL_STEPS (4) steps; its SD step costs in the step log). TP=0 leaves
+#              the TP rows and the RL run out.
 #              The tests come first: a pass cut short by the device time then still has them.
 # Each job is its own process pinned by CUDA_VISIBLE_DEVICES with a quarter of the host's cores. Everything runs in
 # the background; the call returns at once.
@@ -33,7 +34,7 @@ share_cores 4
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 prompts=${WARMUP_PROMPTS:-3072}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-5120}
 e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
-tp_steps=${TP_RL_STEPS:-3}; limit=${TESTS_SECONDS:-540}; glue=${GLUE:-0}
+tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-540}; glue=${GLUE:-0}
 VARIANTS=("--warmup-arg=--gen-batch=512")
 GLUES="base fused-norm rope-attn fused fused+skinny"
 
@@ -61,6 +62,7 @@ main() {
       auto_off 0 "$q15" "$cfg1" "$out/w0/drafter" auto-off-q15 "1 8 32 128" --configs off auto --strategies $DEFAULT
       done_at a15 "1.5B auto against off"
     fi
+    touch "$out/gpu0.done"
   ) &
   (   # GPU 1
     # shellcheck disable=SC2086  # the variant's arguments split on purpose
@@ -71,6 +73,7 @@ main() {
       auto_off 1 "$q05" "$cfg05" "$out/w05/drafter" auto-off-q05 "1 8 32 128" --configs off auto --strategies $DEFAULT
       done_at a05 "0.5B auto against off"
     fi
+    touch "$out/gpu1.done"
   ) &
   (   # GPUs 2-3
     (
@@ -94,8 +97,12 @@ main() {
       CUDA_VISIBLE_DEVICES=2,3 timeout -s USR1 -k 15 300 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
           --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot > "$out/tp2.log" 2>&1
       done_at tp2 "TP=2 throughput"
-      wait_for w0
-      CUDA_VISIBLE_DEVICES=2,3 timeout 420 python -m tlt_rt.train "$cfg1" name=tp2 "output_dir=$out/tp_rl" \
+      # after both auto / off timings: the RL run's processes (Ray, the learner's compile workers) took the host's
+      # cores from the timings' eager prefills when they overlapped (the 1.5B's one-prompt prefill 44-47 ms
+      # against 30 ms the pass before)
+      wait_for gpu0
+      wait_for gpu1
+      TORCHINDUCTOR_COMPILE_THREADS=4 CUDA_VISIBLE_DEVICES=2,3 timeout 420 python -m tlt_rt.train "$cfg1" name=tp2 "output_dir=$out/tp_rl" \
           "model.path=$q15" "drafter.path=$out/w0/drafter" rl.steps="$tp_steps" cluster.num_workers=1 \
           cluster.gpus_per_worker=2 cluster.tensor_parallel=2 rollout.max_new_tokens=1024 rl.checkpoint_every=0 \
           logging.eval_every=0 > "$out/tp_rl.log" 2>&1

@@ -232,6 +232,7 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
         assert len(rows) == 1 and "--allreduce nccl oneshot" in calls[rows[0]]
         assert rows[0] > max(tp_test, calls.index(first), calls.index(rest), *glue_calls)
         assert len(rl) == 1 and "cluster.tensor_parallel=2" in calls[rl[0]] and rl[0] > rows[0]
+        assert rl[0] > max(i for i, c in enumerate(calls) if "engine_throughput" in c)  # after both timings
         assert f"drafter.path={out / 'w0' / 'drafter'}" in calls[rl[0]]
     else:
         assert not rows and not rl
