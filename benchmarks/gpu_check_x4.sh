@@ -3,7 +3,8 @@
 # one 4-GPU machine (NCCL, NVLink multicast off). Three chains run at once; a job that needs another's output waits
 # for its marker file:
 #   GPU 0:     the 1.5B checkpoint converted, its drafter warm-up (WARMUP_PROMPTS (3,072) x WARMUP_EPOCHS (1.5)),
-#              then auto against off per batch on that drafter (interleaved, T=1.0; AUTO_OFF=0 leaves it out);
+#              then auto against off per batch on that drafter (interleaved, T=1.0; AUTO_OFF=0 leaves it out) and
+#              a profile of its prefill at batch 1 and 8 (`prefill_cost.py`);
 #   GPU 1:     the 0.5B warm-up (WARMUP_PROMPTS05 (5,120) x WARMUP_EPOCHS05 (1.5), W05_ARGS (default a peak rate
 #              of 9e-4, 1.55x the width rule's)), then auto against off on it;
 #   GPUs 2-3:  the `gpu` tests in two halves (GPU 3: the engine, drafter, IR and real-Qwen tests; GPU 2: every
@@ -61,6 +62,11 @@ main() {
       # shellcheck disable=SC2086  # the strategy list splits on purpose
       auto_off 0 "$q15" "$cfg1" "$out/w0/drafter" auto-off-q15 "1 8 32 128" --configs off auto --strategies $DEFAULT
       done_at a15 "1.5B auto against off"
+      # where a prompt's prefill goes at batch 1 and 8 (eager: host-bound on the 1.5B, 30-47 ms at batch 1)
+      CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/prefill_cost.py --target "$q15" --batch 1 8 \
+          --chunks 16384 --rounds 5 --drafter "$out/w0/drafter" --profile 25 --out "$out/prefill-q15.jsonl" \
+          > "$out/prefill-q15.log" 2>&1
+      done_at prefill "1.5B prefill profile"
     fi
     touch "$out/gpu0.done"
   ) &
@@ -95,7 +101,8 @@ main() {
     wait
     if [ "$tp" = 1 ]; then
       CUDA_VISIBLE_DEVICES=2,3 timeout -s USR1 -k 15 300 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
-          --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot > "$out/tp2.log" 2>&1
+          --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot --profile "$out/tp_profile" \
+          > "$out/tp2.log" 2>&1
       done_at tp2 "TP=2 throughput"
       # after both auto / off timings: the RL run's processes (Ray, the learner's compile workers) took the host's
       # cores from the timings' eager prefills when they overlapped (the 1.5B's one-prompt prefill 44-47 ms

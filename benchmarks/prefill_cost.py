@@ -1,8 +1,9 @@
 """What prefilling a batch of prompts costs, by prefill chunk size, with and without a drafter.
 
     python benchmarks/prefill_cost.py --batch 128 --chunks 2048 16384 [--rounds 5] [--drafter DIR] [--profile 20]
+    python benchmarks/prefill_cost.py --target MODEL --batch 1 8 --chunks 16384 --profile 25   # a Qwen checkpoint
 
-Each (engine kind, chunk) pair is one engine on SmolLM2 (bf16 on a GPU): `off` (no drafter) and `auto` (a
+Each (engine kind, chunk) pair is one engine on SmolLM2 (or `--target`'s model; bf16 on a GPU): `off` (no drafter) and `auto` (a
 drafter, whose rows of every prompt run once at the fork of its samples, `rollout/step/prefill.py`). One call
 is `generate(prompts, max_new_tokens=1)`: the prompts' prefill steps and the fork that draws each first
 token, nothing else. The rounds are interleaved (one call of every engine per round), so a slow stretch of
@@ -78,13 +79,14 @@ def main(argv=None) -> None:
     ap.add_argument("--chunks", type=int, nargs="+", default=[2048, 16384], help="max_prefill_tokens values")
     ap.add_argument("--kinds", nargs="+", default=["off", "auto"], choices=["off", "auto"])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--target", default=None, help="model folder, GGUF file or registry name (default: SmolLM2)")
     ap.add_argument("--drafter", default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None, help="append the rows as JSON lines")
     ap.add_argument("--profile", type=int, default=0, help="print the N dearest engine functions and kernels")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    tok = load_tokenizer(None)
+    tok = load_tokenizer(args.target)
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     rows = []
     for b in args.batch:
@@ -93,7 +95,7 @@ def main(argv=None) -> None:
         for kind in args.kinds:
             for chunk in args.chunks:
                 eng = Engine.from_pretrained(
-                    None, drafter_path=args.drafter if kind != "off" else None, speculative=kind, dtype=dtype,
+                    args.target, drafter_path=args.drafter if kind != "off" else None, speculative=kind, dtype=dtype,
                     device=args.device, strategies=["8_4_32", "6_2_12"], max_batch=b, num_blocks=256 + 32 * b,
                     max_prefill_tokens=chunk,
                 )  # fmt: skip

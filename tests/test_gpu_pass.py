@@ -236,3 +236,5 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
         assert f"drafter.path={out / 'w0' / 'drafter'}" in calls[rl[0]]
     else:
         assert not rows and not rl
+    prefill = [c for c in calls if "prefill_cost.py" in c]
+    assert len(prefill) == 1 and "--target /m/q15.gguf" in prefill[0] and "--profile" in prefill[0]
