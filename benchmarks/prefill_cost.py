@@ -3,8 +3,9 @@
     python benchmarks/prefill_cost.py --batch 128 --chunks 2048 16384 [--rounds 5] [--drafter DIR] [--profile 20]
     python benchmarks/prefill_cost.py --target MODEL --batch 1 8 --chunks 16384 --profile 25   # a Qwen checkpoint
 
-Each (engine kind, chunk) pair is one engine on SmolLM2 (or `--target`'s model; bf16 on a GPU): `off` (no drafter) and `auto` (a
-drafter, whose rows of every prompt run once at the fork of its samples, `rollout/step/prefill.py`). One call
+Each (engine kind, chunk) pair is one engine on SmolLM2 (or `--target`'s model; bf16 on a GPU): `off` (no
+drafter) and `auto` (a drafter, whose rows of every prompt run once at the fork of its samples,
+`rollout/step/prefill.py`). One call
 is `generate(prompts, max_new_tokens=1)`: the prompts' prefill steps and the fork that draws each first
 token, nothing else. The rounds are interleaved (one call of every engine per round), so a slow stretch of
 the device falls on all of them alike. Per engine: the median call in ms, its prefill steps, and the ratio
