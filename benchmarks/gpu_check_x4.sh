@@ -2,10 +2,10 @@
 # The GPU tests, both models' drafters, auto against off, the decode step's glue variants and tensor parallelism, on
 # one 4-GPU machine (NCCL, NVLink multicast off). Three chains run at once; a job that needs another's output waits
 # for its marker file:
-#   GPU 0:     the 1.5B checkpoint converted, its drafter warm-up (WARMUP_PROMPTS (3,072) x WARMUP_EPOCHS (1.5)),
+#   GPU 0:     the 1.5B checkpoint converted, its drafter warm-up (WARMUP_PROMPTS (3,584) x WARMUP_EPOCHS (1.5)),
 #              then auto against off per batch on that drafter (interleaved, T=1.0; AUTO_OFF=0 leaves it out) and
 #              a profile of its prefill at batch 1 and 8 (`prefill_cost.py`);
-#   GPU 1:     the 0.5B warm-up (WARMUP_PROMPTS05 (5,120) x WARMUP_EPOCHS05 (1.5), W05_ARGS (default a peak rate
+#   GPU 1:     the 0.5B warm-up (WARMUP_PROMPTS05 (6,144) x WARMUP_EPOCHS05 (1.5), W05_ARGS (default a peak rate
 #              of 9e-4, 1.55x the width rule's)), then auto against off on it;
 #   GPUs 2-3:  the `gpu` tests in two halves (GPU 3: the engine, drafter, IR and real-Qwen tests; GPU 2: every
 #              other test but the two-GPU TP test) and, beside them on the same two GPUs, the TP test (it checks
@@ -33,7 +33,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 share_cores 4
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
-prompts=${WARMUP_PROMPTS:-3072}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-5120}
+prompts=${WARMUP_PROMPTS:-3584}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-6144}
 e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
 tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-540}; glue=${GLUE:-0}
 VARIANTS=("--warmup-arg=--gen-batch=512")
