@@ -164,15 +164,15 @@ def test_every_measure_after_training_runs_on_an_engine_built_with_the_reduced_v
 def test_the_answers_stay_on_the_gpu_only_when_they_fit_there_twice(monkeypatch):
     from types import SimpleNamespace
 
-    from tlt_rt.train.drafter import warmup_run
+    from tlt_rt.train.drafter import warmup_data
 
     weight = torch.zeros(1, dtype=torch.bfloat16)
     target = SimpleNamespace(feature_size=1536, lm_head=SimpleNamespace(weight=weight))
     gpu = SimpleNamespace(device=torch.device("cuda:0"), target=target)
     prompts = [[1] * 88] * 3072  # 3,072 prompts of 88 tokens, 3 answers each of up to 512: 5.5M rows, 16.9 GB
     need = 2 * 3072 * (88 + 512) * 3 * 1536 * 2
-    for free, where in ((need / warmup_run.ANSWERS_GPU_SHARE + 1, "cuda"), (need, "cpu")):
+    for free, where in ((need / warmup_data.ANSWERS_GPU_SHARE + 1, "cuda"), (need, "cpu")):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (int(free), int(2 * free)))
-        assert warmup_run.answers_device(gpu, prompts, 3, 512).type == where
+        assert warmup_data.answers_device(gpu, prompts, 3, 512).type == where
     cpu = SimpleNamespace(device=torch.device("cpu"), target=target)
-    assert warmup_run.answers_device(cpu, prompts, 3, 512).type == "cpu"
+    assert warmup_data.answers_device(cpu, prompts, 3, 512).type == "cpu"

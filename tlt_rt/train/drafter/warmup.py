@@ -16,6 +16,7 @@ import argparse
 
 from tlt_rt.rollout.config import DEFAULT_STRATEGIES
 from tlt_rt.train.drafter.measure import accept_and_answers, accept_length, ceiling, strategy_accept
+from tlt_rt.train.drafter.warmup_data import gen_buckets, generate_data
 from tlt_rt.train.drafter.warmup_run import (
     BASE_LR,
     BASE_WIDTH,
@@ -24,8 +25,6 @@ from tlt_rt.train.drafter.warmup_run import (
     LR_WARMUP_SHARE,
     default_feature_layers,
     default_lr,
-    gen_buckets,
-    generate_data,
     warmup,
 )
 from tlt_rt.train.rl.data import ArithmeticTask
