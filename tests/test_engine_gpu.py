@@ -242,3 +242,23 @@ def test_a_fused_drafter_under_graphs_keeps_greedy_and_the_fused_hidden(speculat
             if mode == "on":
                 assert eng.stats()["sd_steps"] > 0
     assert [o.token_ids for o in got[speculative]] == [o.token_ids for o in got["off"]]
+
+
+@pytest.mark.parametrize("speculative", ["off", "on"])
+def test_a_captured_one_prompt_prefill_gives_the_eager_engines_tokens(speculative):
+    """`prefill_graph_tokens`: a lone prompt's prefill replays a graph captured at its padded size (64 here); the
+    tokens equal the eager torch engine's, and the graph was captured and replayed."""
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
+    eager, _ = _engines(speculative=speculative, strategies=("3_3_8",))  # every prefill eager, unpadded
+    target, drafter = _pair()
+    graphed = Engine(target, drafter=drafter, block_size=16, speculative=speculative, strategies=("3_3_8",),
+                     prefill_graph_tokens=64)  # fmt: skip
+    graphed.capture()
+    assert ("prefill", 64) in graphed.runner.pool.graphs
+    replays = []
+    pool = graphed.runner.pool
+    pool.replay = lambda key, *args, replay=pool.replay: replays.append(key) or replay(key, *args)
+    for prompt in PROMPTS:
+        a, b = eager.generate([prompt], params), graphed.generate([prompt], params)
+        assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert replays.count(("prefill", 64)) == len(PROMPTS)

@@ -89,6 +89,12 @@ class EngineConfig:
         help="Most prompt tokens one prefill step processes (chunked prefill). A prefill step runs eagerly and "
         "costs the host about the same whatever its size, so larger chunks prefill a large batch faster.",
     )
+    prefill_graph_tokens: int = option(
+        0,
+        help="CUDA graphs for the prefill of one sequence's chunk of up to this many tokens (padded to a power of "
+        "two from 64; captured with the decode steps): a short prompt alone (batch 1) then prefills in one replay "
+        "instead of launching every layer's kernels from the host. 0 = every prefill runs eagerly.",
+    )
     prefill_min_samples: int = option(
         0,
         help="While samples run, admit waiting prompts only once this many samples' places in the batch are free "

@@ -92,7 +92,7 @@ class Engine:
             drafter = None
         self.runner = ModelRunner(
             target, drafter, num_blocks, block_size, self.max_blocks_per_seq,
-            None if enforce_eager else self.buckets, window_rows=rows,
+            None if enforce_eager else self.buckets, window_rows=rows, prefill_graph_tokens=cfg.prefill_graph_tokens,
         )  # fmt: skip
         # its own stream, of high priority: a drafter trainer on another stream neither waits for a step nor
         # enters its timing, and the engine's kernels are scheduled first when both have work ready

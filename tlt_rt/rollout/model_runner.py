@@ -31,7 +31,7 @@ from tlt_rt.rollout.step.drafting import DrafterRunner
 from tlt_rt.rollout.step.graph import StepArgs, StepGraphs, StepValues, batch_mode, layout
 from tlt_rt.rollout.step.io import StepOut, Uniforms, distinct, pack_floats, pack_ints, parse_host, row_params
 from tlt_rt.rollout.step.ops import scratch_tokens
-from tlt_rt.rollout.step.target import Layout, TargetRunner
+from tlt_rt.rollout.step.target import Layout, PaddedPrefill, TargetRunner, prefill_graph_sizes
 
 log = logging.getLogger(__name__)
 PLAIN = option_name(None)  # the option name of a plain step
@@ -80,6 +80,7 @@ class ModelRunner:
         max_blocks_per_seq: int,
         buckets: list[int] | None,
         window_rows: int = 0,
+        prefill_graph_tokens: int = 0,
     ):
         self.device = target.lm_head.weight.device
         self.block_size = block_size
@@ -94,13 +95,33 @@ class ModelRunner:
         self.uniforms = Uniforms(2 * max(1, window_rows))
         if self.pool is not None:
             self.pool.register(("step",), self.steps)
+        # one sequence's short prefill at a fixed padded size: captured on CUDA, run eagerly elsewhere
+        sizes = prefill_graph_sizes(prefill_graph_tokens)
+        self.padded = PaddedPrefill(self.target, self.width, sizes) if sizes else None
+        if self.padded is not None and self.pool is not None:
+            self.pool.register(("prefill",), self.padded)
         self._head_version = None if self.drafter is None else self.drafter.drafter.head_version
 
     # ---- prefill ---------------------------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, tokens: list[int], layout: Layout, logits_rows: list[int]) -> ModelOutput:
-        """Eager chunked prefill of packed prompts (shapes vary too much to capture)."""
+        """Chunked prefill of packed prompts: eager, but for one sequence's chunk that fits a padded size
+        (`prefill_graph_tokens`), which replays its captured graph (its logits are the chunk's last row)."""
+        if self.padded is not None and len(layout.q_lens) == 1:
+            t = self.padded.size_for(layout.starts[0], layout.q_lens[0])
+            if t is not None:
+                args = (tokens, layout.starts[0], layout.tables[0])
+                if self.pool is None:
+                    return self.padded(*args, t)
+                key = ("prefill", t)
+                if not self.pool.has(key):
+                    self.pool.capture([key])
+                return self.pool.replay(key, *args)
         return self.target.forward(tokens, layout, "prefill", logits_rows=logits_rows)
+
+    def prefill_keys(self) -> list[Key]:
+        """Keys of the captured one-sequence prefills (none unless `prefill_graph_tokens`)."""
+        return [] if self.padded is None else [("prefill", t) for t in self.padded.sizes]
 
     # ---- graphs ----------------------------------------------------------------------------------------
     def key(self, batch: int, option: str, mode: str, table_width: int) -> Key | None:
@@ -145,7 +166,7 @@ class ModelRunner:
         self._head_version = self.drafter.drafter.head_version
         if self.pool is None:
             return []
-        stale = [key for key in self.pool.graphs if key[2] != PLAIN]
+        stale = [key for key in self.pool.graphs if key[0] == "step" and key[2] != PLAIN]
         if stale:
             log.warning("the drafter's head changed after %d speculative steps were captured: capturing them anew",
                         len(stale))  # fmt: skip

@@ -29,7 +29,7 @@ def capture(engine, batch_sizes: list[int] | None = None, profile_missing: bool 
     (bucket, option) cells is profiled again."""
     if engine.runner.pool is None:
         return {"graphs": 0, "pool_bytes": 0}
-    engine.runner.capture(engine.graph_keys(batch_sizes, modes))
+    engine.runner.capture(engine.graph_keys(batch_sizes, modes) + engine.runner.prefill_keys())
     known = all(engine.policy.costs.get(b, o) is not None for b in engine.buckets for o in engine.policy.options)
     if profile_missing and engine.speculative == "auto" and not known:
         profile_costs(engine, save=True)

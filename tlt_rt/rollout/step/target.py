@@ -14,7 +14,7 @@ import torch
 
 from tlt_rt.codegen.kernels.accept import accept_tree
 from tlt_rt.models.attention import AttnMetadata
-from tlt_rt.models.llama import CausalLM, KVCache
+from tlt_rt.models.llama import CausalLM, KVCache, ModelOutput
 from tlt_rt.rollout.block_manager import Tables
 from tlt_rt.rollout.params import SamplingParams
 from tlt_rt.rollout.step.ops import maybe_compiled
@@ -157,3 +157,80 @@ class TargetRunner:
         for c in caches:
             c.k[:, dst] = c.k[:, src]
             c.v[:, dst] = c.v[:, src]
+
+
+MIN_PREFILL_GRAPH = 64  # the smallest token count a one-sequence prefill is captured at
+
+
+def prefill_graph_sizes(most: int) -> list[int]:
+    """Token counts a one-sequence prefill chunk is padded to (and captured at): powers of two from
+    MIN_PREFILL_GRAPH up to `most`, and `most` itself; none for 0."""
+    sizes, t = [], MIN_PREFILL_GRAPH
+    while 0 < t < most:
+        sizes.append(t)
+        t *= 2
+    return sizes + [most] if most > 0 else []
+
+
+class PaddedPrefill:
+    """The prefill of one sequence's chunk of up to T new tokens as a program of fixed shapes (a
+    `codegen.graphs.Program` of kind "prefill", key ("prefill", T)). An eager prefill launches every layer's
+    kernels from the host, which for one short prompt costs far more than the kernels do; captured, it is one
+    replay. The chunk's n tokens are padded to T: the padding tokens sit after the real ones, write their K/V to
+    the trash slot, and only padding rows attend to their positions (causal), so the real rows compute what the
+    unpadded prefill computes; logits come from the last real row. Needs the chunk's first position plus T within
+    the sequence's block-table width (`slots`)."""
+
+    def __init__(self, runner: TargetRunner, width: int, sizes: list[int]):
+        self.runner, self.width, self.sizes = runner, width, list(sizes)
+
+    def size_for(self, start: int, n: int) -> int | None:
+        """The padded size for a chunk of n tokens from position `start`, or None where none fits."""
+        room = self.width * self.runner.block_size - start
+        return next((t for t in self.sizes if n <= t <= room), None)
+
+    def static_inputs(self, key) -> dict[str, torch.Tensor]:
+        t, dev = key[1], self.runner.device
+        return dict(
+            ids=torch.zeros(t, dtype=torch.long, device=dev),
+            positions=torch.arange(t, dtype=torch.long, device=dev),
+            slots=torch.full((t,), -1, dtype=torch.long, device=dev),
+            seq_lens=torch.full((1,), t, dtype=torch.int32, device=dev),
+            cu=torch.tensor([0, t], dtype=torch.int32, device=dev),
+            table=torch.zeros(1, self.width, dtype=torch.int32, device=dev),
+            last=torch.zeros(1, dtype=torch.long, device=dev),
+        )
+
+    def run(self, key, ins: dict[str, torch.Tensor]):
+        meta = AttnMetadata("prefill", ins["cu"], ins["seq_lens"], ins["table"], ins["slots"], key[1])
+        return self.runner.model.forward_paged(ins["ids"], ins["positions"], self.runner.cache, meta, ins["last"])
+
+    def fill(self, key, ins: dict[str, torch.Tensor], tokens: list[int], start: int, table: list[int]) -> None:
+        t, n, bs = key[1], len(tokens), self.runner.block_size
+        positions = np.arange(start, start + t, dtype=np.int64)
+        row = np.zeros(self.width, dtype=np.int32)
+        row[: len(table)] = table
+        slots = np.full(t, -1, dtype=np.int64)
+        slots[:n] = row[positions[:n] // bs].astype(np.int64) * bs + positions[:n] % bs
+        ids = np.zeros(t, dtype=np.int64)
+        ids[:n] = tokens
+        ints = np.concatenate([ids, positions, slots, [start + t, n - 1]])
+        dev = to_device(torch.from_numpy(ints), self.runner.device)  # one upload for every input but the table
+        ins["ids"].copy_(dev[:t])
+        ins["positions"].copy_(dev[t : 2 * t])
+        ins["slots"].copy_(dev[2 * t : 3 * t])
+        ins["seq_lens"].copy_(dev[3 * t : 3 * t + 1])
+        ins["last"].copy_(dev[3 * t + 1 :])
+        ins["table"].copy_(to_device(torch.from_numpy(row), self.runner.device)[None])
+
+    def result(self, key, outputs, tokens: list[int], start: int, table: list[int]):
+        """The chunk's logits (its last real row) and its real rows' hidden states, copied out of the graph's
+        buffers (a later replay of the shared pool reuses them; the caller keeps the hidden rows)."""
+        return ModelOutput(logits=outputs.logits, hidden=outputs.hidden[: len(tokens)].clone())
+
+    def __call__(self, tokens: list[int], start: int, table: list[int], t: int):
+        """The program run eagerly (no graph: CPU, or a device without a pool), with the same arithmetic."""
+        key = ("prefill", t)
+        ins = self.static_inputs(key)
+        self.fill(key, ins, tokens, start, table)
+        return self.result(key, self.run(key, ins), tokens, start, table)
