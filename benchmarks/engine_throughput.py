@@ -258,6 +258,8 @@ def main(argv=None) -> None:
                     help="with --interleave: print every timed call's steps as runs of one option")  # fmt: skip
     ap.add_argument("--max-prefill-tokens", type=int, default=0,
                     help="prompt tokens a prefill step takes (0: the engine's default)")  # fmt: skip
+    ap.add_argument("--prefill-graph-tokens", type=int, default=0,
+                    help="every engine's rollout.prefill_graph_tokens (a lone prompt's prefill captured)")  # fmt: skip
     ap.add_argument("--target", default=None,
                     help="model folder, .gguf or registry name (default: the embedded SmolLM2)")  # fmt: skip
     ap.add_argument("--temperature", type=float, default=0.0,
@@ -296,6 +298,7 @@ def main(argv=None) -> None:
                 max_batch=max(b, 1),
                 num_blocks=256 + per_seq * b,
                 **({"max_prefill_tokens": args.max_prefill_tokens} if args.max_prefill_tokens else {}),
+                prefill_graph_tokens=args.prefill_graph_tokens,
             )
             if args.interleave:
                 continue

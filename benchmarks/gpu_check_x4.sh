@@ -3,8 +3,9 @@
 # one 4-GPU machine (NCCL, NVLink multicast off). Three chains run at once; a job that needs another's output waits
 # for its marker file:
 #   GPU 0:     the 1.5B checkpoint converted, its drafter warm-up (WARMUP_PROMPTS (3,584) x WARMUP_EPOCHS (1.5)),
-#              then auto against off per batch on that drafter (interleaved, T=1.0; AUTO_OFF=0 leaves it out) and
-#              a profile of its prefill at batch 1 and 8 (`prefill_cost.py`);
+#              then auto against off per batch on that drafter (interleaved, T=1.0, both rows with a lone prompt's
+#              prefill captured up to PREFILL_GRAPHS (256) tokens; AUTO_OFF=0 leaves it out) and a profile of its
+#              prefill at batch 1 and 8, eager and captured (`prefill_cost.py`);
 #   GPU 1:     the 0.5B warm-up (WARMUP_PROMPTS05 (6,144) x WARMUP_EPOCHS05 (1.5), W05_ARGS (default a peak rate
 #              of 9e-4, 1.55x the width rule's)), then auto against off on it;
 #   GPUs 2-3:  the `gpu` tests in two halves (GPU 3: the engine, drafter, IR and real-Qwen tests; GPU 2: every
@@ -35,7 +36,7 @@ share_cores 4
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 prompts=${WARMUP_PROMPTS:-3584}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-6144}
 e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
-tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-540}; glue=${GLUE:-0}
+tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-540}; glue=${GLUE:-0}; pg=${PREFILL_GRAPHS:-256}
 VARIANTS=("--warmup-arg=--gen-batch=512")
 GLUES="base fused-norm rope-attn fused fused+skinny"
 
@@ -60,11 +61,15 @@ main() {
     done_at w0 "1.5B warm-up"
     if [ "$timings" = 1 ] && [ -f "$out/w0/drafter/warmup.json" ]; then
       # shellcheck disable=SC2086  # the strategy list splits on purpose
-      auto_off 0 "$q15" "$cfg1" "$out/w0/drafter" auto-off-q15 "1 8 32 128" --configs off auto --strategies $DEFAULT
+      # both rows with a lone prompt's prefill captured (PREFILL_GRAPHS tokens; 0: eager); eager again if that fails
+      auto_off 0 "$q15" "$cfg1" "$out/w0/drafter" auto-off-q15 "1 8 32 128" --configs off auto --strategies $DEFAULT \
+          --prefill-graph-tokens "$pg" ||
+        auto_off 0 "$q15" "$cfg1" "$out/w0/drafter" auto-off-q15 "1 8 32 128" --configs off auto --strategies $DEFAULT
       done_at a15 "1.5B auto against off"
       # where a prompt's prefill goes at batch 1 and 8 (eager: host-bound on the 1.5B, 30-47 ms at batch 1)
       CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/prefill_cost.py --target "$q15" --batch 1 8 \
-          --chunks 16384 --rounds 5 --drafter "$out/w0/drafter" --profile 25 --out "$out/prefill-q15.jsonl" \
+          --chunks 16384 --rounds 5 --drafter "$out/w0/drafter" --profile 25 --graph-tokens 256 \
+          --out "$out/prefill-q15.jsonl" \
           > "$out/prefill-q15.log" 2>&1
       done_at prefill "1.5B prefill profile"
     fi
@@ -76,7 +81,9 @@ main() {
     done_at w05 "0.5B warm-up ($w05_args)"
     if [ "$timings" = 1 ] && [ -f "$out/w05/drafter/warmup.json" ]; then
       # shellcheck disable=SC2086
-      auto_off 1 "$q05" "$cfg05" "$out/w05/drafter" auto-off-q05 "1 8 32 128" --configs off auto --strategies $DEFAULT
+      auto_off 1 "$q05" "$cfg05" "$out/w05/drafter" auto-off-q05 "1 8 32 128" --configs off auto --strategies $DEFAULT \
+          --prefill-graph-tokens "$pg" ||
+        auto_off 1 "$q05" "$cfg05" "$out/w05/drafter" auto-off-q05 "1 8 32 128" --configs off auto --strategies $DEFAULT
       done_at a05 "0.5B auto against off"
     fi
     touch "$out/gpu1.done"
@@ -120,6 +127,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off wait_for done_at test_half glue_costs); $(declare -p VARIANTS DEFAULT GLUES out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit glue HALF0 HALF1); main" \
+setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off wait_for done_at test_half glue_costs); $(declare -p VARIANTS DEFAULT GLUES out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit glue pg HALF0 HALF1); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x4.sh --snapshot $out DEST"

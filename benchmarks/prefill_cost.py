@@ -85,6 +85,9 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None, help="append the rows as JSON lines")
     ap.add_argument("--profile", type=int, default=0, help="print the N dearest engine functions and kernels")
+    ap.add_argument("--graph-tokens", type=int, default=0,
+                    help="also each kind with rollout.prefill_graph_tokens=N (a lone prompt's prefill captured), "
+                         "labelled KIND+graph, in the same rounds")  # fmt: skip
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     tok = load_tokenizer(args.target)
@@ -93,17 +96,18 @@ def main(argv=None) -> None:
     for b in args.batch:
         prompts = prompts_for(b, tok)
         engines = {}
-        for kind in args.kinds:
+        labels = [(k, 0) for k in args.kinds] + [(k, args.graph_tokens) for k in args.kinds if args.graph_tokens]
+        for kind, graph_tokens in labels:
             for chunk in args.chunks:
                 eng = Engine.from_pretrained(
                     args.target, drafter_path=args.drafter if kind != "off" else None, speculative=kind, dtype=dtype,
                     device=args.device, strategies=["8_4_32", "6_2_12"], max_batch=b, num_blocks=256 + 32 * b,
-                    max_prefill_tokens=chunk,
+                    max_prefill_tokens=chunk, prefill_graph_tokens=graph_tokens,
                 )  # fmt: skip
                 if args.device == "cuda":
                     eng.warm_up()  # prefill runs eagerly: no captured steps, only first-use compiles
-                timed_prefill(eng, prompts, args.device)  # and prefill's own shapes
-                engines[(kind, chunk)] = eng
+                timed_prefill(eng, prompts, args.device)  # and prefill's own shapes (and a graph's capture)
+                engines[(kind + ("+graph" if graph_tokens else ""), chunk)] = eng
         ms = {key: [] for key in engines}
         steps = {}
         for _ in range(args.rounds):
@@ -117,16 +121,16 @@ def main(argv=None) -> None:
             rows.append(dict(batch=b, kind=kind, chunk=chunk, prompt_tokens=tokens, ms=statistics.median(t),
                              ms_all=t, prefill_steps=steps[(kind, chunk)], x_off=ratio))  # fmt: skip
         if args.profile:
-            for kind in args.kinds:
+            for kind in dict.fromkeys(k for k, _ in engines):
                 chunk = max(args.chunks)
                 profile_call(engines[(kind, chunk)], prompts, args.device, args.profile, f"{kind} b={b} chunk {chunk}")
         del engines
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"device: {name}; one call = prefill + fork (first tokens), median of {args.rounds} interleaved rounds")
-    print(f"{'batch':>5} {'tokens':>7} {'kind':>5} {'chunk':>6} {'steps':>5} {'ms':>8} {'x off':>6}")
+    print(f"{'batch':>5} {'tokens':>7} {'kind':>10} {'chunk':>6} {'steps':>5} {'ms':>8} {'x off':>6}")
     for r in rows:
         ratio = f"{r['x_off']:.3f}" if r["x_off"] is not None else "-"
-        print(f"{r['batch']:5d} {r['prompt_tokens']:7d} {r['kind']:>5} {r['chunk']:6d} {r['prefill_steps']:5d} "
+        print(f"{r['batch']:5d} {r['prompt_tokens']:7d} {r['kind']:>10} {r['chunk']:6d} {r['prefill_steps']:5d} "
               f"{r['ms']:8.1f} {ratio:>6}")  # fmt: skip
     append_jsonl(args.out, rows)
 

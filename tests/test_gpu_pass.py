@@ -218,6 +218,7 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
     timed = {("q05" if "q05" in c else "q15"): c for c in calls if "engine_throughput" in c}
     assert f"--drafter {out / 'w05' / 'drafter'} " in timed["q05"]
     assert f"--drafter {out / 'w0' / 'drafter'} " in timed["q15"]
+    assert all(c.endswith("--prefill-graph-tokens 256") for c in timed.values())  # a lone prompt's prefill captured
     tp_test = next(i for i, c in enumerate(calls) if c.endswith(" tests/test_tp_gpu.py"))
     glue_calls = [i for i, c in enumerate(calls) if "step_costs.py" in c]
     if glue == "1":
@@ -238,3 +239,4 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
         assert not rows and not rl
     prefill = [c for c in calls if "prefill_cost.py" in c]
     assert len(prefill) == 1 and "--target /m/q15.gguf" in prefill[0] and "--profile" in prefill[0]
+    assert "--graph-tokens 256" in prefill[0]
