@@ -28,7 +28,7 @@ from tlt_rt.train.drafter.measure import (
     strategy_accept,
 )
 from tlt_rt.train.drafter.trainer import DrafterTrainer
-from tlt_rt.train.drafter.warmup_data import answers_device, gen_buckets, generate_data
+from tlt_rt.train.drafter.warmup_data import collect_answers, gen_buckets, keep_answers
 from tlt_rt.train.rl.data import ArithmeticTask, format_prompt
 
 # share of a cosine schedule's steps its learning rate rises over
@@ -143,13 +143,17 @@ def warmup(
     plain.target.set_feature_layers(feature_layers)  # the answers' hidden states carry the fused layers' too
     t0 = time.perf_counter()
     load_s = t0 - t_start
-    data_device = answers_device(plain, prompts, params.n + int(greedy_answers), max_new_tokens)
-    buffer = DrafterBuffer(max_steps=1, device=data_device)
     gen_split: dict = {}
-    n_tokens = generate_data(plain, train_prompts, params, buffer, split=gen_split)
+    ids, hidden, n_tokens = collect_answers(plain, train_prompts, params, split=gen_split)
+    hidden = keep_answers(plain, hidden)
     if greedy_answers:
         greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
-        n_tokens += generate_data(plain, train_prompts, greedy, buffer, split=gen_split)
+        more_ids, more_hidden, n_greedy = collect_answers(plain, train_prompts, greedy, split=gen_split)
+        ids, hidden, n_tokens = ids + more_ids, keep_answers(plain, hidden + more_hidden), n_tokens + n_greedy
+    data_device = hidden[0].device if hidden else torch.device("cpu")
+    buffer = DrafterBuffer(max_steps=1, device=data_device)
+    buffer.add(0, ids, hidden)
+    del ids, hidden
     gen_split["preemptions"] = plain.stats()["preemptions"]
     gen_split["mean_decode_batch"] = gen_split["decode_rows"] / max(1, gen_split["decode_steps"])  # over both calls
     gen_s = time.perf_counter() - t0
