@@ -60,7 +60,9 @@ def check_same_drafter(drafter, group, what: str = "drafter") -> None:
     if d2t is not None:
         d = d2t.to(device, torch.float64)
         ids[0], ids[1] = d.sum(), (d * torch.arange(1, d.numel() + 1, device=device, dtype=torch.float64)).sum()
-    sums = torch.stack([t.detach().double().sum() for t in drafter.state_dict().values() if t.is_floating_point()])
+    sums = torch.stack(
+        [t.detach().sum(dtype=torch.float64) for t in drafter.state_dict().values() if t.is_floating_point()]
+    )
     mine = torch.cat([ids, sums, torch.tensor([-1.0 if d2t is None else d2t.numel()], device=device,
                                               dtype=torch.float64)])  # fmt: skip
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
