@@ -157,9 +157,8 @@ class Attention(nn.Module):
         """Rotary on q and k, their K/V into the cache, paged attention and the output projection: [N, H]. The first
         three are one kernel where the backend has it for this step (`rope_decode`: decode steps), else the glue's
         `rope_write` and then the backend."""
-        fused = getattr(
-            backend, "rope_decode", None
-        )  # it answers None where it does not apply (not a decode step, ...)
+        # the backend's fused kernel answers None where it does not apply (not a decode step, ...)
+        fused = getattr(backend, "rope_decode", None)
         out = None if fused is None else fused(q, k, v, positions, rotary.inv_freq, k_cache, v_cache, meta, self.scale)
         if out is None:
             q = self._rope_write(q, k, v, positions, rotary, k_cache, v_cache, meta)

@@ -214,14 +214,14 @@ class PaddedPrefill:
         slots[:n] = row[positions[:n] // bs].astype(np.int64) * bs + positions[:n] % bs
         ids = np.zeros(t, dtype=np.int64)
         ids[:n] = tokens
-        ints = np.concatenate([ids, positions, slots, [start + t, n - 1]])
-        dev = to_device(torch.from_numpy(ints), self.runner.device)  # one upload for every input but the table
+        ints = np.concatenate([ids, positions, slots, [start + t, n - 1], row])
+        dev = to_device(torch.from_numpy(ints), self.runner.device)  # one upload for every input
         ins["ids"].copy_(dev[:t])
         ins["positions"].copy_(dev[t : 2 * t])
         ins["slots"].copy_(dev[2 * t : 3 * t])
         ins["seq_lens"].copy_(dev[3 * t : 3 * t + 1])
-        ins["last"].copy_(dev[3 * t + 1 :])
-        ins["table"].copy_(to_device(torch.from_numpy(row), self.runner.device)[None])
+        ins["last"].copy_(dev[3 * t + 1 : 3 * t + 2])
+        ins["table"].copy_(dev[3 * t + 2 :][None])
 
     def result(self, key, outputs, tokens: list[int], start: int, table: list[int]):
         """The chunk's logits (its last real row) and its real rows' hidden states, copied out of the graph's
