@@ -46,12 +46,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_costs  # noqa: E402
 
+from tlt_rt.ir.strategy import scratch_tokens  # noqa: E402
 from tlt_rt.models.arch import ArchConfig  # noqa: E402
 from tlt_rt.models.attention import AttnMetadata  # noqa: E402
 from tlt_rt.models.drafter import Drafter  # noqa: E402
 from tlt_rt.models.llama import CausalLM  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
-from tlt_rt.rollout.step.ops import scratch_tokens  # noqa: E402
 
 SECTIONS = ("roofline", "strategies", "adaptivity", "memory")
 REPO = Path(__file__).resolve().parent.parent

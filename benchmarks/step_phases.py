@@ -3,10 +3,11 @@
     python benchmarks/step_phases.py --batch 1 32 --strategies 8_4_32 6_2_12 [--show 12] [--out F.jsonl]
 
 One engine (SmolLM2 bf16, speculation on) runs its steps eagerly with the kernels its captured steps
-replay (compiled glue, Triton attention, the Triton rerank), each phase of the step under
-a profiler range: the drafter's catch-up block, the levels' attention inputs, the draft levels (their top-k apart), the
-rerank into the verify tree, the target's verify, acceptance, KV commit, and the rest (the step's own
-input unpacking and output packing). The torch profiler gives each phase's kernels: launches and time.
+replay (compiled glue, Triton attention, the Triton rerank), each node of the step's program under a
+profiler range (ir/program.py): the drafter's catch-up block, the draft levels (their attention inputs and
+top-k apart), the rerank into the verify tree (ROOT for plain decoding), the target's verify, acceptance, the KV
+commit, the output (hidden rows, windows, the host's tensor), and the rest (the step's own input unpacking).
+The torch profiler gives each phase's kernels: launches and time.
 Launch counts are what a captured step replays; the time is the kernels' own (no launch gaps).
 """
 
@@ -28,25 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_throughput import prompts_for  # noqa: E402
 from step_ratio import Rotation  # noqa: E402
 
-import tlt_rt.rollout.step.drafting as drafting  # noqa: E402
-import tlt_rt.rollout.step.ops as ops  # noqa: E402
+import tlt_rt.codegen.draft as draft  # noqa: E402
 from tlt_rt.ir.strategy import Strategy  # noqa: E402
 from tlt_rt.models.default import load_tokenizer  # noqa: E402
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
-from tlt_rt.rollout.step.graph import DirectModels  # noqa: E402
 
-PHASES = [
-    "catch-up",
-    "level-meta",
-    "levels",
-    "level-topk",
-    "rerank",
-    "verify",
-    "accept",
-    "commit",
-    "rest",
-    "unattributed",
-]
+# a phase per node of the step program, the levels' attention inputs and every top-k apart
+PHASES = ["catchup", "level", "level-meta", "topk", "rerank", "root", "verify", "accept", "commit", "output", "rest",
+          "unattributed"]  # fmt: skip
 
 
 def _ranged(fn, label: str):
@@ -59,22 +49,16 @@ def _ranged(fn, label: str):
 
 
 def instrument(engine: Engine) -> None:
-    """Profiler ranges around each phase of the engine's steps (module functions and lowered calls)."""
-    for name, label in [("catch_up_block", "catch-up"), ("_level_meta", "level-meta"),
-                        ("grow_candidates", "levels"), ("fused_build_tree", "rerank"),
-                        ("build_tree", "rerank")]:  # fmt: skip
-        setattr(drafting, name, _ranged(getattr(drafting, name), label))
-    # the top-k: the root's children in drafting, each level's in ops.next_level
-    for mod in (drafting, ops):
-        mod.top_children = _ranged(mod.top_children, "level-topk")
-    DirectModels.verify = _ranged(DirectModels.verify, "verify")
+    """Profiler ranges around each node of the engine's lowered steps, and inside them around the levels'
+    attention inputs and every top-k (`codegen.draft`'s functions, looked up there at each call)."""
+    draft.level_meta = _ranged(draft.level_meta, "level-meta")
+    draft.top_children = _ranged(draft.top_children, "topk")
     steps = engine.runner.steps
     lowered = steps.lowered
 
     def lowered_ranged(batch, option, mode):
         low = lowered(batch, option, mode)
-        calls = tuple((op, fn if op in ("DRAFT", "VERIFY") else _ranged(fn, op.lower())) for op, fn in low.calls)
-        return dataclasses.replace(low, calls=calls)
+        return dataclasses.replace(low, calls=tuple((op, _ranged(fn, op.lower())) for op, fn in low.calls))
 
     steps.lowered = lowered_ranged
 

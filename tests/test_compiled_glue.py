@@ -1,4 +1,4 @@
-"""The captured step's glue that runs through torch.compile on CUDA (rollout/step/ops.py) traces as one
+"""The captured step's glue that runs through torch.compile on CUDA (`codegen.table.maybe_compiled`) traces as one
 graph each (no break, so Inductor can fuse all of it) and gives what the plain functions give."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tests.helpers.engine import tiny_pair
-from tlt_rt.rollout.step import drafting, graph, target
+from tlt_rt.codegen import draft, lower
+from tlt_rt.rollout.step import graph
 
 
 def _traced(fn):
@@ -46,7 +47,7 @@ def test_catch_up_block_inputs(drafter, b, r):
     valid = prefix.clamp(max=r)
     tables = torch.randint(0, 8, (b, 3 * r // 4 + 2), generator=g).int()  # covers every row's position
     args = (tokens, hidden, valid, prefix, tables, drafter.features, 4, 99)
-    _same(_traced(drafting._block_meta)(*args), drafting._block_meta(*args))
+    _same(_traced(draft._block_meta)(*args), draft._block_meta(*args))
 
 
 @pytest.mark.parametrize("k, levels", [(4, 7), (2, 5), (1, 1)])
@@ -55,7 +56,7 @@ def test_level_inputs(k, levels):
     tables = torch.arange(48, dtype=torch.int32).view(3, 16)  # covers position 17 + 7 * 4
     valid = torch.tensor([0, 3, 9])
     args = (prefix, tables, valid, k, levels, 4, 119)
-    _same(_traced(drafting._level_meta)(*args), drafting._level_meta(*args))
+    _same(_traced(draft.level_meta)(*args), draft.level_meta(*args))
 
 
 @pytest.mark.parametrize("r, dlen", [(1, 0), (9, 7)])
@@ -71,7 +72,7 @@ def test_step_unpack_and_pack(r, dlen):
     toks, lps = torch.randint(0, 9, (b, dlen + 1), generator=g), torch.randn(b, dlen + 1, generator=g)
     for window in (None, torch.randn(b, r, h, generator=g)) if dlen else (None,):
         args = (acc, nodes, hid, window, toks, lps)
-        _same(_traced(graph.pack_outputs)(*args), graph.pack_outputs(*args))
+        _same(_traced(lower.pack_outputs)(*args), lower.pack_outputs(*args))
 
 
 @pytest.mark.parametrize("q_len, write", [(12, False), (1, False), (5, True)])
@@ -81,7 +82,7 @@ def test_verify_slots(q_len, write):
     lens = torch.tensor([0, 3, 17]) + q_len - 2  # the first row's leading tokens have negative positions
     keep = torch.rand(3, q_len, generator=g) < 0.7 if write else None
     args = (tables, lens, q_len, 4, keep)
-    _same(_traced(target.tree_slots)(*args), target.tree_slots(*args))
+    _same(_traced(lower.tree_slots)(*args), lower.tree_slots(*args))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

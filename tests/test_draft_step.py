@@ -9,6 +9,7 @@ import torch
 
 from tests.helpers.engine import PROMPTS, TINY, make_engine, tiny_pair
 from tlt_rt.codegen.backend import TritonAttention, triton_usable
+from tlt_rt.codegen.draft import DraftInputs, catch_up_block, draft_tree, grow_candidates
 from tlt_rt.ir.strategy import Strategy
 from tlt_rt.ir.tree import TREE_FIELDS, build_tree
 from tlt_rt.models.attention import TorchAttention
@@ -16,13 +17,7 @@ from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import SamplingParams
 from tlt_rt.rollout.sequence import Sequence
-from tlt_rt.rollout.step.drafting import (
-    DrafterRunner,
-    DraftInputs,
-    catch_up_block,
-    draft_tree,
-    grow_candidates,
-)
+from tlt_rt.rollout.step.drafting import DrafterRunner
 from tlt_rt.rollout.step.target import table_tensor
 
 STRATEGY = Strategy(3, 2, 5)  # R = 4 catch-up rows
@@ -271,10 +266,10 @@ def test_triton_draft_equals_torch_draft():
 
 
 def test_captured_path_builds_the_same_tree():
-    """The captured step's path (`compiled`: the rerank through `fused_build_tree`, one Triton launch on CUDA
-    and `build_tree` here; the kernel itself is checked against `build_tree` in test_kernel_build_tree.py)
-    grows the candidates of the eager path and the same tree."""
-    import tlt_rt.rollout.step.drafting as drafting
+    """The captured step's path (`compiled`: the rerank through the codegen table's build_tree kernel, one
+    Triton launch on CUDA and `build_tree` here; the kernel itself is checked against `build_tree` in
+    test_kernel_build_tree.py) grows the candidates of the eager path and the same tree."""
+    from tlt_rt.codegen.draft import rerank
 
     target, drafter = _drafter()
     (seqs, tables), (seqs2, _) = _copies(target, MIXED)
@@ -286,10 +281,10 @@ def test_captured_path_builds_the_same_tree():
     ins = DraftInputs(torch.zeros(b, r, dtype=torch.long), None, lens.clamp(max=r), lens, table_tensor(tables, "cpu"))
     with torch.no_grad():
         got = grow_candidates(drafter, runner.cache, STRATEGY, BLOCK_SIZE, ins, logits2, hidden2, compiled=True)
-        tree = drafting.fused_build_tree(got, lens, lens, STRATEGY.verify_tokens)
+        tree = rerank(got, lens, lens, STRATEGY.verify_tokens, compiled=True)
     for name in ("tokens", "parents"):
         assert torch.equal(getattr(got, name), getattr(want, name))
     torch.testing.assert_close(got.scores, want.scores)
-    ref = drafting.build_tree(want, lens, lens, STRATEGY.verify_tokens)
+    ref = build_tree(want, lens, lens, STRATEGY.verify_tokens)
     for name in TREE_FIELDS:
         assert torch.equal(getattr(tree, name), getattr(ref, name)), name

@@ -180,7 +180,8 @@ def test_step_graph_replay_equals_eager_step(temperature):
     """One captured SD step (batch 3 padded to bucket 4) against the same step run eagerly on a copy of the
     caches: the same host results, moved windows and hidden rows."""
     from tlt_rt.rollout.model_runner import ModelRunner
-    from tlt_rt.rollout.step.graph import StepArgs, accept_mode
+    from tlt_rt.rollout.step.graph import StepArgs
+    from tlt_rt.rollout.step.target import accept_mode
 
     torch.manual_seed(0)
     target, drafter = _pair()

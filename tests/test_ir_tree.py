@@ -286,11 +286,11 @@ def _fields(tree: DraftTree) -> list[torch.Tensor]:
 @given(drafts())
 def test_fused_rerank_matches_on_cuda(draft):
     """The captured step's rerank (one Triton launch) builds build_tree's tree, field for field."""
-    from tlt_rt.rollout.step.drafting import fused_build_tree
+    from tlt_rt.codegen.table import kernel
 
     cands, root, prefix, T = draft
     cands = Candidates(cands.tokens.cuda(), cands.scores.cuda(), cands.parents.cuda(), cands.topk)
     want = build_tree(cands, root.cuda(), prefix.cuda(), T)
-    got = fused_build_tree(cands, root.cuda(), prefix.cuda(), T)
+    got = kernel("build_tree", "cuda")(cands, root.cuda(), prefix.cuda(), T)
     for g, w in zip(_fields(got), _fields(want), strict=True):
         assert torch.equal(g, w)

@@ -8,8 +8,10 @@ import torch
 
 from tests.helpers.engine import PROMPTS, make_engine
 from tlt_rt.ir.program import Op
+from tlt_rt.ir.strategy import Strategy
 from tlt_rt.rollout import SamplingParams
-from tlt_rt.rollout.step.graph import accept_mode, mode_program
+from tlt_rt.rollout.step.graph import mode_program
+from tlt_rt.rollout.step.target import accept_mode
 
 
 def _through_program(engine, pad: int) -> list:
@@ -66,7 +68,7 @@ def test_plain_steps_draw_through_the_lowered_plain_program():
     eng.runner.steps.lowered = spy
     eng.generate(PROMPTS[:2], SamplingParams(temperature=0.7, max_new_tokens=5, stop_token_ids=[]))
     assert len(runs) == eng.stats()["decode_steps"] > 0
-    assert all(p.node(Op.DRAFT) is None and p.node(Op.ACCEPT)["depth"] == 0 for p in runs)
+    assert all(p.node(Op.ROOT) is not None and p.node(Op.ACCEPT)["depth"] == 0 for p in runs)
 
 
 def test_modes_pick_the_acceptance_variant():
@@ -75,7 +77,8 @@ def test_modes_pick_the_acceptance_variant():
     assert accept_mode(SamplingParams(temperature=1.0, top_p=0.9)) == "filtered"
     assert accept_mode(SamplingParams(temperature=1.0, top_k=5)) == "filtered"
     acc = mode_program(None, "filtered").node(Op.ACCEPT)
-    assert acc["mode"] == "filtered" and (acc["temperature"], acc["top_k"], acc["top_p"]) == (1.0, -1, 1.0)
+    assert acc["mode"] == "filtered" and dict(acc.attrs) == {"mode": "filtered", "depth": 0}  # settings: per row
+    assert mode_program(Strategy.parse("3_2_5"), "sampled", rows=6).rows == 6
     assert mode_program(None, "greedy").node(Op.ACCEPT)["mode"] == "greedy"
 
 
@@ -99,7 +102,7 @@ def test_reduced_draft_vocabulary_drafts_target_ids_and_stays_exact(temperature)
 
         def run(models, values):
             out = step(models, values)
-            drafted.append(out["tree"].tree_tokens[:, 1:])
+            drafted.append(out["tree_tokens"][:, 1:])
             return out
 
         return run

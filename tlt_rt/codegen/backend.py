@@ -9,8 +9,8 @@ TritonAttention runs the paged Triton kernels:
                  `prefill_kernel=False` the plain-torch reference instead (sequences padded into groups,
                  upcast to fp32, one SDPA per group), which a switch into speculation at batch ~120 paid
                  tens of milliseconds for.
-Kernel modules are imported on first use, so importing this module never needs Triton and the
-interpreter switch (TRITON_INTERPRET=1) only has to be set before the first call.
+The attention kernel modules are imported on first use. Whether "auto" takes the Triton kernels is the codegen
+table's rule (`codegen.table.runs_triton`: on CUDA), the same one every other kernel of a step follows.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 
 import torch
 
+from tlt_rt.codegen.table import runs_triton
 from tlt_rt.models.attention import AttentionBackend, AttnMetadata, TorchAttention, paged_attention_reference
 
 __all__ = ["TritonAttention", "select_backend", "triton_usable"]
@@ -122,5 +123,5 @@ def select_backend(device: torch.device | str, name: str = "auto", fuse_rope: bo
             )
         return TritonAttention(fuse_rope=fuse_rope)
     if name == "auto":
-        return TritonAttention(fuse_rope=fuse_rope) if torch.device(device).type == "cuda" else TorchAttention()
+        return TritonAttention(fuse_rope=fuse_rope) if runs_triton(device) else TorchAttention()
     raise ValueError(f"unknown attention backend {name!r}: choose 'auto', 'triton' or 'torch'")

@@ -1,36 +1,47 @@
-# Over ~300 lines on purpose: the IR's one program type with its node, tensor signatures and the validation
-# that is the contract between the IR, codegen and the engine; split, that contract would be in pieces.
-"""A speculative step as a program: DRAFT -> VERIFY -> ACCEPT -> COMMIT.
+"""A decode step as a program: the drafter's catch-up and levels, the rerank, verify, accept, commit, output.
 
-One node type (`Node`: an `Op` plus attributes, edited through `replace`) in a straight-line
-`StepProgram`. Data flows by tensor name: each node reads named tensors made by earlier nodes or given
-to the step (`StepProgram.step_inputs`) and makes new ones; `signature(bucket)` gives every name's shape
-and dtype, which is the contract between the IR, codegen and the engine.
+One node type (`Node`: an `Op` plus attributes, edited through `replace`) in a straight-line `StepProgram`,
+ops in the order of the enum. Data flows by tensor name: each node reads named tensors made by earlier nodes
+or given to the step and makes new ones; `ir.signature` gives every name's shape and dtype, the contract
+between the IR, codegen and the engine. Three kinds of program, each built and verified here:
 
-Plain decode is the same program without DRAFT: VERIFY sends 1 token per sequence, and ACCEPT with
-depth 0 just picks (argmax or sampled) the bonus token, so greedy/sampled acceptance, log-probs and the
-KV commit have one code path for both.
+    speculative  CATCHUP  LEVEL x (depth-1)  RERANK  VERIFY  ACCEPT  COMMIT  OUTPUT
+    plain        ROOT                                VERIFY  ACCEPT  COMMIT  OUTPUT
+    first draw                                               ACCEPT            (depth 0, over given logits)
+
+Plain decoding is a speculative step whose tree is its root alone: VERIFY sends one token per sequence and
+ACCEPT of depth 0 draws the bonus token, so acceptance, log-probs and the KV commit have one path for every
+token, the first one after a prefill included (the first-draw program). Sampling settings are per-row
+inputs of the step (temperature, top_k, top_p); ACCEPT's `mode` picks the walk: greedy (argmax), sampled
+(the exact rejection walk over the temperature-scaled distribution) or filtered (the same over the top-k /
+top-p filtered one). A program of a mode serves every row its mode covers: greedy rows inside a sampled
+step, unfiltered rows inside a filtered one.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-import torch
-
+from . import signature as _signature
+from .signature import NodeSignature, TensorSpec
 from .strategy import Bucket, Strategy
+
+__all__ = ["ACCEPT_MODES", "ATTRS", "IRError", "Node", "NodeSignature", "Op", "StepProgram", "TensorSpec"]
 
 
 class Op(IntEnum):
-    """Node kinds, in the only order a program may hold them."""
+    """Node kinds, in the only order a program may hold them (LEVEL may repeat, one node per draft level)."""
 
-    DRAFT = 0
-    VERIFY = 1
-    ACCEPT = 2
-    COMMIT = 3
+    CATCHUP = 0  # the drafter over its catch-up block; the root's K best children: level 1 of the draft
+    LEVEL = 1  # one more draft level: the drafter over the frontier, its children, the next frontier
+    RERANK = 2  # every candidate -> the verify tree (the best verify_tokens - 1 under the root)
+    ROOT = 3  # plain decoding's tree: the root alone
+    VERIFY = 4  # the target over the tree
+    ACCEPT = 5  # the acceptance walk: accepted tokens, the bonus token, their log-probs
+    COMMIT = 6  # the accepted path's K/V moved into place
+    OUTPUT = 7  # the hidden rows of the accepted path, the catch-up windows moved on, the host's results packed
 
 
 class IRError(ValueError):
@@ -44,15 +55,17 @@ class IRError(ValueError):
 
 # the attributes each op carries, in print order
 ATTRS: dict[Op, tuple[str, ...]] = {
-    Op.DRAFT: ("depth", "topk", "verify_tokens"),
+    Op.CATCHUP: ("rows", "topk"),
+    Op.LEVEL: ("level", "topk"),
+    Op.RERANK: ("depth", "topk", "verify_tokens"),
+    Op.ROOT: (),
     Op.VERIFY: ("verify_tokens",),
-    Op.ACCEPT: ("mode", "depth", "temperature", "top_k", "top_p"),
+    Op.ACCEPT: ("mode", "depth"),
     Op.COMMIT: ("depth",),
+    Op.OUTPUT: ("depth", "rows"),
 }
-# greedy: the argmax walk; sampled: the exact rejection walk over the temperature-scaled distribution; filtered:
-# the same over the top-k / top-p filtered one (a captured step of a mode serves any per-row settings it covers:
-# greedy rows inside a sampled step, unfiltered rows inside a filtered one)
 ACCEPT_MODES = ("greedy", "sampled", "filtered")
+_STEP = (Op.VERIFY, Op.ACCEPT, Op.COMMIT, Op.OUTPUT)  # what every decode step holds after its tree
 
 
 @dataclass(frozen=True)
@@ -88,37 +101,9 @@ class Node:
 
 
 @dataclass(frozen=True)
-class TensorSpec:
-    """Shape and dtype of one named tensor; dtype None means the model's compute dtype (e.g. bf16)."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype | None
-
-    def __str__(self) -> str:
-        short = {torch.int64: "i64", torch.int32: "i32", torch.bool: "bool", torch.float32: "f32"}
-        return f"[{','.join(map(str, self.shape))}]:{short.get(self.dtype, 'act')}"
-
-
-@dataclass(frozen=True)
-class NodeSignature:
-    """The tensors a node reads and makes, by name."""
-
-    inputs: dict[str, TensorSpec]
-    outputs: dict[str, TensorSpec]
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_real(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-@dataclass(frozen=True)
 class StepProgram:
-    """A straight-line program: [DRAFT,] VERIFY, ACCEPT, COMMIT. Build with `speculative` or
-    `plain_decode` (both verified); programs edited by hand are checked with `verify()`."""
+    """A straight-line program of `Node`s. Build with `speculative`, `plain_decode` or `first_draw` (each
+    verified); programs edited by hand are checked with `verify()`."""
 
     nodes: tuple[Node, ...]
 
@@ -128,35 +113,38 @@ class StepProgram:
     # ---- builders -------------------------------------------------------------------------------------
 
     @classmethod
-    def speculative(
-        cls,
-        strategy: Strategy | str,
-        accept: str = "greedy",
-        temperature: float | None = None,
-        top_k: int = -1,
-        top_p: float = 1.0,
-    ) -> StepProgram:
-        """An SD step. temperature defaults to 0 for greedy and 1 for sampled or filtered acceptance."""
+    def speculative(cls, strategy: Strategy | str, accept: str = "greedy", rows: int | None = None) -> StepProgram:
+        """A speculative step of `strategy`. rows: the drafter's catch-up block (R >= depth + 1, the default);
+        an engine passes its deepest strategy's, so that switching strategies never leaves the drafter behind."""
         s = Strategy.parse(strategy) if isinstance(strategy, str) else strategy
+        r = s.depth + 1 if rows is None else rows
         nodes = (
-            Node.make(Op.DRAFT, depth=s.depth, topk=s.topk, verify_tokens=s.verify_tokens),
+            Node.make(Op.CATCHUP, rows=r, topk=s.topk),
+            *(Node.make(Op.LEVEL, level=d, topk=s.topk) for d in range(2, s.depth + 1)),
+            Node.make(Op.RERANK, depth=s.depth, topk=s.topk, verify_tokens=s.verify_tokens),
             Node.make(Op.VERIFY, verify_tokens=s.verify_tokens),
-            _accept(accept, s.depth, temperature, top_k, top_p),
+            Node.make(Op.ACCEPT, mode=accept, depth=s.depth),
             Node.make(Op.COMMIT, depth=s.depth),
+            Node.make(Op.OUTPUT, depth=s.depth, rows=r),
         )
         return cls(nodes).verify()
 
     @classmethod
-    def plain_decode(
-        cls, accept: str = "greedy", temperature: float | None = None, top_k: int = -1, top_p: float = 1.0
-    ) -> StepProgram:
-        """A decode step: no DRAFT, VERIFY of the one last token, ACCEPT of depth 0 (the bonus only)."""
+    def plain_decode(cls, accept: str = "greedy") -> StepProgram:
+        """A plain decode step: the root alone verified (one token per sequence), the bonus drawn."""
         nodes = (
+            Node.make(Op.ROOT),
             Node.make(Op.VERIFY, verify_tokens=1),
-            _accept(accept, 0, temperature, top_k, top_p),
+            Node.make(Op.ACCEPT, mode=accept, depth=0),
             Node.make(Op.COMMIT, depth=0),
+            Node.make(Op.OUTPUT, depth=0, rows=0),
         )
         return cls(nodes).verify()
+
+    @classmethod
+    def first_draw(cls, accept: str = "greedy") -> StepProgram:
+        """A sample's first token after its prompt's prefill: ACCEPT of depth 0 over the prefill's logits."""
+        return cls((Node.make(Op.ACCEPT, mode=accept, depth=0),)).verify()
 
     # ---- queries and edits ----------------------------------------------------------------------------
 
@@ -166,15 +154,26 @@ class StepProgram:
 
     @property
     def strategy(self) -> Strategy | None:
-        """The DRAFT node's strategy, None for plain decode."""
-        draft = self.node(Op.DRAFT)
-        return None if draft is None else Strategy(draft["depth"], draft["topk"], draft["verify_tokens"])
+        """The RERANK node's strategy, None for plain decoding and a first draw."""
+        rerank = self.node(Op.RERANK)
+        return None if rerank is None else Strategy(rerank["depth"], rerank["topk"], rerank["verify_tokens"])
 
     @property
     def depth(self) -> int:
-        """D: the most draft tokens one step can accept (0 for plain decode)."""
-        draft = self.node(Op.DRAFT)
-        return 0 if draft is None else draft["depth"]
+        """D: the most draft tokens one step can accept (0 for plain decoding)."""
+        rerank = self.node(Op.RERANK)
+        return 0 if rerank is None else rerank["depth"]
+
+    @property
+    def rows(self) -> int:
+        """R: rows of the drafter's catch-up block (0 without a draft)."""
+        catchup = self.node(Op.CATCHUP)
+        return 0 if catchup is None else catchup["rows"]
+
+    @property
+    def is_draw(self) -> bool:
+        """A first-draw program: ACCEPT alone, over logits given to it."""
+        return self.node(Op.VERIFY) is None
 
     def edit(self, index: int, **changes: Any) -> StepProgram:
         """A copy with nodes[index].replace(**changes); not verified."""
@@ -187,142 +186,91 @@ class StepProgram:
     def verify(self) -> StepProgram:
         """Return self if well formed, else raise IRError naming the first offending node."""
         if not self.nodes:
-            raise IRError(0, None, "empty program, expected [DRAFT,] VERIFY, ACCEPT, COMMIT")
+            raise IRError(0, None, "empty program, expected a decode step or a first draw")
         seen: dict[Op, int] = {}
         for i, node in enumerate(self.nodes):
             if not isinstance(node, Node) or not isinstance(node.op, Op):
                 raise IRError(i, None, f"not a Node with an Op: {node!r}")
-            if node.op in seen:
+            if node.op in seen and node.op != Op.LEVEL:
                 raise IRError(i, node, f"duplicate {node.op.name} (first at %{seen[node.op]})")
             later = [op for op in seen if op > node.op]
             if later:
                 raise IRError(i, node, f"out of order: {node.op.name} must come before {later[0].name}")
-            seen[node.op] = i
+            seen.setdefault(node.op, i)
             _check_attrs(i, node)
-        for required in (Op.VERIFY, Op.ACCEPT, Op.COMMIT):
+        if set(seen) == {Op.ACCEPT}:  # a first draw
+            if self.nodes[0]["depth"] != 0:
+                raise IRError(0, self.nodes[0], "a first draw (ACCEPT alone) has depth 0")
+            return self._check_accept()
+        self._check_required(seen)
+        depth, topk, tokens, rows = self._tree_checked(seen)
+        for i, node in enumerate(self.nodes):
+            if node.op == Op.VERIFY and node["verify_tokens"] != tokens:
+                src = "the RERANK's" if depth else "1 (plain decoding)"
+                raise IRError(i, node, f"verify_tokens={node['verify_tokens']} must equal {src} {tokens}")
+            if node.op in (Op.ACCEPT, Op.COMMIT, Op.OUTPUT) and node["depth"] != depth:
+                src = "the RERANK's depth" if depth else "0 (plain decoding)"
+                raise IRError(i, node, f"depth={node['depth']} must equal {src} {depth}")
+            if node.op in (Op.LEVEL, Op.CATCHUP) and node["topk"] != topk:
+                raise IRError(i, node, f"topk={node['topk']} must equal the RERANK's {topk}")
+            if node.op == Op.OUTPUT and node["rows"] != rows:
+                raise IRError(i, node, f"rows={node['rows']} must equal the CATCHUP's {rows}")
+        return self._check_accept()
+
+    def _check_required(self, seen: dict[Op, int]) -> None:
+        draft = [op for op in (Op.CATCHUP, Op.LEVEL, Op.RERANK) if op in seen]
+        if Op.ROOT in seen and draft:
+            raise IRError(seen[Op.ROOT], self.nodes[seen[Op.ROOT]], f"a ROOT tree with a draft ({draft[0].name})")
+        tree = (Op.ROOT,) if Op.ROOT in seen or not draft else (Op.CATCHUP, Op.RERANK)
+        for required in (*tree, *_STEP):
             if required not in seen:
                 # blame the node the missing one should precede, else the last node
                 after = [i for i, node in enumerate(self.nodes) if node.op > required]
                 if after:
                     raise IRError(after[0], self.nodes[after[0]], f"missing {required.name} before it")
                 last = len(self.nodes) - 1
-                raise IRError(last, self.nodes[last], f"program ends without a {required.name} node")
+                raise IRError(last, self.nodes[last], f"the program ends without {required.name}")
 
-        strategy = self._strategy_checked()
-        depth = 0 if strategy is None else strategy.depth
-        tokens = 1 if strategy is None else strategy.verify_tokens
-        for i, node in enumerate(self.nodes):
-            if node.op == Op.VERIFY and node["verify_tokens"] != tokens:
-                src = f"the DRAFT strategy's {tokens}" if strategy else "1 without a DRAFT"
-                raise IRError(i, node, f"verify_tokens={node['verify_tokens']} must equal {src}")
-            if node.op in (Op.ACCEPT, Op.COMMIT) and node["depth"] != depth:
-                src = f"the DRAFT depth {depth}" if strategy else "0 without a DRAFT"
-                raise IRError(i, node, f"depth={node['depth']} must equal {src}")
-            if node.op == Op.ACCEPT:
-                _check_accept(i, node)
+    def _tree_checked(self, seen: dict[Op, int]) -> tuple[int, int, int, int]:
+        """(depth, topk, verify_tokens, catch-up rows) of the tree; (0, 0, 1, 0) for plain decoding."""
+        if Op.ROOT in seen:
+            return 0, 0, 1, 0
+        i = seen[Op.RERANK]
+        rerank = self.nodes[i]
+        try:
+            s = Strategy(rerank["depth"], rerank["topk"], rerank["verify_tokens"])
+        except ValueError as err:
+            raise IRError(i, rerank, str(err)) from None
+        levels = [(j, n) for j, n in enumerate(self.nodes) if n.op == Op.LEVEL]
+        for want, (j, node) in enumerate(levels, start=2):
+            if node["level"] != want:
+                raise IRError(j, node, f"level={node['level']}: levels run 2, 3, ... in order, expected {want}")
+        if len(levels) != s.depth - 1:
+            raise IRError(i, rerank, f"depth={s.depth} needs {s.depth - 1} LEVEL nodes, the program has {len(levels)}")
+        c = seen[Op.CATCHUP]
+        rows = self.nodes[c]["rows"]
+        if not _is_int(rows) or rows < s.depth + 1:
+            raise IRError(c, self.nodes[c], f"rows={rows!r} must be an int >= depth + 1 = {s.depth + 1}")
+        return s.depth, s.topk, s.verify_tokens, rows
+
+    def _check_accept(self) -> StepProgram:
+        i = next(j for j, n in enumerate(self.nodes) if n.op == Op.ACCEPT)
+        if self.nodes[i]["mode"] not in ACCEPT_MODES:
+            raise IRError(i, self.nodes[i], f"mode must be one of {ACCEPT_MODES}, got {self.nodes[i]['mode']!r}")
         return self
 
-    def _strategy_checked(self) -> Strategy | None:
-        for i, node in enumerate(self.nodes):
-            if node.op == Op.DRAFT:
-                try:
-                    return Strategy(node["depth"], node["topk"], node["verify_tokens"])
-                except ValueError as err:
-                    raise IRError(i, node, str(err)) from None
-        return None
-
-    # ---- shapes ---------------------------------------------------------------------------------------
+    # ---- shapes and printing (ir/signature.py) ---------------------------------------------------------
 
     def step_inputs(self, bucket: Bucket) -> dict[str, TensorSpec]:
-        """Tensors the engine hands the step.
-
-        last_tokens [B]: last emitted token (the tree root), not yet in the KV cache; prefix_lens [B]:
-        tokens in the KV cache, so the root sits at position prefix_lens; block_table [B, blocks].
-        With a DRAFT also the drafter's catch-up block, its rows p = prefix_lens-D-1 .. prefix_lens-1 (every
-        row the previous step's accepted path added, and rows seen before, recomputed): ctx_hidden
-        [B, D+1, H] the target hidden state at p, ctx_tokens [B, D+1] the token at p+1 (the last is the
-        root, last_tokens), ctx_len [B] how many rows are real, min(prefix_lens, D+1); rows before
-        position 0 are padding, and 0 marks a padding sequence. D+1 is the least the step needs: a caller
-        may pass a longer block (the engine passes its deepest strategy's, R rows, ctx_len min(prefix_lens,
-        R)), so that switching between strategies never leaves the drafter rows behind.
-        With sampled acceptance also uniforms [B, D+1, 2] f32 in [0, 1): the acceptance walk's random
-        draws at each depth (accept scan, bonus draw), filled on the device so nothing syncs.
-        """
+        """Tensors the engine hands the step (`ir.signature.step_inputs`)."""
         self._check_bucket(bucket)
-        B, D, H = bucket.batch_size, self.depth, bucket.hidden_size
-        i64 = torch.int64
-        specs = {
-            "last_tokens": TensorSpec((B,), i64),
-            "prefix_lens": TensorSpec((B,), i64),
-            "block_table": TensorSpec((B, bucket.max_blocks_per_seq), torch.int32),
-        }
-        if self.strategy is not None:
-            specs["ctx_tokens"] = TensorSpec((B, D + 1), i64)
-            specs["ctx_hidden"] = TensorSpec((B, D + 1, H), None)
-            specs["ctx_len"] = TensorSpec((B,), i64)
-        accept = self.node(Op.ACCEPT)
-        if accept is not None and accept.get("mode") in ("sampled", "filtered"):
-            specs["uniforms"] = TensorSpec((B, D + 1, 2), torch.float32)
-        return specs
+        return _signature.step_inputs(self.nodes, bucket)
 
     def signature(self, bucket: Bucket) -> dict[Node, NodeSignature]:
-        """Every node's input and output tensors for this bucket. B = batch_size, T = verify_tokens
-        (1 for plain decode), D = depth (0 for plain decode), K = topk, V = vocab, H = hidden.
-
-        DRAFT makes the `DraftTree` fields (tree.py): tree_tokens, parents, depths, positions [B, T],
-        tree_mask [B, T, T], paths [B, T, D+1], children [B, T, K], num_children [B, T].
-        VERIFY makes logits [B, T, V] and hidden [B, T, H] (model dtype) for every tree node.
-        ACCEPT makes accept_len [B] (accepted draft tokens, 0..D); accepted_tokens [B, D+1] (the accepted
-        draft tokens, then the bonus token at index accept_len, -1 after); accepted_nodes [B, D+1] (tree
-        node of accepted_tokens[:, i] for i < accept_len, -1 from accept_len on: the bonus has no node);
-        bonus [B]; logprobs [B, D+1] f32 (the target's log-prob of each emitted token; entries after
-        index accept_len are padding, read only [:accept_len+1]).
-        COMMIT keeps the root's KV at position prefix_lens, moves accepted node accepted_nodes[:, i] to
-        position prefix_lens + 1 + i, and makes new_prefix_lens [B] = prefix_lens + accept_len + 1 (the
-        bonus is the next step's root, not yet in the cache).
-        """
+        """Every node's input and output tensors for this bucket (`ir.signature.signature`)."""
         self.verify()
         self._check_bucket(bucket)
-        B, T, D = bucket.batch_size, bucket.tokens_per_seq, self.depth
-        V, H = bucket.vocab_size, bucket.hidden_size
-        made = dict(self.step_inputs(bucket))
-        spec = TensorSpec
-        i64 = torch.int64
-        out: dict[Node, NodeSignature] = {}
-        for node in self.nodes:
-            if node.op == Op.DRAFT:
-                reads = ["last_tokens", "prefix_lens", "ctx_tokens", "ctx_hidden", "ctx_len"]
-                makes = {
-                    "tree_tokens": spec((B, T), i64),
-                    "parents": spec((B, T), i64),
-                    "depths": spec((B, T), i64),
-                    "positions": spec((B, T), i64),
-                    "tree_mask": spec((B, T, T), torch.bool),
-                    "paths": spec((B, T, D + 1), i64),
-                    "children": spec((B, T, node["topk"]), i64),
-                    "num_children": spec((B, T), i64),
-                }
-            elif node.op == Op.VERIFY:
-                tree = ["tree_tokens", "positions", "tree_mask"] if D else ["last_tokens"]
-                reads = [*tree, "prefix_lens", "block_table"]
-                makes = {"logits": spec((B, T, V), None), "hidden": spec((B, T, H), None)}
-            elif node.op == Op.ACCEPT:
-                tree = ["tree_tokens", "parents"] if D else []
-                draws = ["uniforms"] if node["mode"] != "greedy" else []
-                reads = ["logits", *tree, *draws]
-                makes = {
-                    "accept_len": spec((B,), i64),
-                    "accepted_tokens": spec((B, D + 1), i64),
-                    "accepted_nodes": spec((B, D + 1), i64),
-                    "bonus": spec((B,), i64),
-                    "logprobs": spec((B, D + 1), torch.float32),
-                }
-            else:
-                reads = ["accepted_nodes", "accept_len", "prefix_lens", "block_table"]
-                makes = {"new_prefix_lens": spec((B,), i64)}
-            out[node] = NodeSignature({name: made[name] for name in reads}, makes)
-            made.update(makes)
-        return out
+        return _signature.signature(self.nodes, bucket)
 
     def shapes(self, bucket: Bucket) -> dict[Node, dict[str, tuple[int, ...]]]:
         """{node: {tensor name: shape}} over each node's inputs and outputs."""
@@ -332,38 +280,24 @@ class StepProgram:
         }
 
     def _check_bucket(self, bucket: Bucket) -> None:
-        if bucket.strategy != self.strategy:
+        if not self.is_draw and bucket.strategy != self.strategy:
             raise ValueError(
                 f"bucket {bucket} serves strategy {bucket.strategy or 'decode'}, "
                 f"the program is {self.strategy or 'decode'}"
             )
 
-    # ---- printing -------------------------------------------------------------------------------------
-
     def pretty(self, bucket: Bucket | None = None) -> str:
         """One line per node; with a bucket, each node's inputs (<-) and outputs (->) with shapes."""
         if bucket is None:
             return "\n".join(f"%{i} {node}" for i, node in enumerate(self.nodes))
-
-        def tensors(specs: dict[str, TensorSpec]) -> str:
-            return " ".join(f"{name}{spec}" for name, spec in specs.items())
-
-        lines = [
-            f"StepProgram bucket {bucket}: V={bucket.vocab_size} H={bucket.hidden_size} block_size={bucket.block_size}",
-            f"   inputs   {tensors(self.step_inputs(bucket))}",
-        ]
-        for i, (node, sig) in enumerate(self.signature(bucket).items()):
-            lines += [f"%{i} {node}", f"   <- {tensors(sig.inputs)}", f"   -> {tensors(sig.outputs)}"]
-        return "\n".join(lines)
+        return _signature.pretty(self.nodes, self.signature(bucket), self.step_inputs(bucket), bucket)
 
     def __str__(self) -> str:
         return self.pretty()
 
 
-def _accept(mode: str, depth: int, temperature: float | None, top_k: int, top_p: float) -> Node:
-    if temperature is None:
-        temperature = 0.0 if mode == "greedy" else 1.0
-    return Node.make(Op.ACCEPT, mode=mode, depth=depth, temperature=temperature, top_k=top_k, top_p=top_p)
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _check_attrs(i: int, node: Node) -> None:
@@ -374,25 +308,9 @@ def _check_attrs(i: int, node: Node) -> None:
             raise IRError(i, node, f"missing attribute {name!r} (expects {', '.join(expected)})")
     for name in names:
         if name not in expected:
-            raise IRError(i, node, f"unknown attribute {name!r} (expects {', '.join(expected)})")
+            raise IRError(i, node, f"unknown attribute {name!r} (expects {', '.join(expected) or 'none'})")
     if len(set(names)) != len(names):
         raise IRError(i, node, "repeated attribute")
-    for name in ("depth", "topk", "verify_tokens", "top_k"):
+    for name in ("depth", "topk", "verify_tokens", "rows", "level"):
         if name in names and not _is_int(node[name]):
             raise IRError(i, node, f"{name} must be an int, got {node[name]!r}")
-
-
-def _check_accept(i: int, node: Node) -> None:
-    mode, temp, top_k, top_p = node["mode"], node["temperature"], node["top_k"], node["top_p"]
-    if mode not in ACCEPT_MODES:
-        raise IRError(i, node, f"mode must be one of {ACCEPT_MODES}, got {mode!r}")
-    if not _is_real(temp) or temp < 0:
-        raise IRError(i, node, f"temperature must be a finite number >= 0, got {temp!r}")
-    if mode == "greedy" and temp != 0:
-        raise IRError(i, node, f"greedy acceptance needs temperature=0, got {temp}")
-    if mode != "greedy" and temp == 0:
-        raise IRError(i, node, f"{mode} acceptance needs temperature > 0 (use mode=greedy for 0)")
-    if top_k == 0 or top_k < -1:
-        raise IRError(i, node, f"top_k must be -1 (off) or >= 1, got {top_k}")
-    if not _is_real(top_p) or not 0 < top_p <= 1:
-        raise IRError(i, node, f"top_p must be in (0, 1], got {top_p!r}")

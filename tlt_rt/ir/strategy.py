@@ -71,6 +71,13 @@ class Strategy:
         return name
 
 
+def scratch_tokens(strategy: Strategy) -> int:
+    """KV-cache positions past a sequence's cached tokens L that a step of `strategy` writes: the verify tree at
+    [L, L+T) or the drafter's level scratch (K rows a level from L on), whichever is longer. The accepted path
+    is then moved to [L+1, L+1+a] (the COMMIT node) and the bonus token becomes the next root."""
+    return max(strategy.verify_tokens, (strategy.depth - 1) * strategy.topk)
+
+
 @dataclass(frozen=True)
 class Bucket:
     """The static shapes one compiled (CUDA-graph captured) step variant serves.
@@ -91,13 +98,20 @@ class Bucket:
     vocab_size: int
     """V, the last dim of the target's logits."""
     hidden_size: int
-    """H, the target's hidden size (the drafter reads the target's hidden states)."""
+    """H, the target's hidden rows the drafter reads (its fused features where it fuses several layers)."""
+    draft_hidden_size: int = 0
+    """Hd, the drafter's own hidden size (0: H)."""
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "max_blocks_per_seq", "block_size", "vocab_size", "hidden_size"):
             _check_int("Bucket", name, getattr(self, name), 1)
+        _check_int("Bucket", "draft_hidden_size", self.draft_hidden_size, 0)
         if self.strategy is not None and not isinstance(self.strategy, Strategy):
             raise ValueError(f"Bucket.strategy must be a Strategy or None, got {self.strategy!r}")
+
+    @property
+    def draft_hidden(self) -> int:
+        return self.draft_hidden_size or self.hidden_size
 
     @property
     def tokens_per_seq(self) -> int:

@@ -22,7 +22,7 @@ import torch
 
 from tlt_rt.codegen.backend import select_backend
 from tlt_rt.codegen.model_kernels import engine_glue
-from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for
+from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for, scratch_tokens
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout.block_manager import BlockManager, auto_num_blocks, blocks_per_sequence
 from tlt_rt.rollout.config import EngineConfig, engine_config
@@ -36,7 +36,6 @@ from tlt_rt.rollout.scheduler import Scheduler
 from tlt_rt.rollout.sequence import PrefillJob, Sequence, flush_hidden
 from tlt_rt.rollout.stats import EngineStats
 from tlt_rt.rollout.step import prepare
-from tlt_rt.rollout.step.ops import scratch_tokens
 from tlt_rt.rollout.step.prefill import prefill
 from tlt_rt.rollout.step.rng import sequence_seed
 

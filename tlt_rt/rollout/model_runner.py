@@ -19,7 +19,7 @@ import warnings
 import torch
 
 from tlt_rt.codegen.graphs import GraphPool, Key
-from tlt_rt.ir.strategy import Strategy, bucket_for
+from tlt_rt.ir.strategy import Strategy, bucket_for, scratch_tokens
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM, ModelOutput, fuse_projections, set_glue
 from tlt_rt.models.loader import IGNORED_SUFFIXES
@@ -28,10 +28,9 @@ from tlt_rt.rollout.params import SamplingParams
 from tlt_rt.rollout.policy.costs import option_name
 from tlt_rt.rollout.sequence import Sequence
 from tlt_rt.rollout.step.drafting import DrafterRunner
-from tlt_rt.rollout.step.graph import StepArgs, StepGraphs, StepValues, batch_mode, layout
+from tlt_rt.rollout.step.graph import StepArgs, StepGraphs, StepValues, layout
 from tlt_rt.rollout.step.io import StepOut, Uniforms, distinct, pack_floats, pack_ints, parse_host, row_params
-from tlt_rt.rollout.step.ops import scratch_tokens
-from tlt_rt.rollout.step.target import Layout, PaddedPrefill, TargetRunner, prefill_graph_sizes
+from tlt_rt.rollout.step.target import Layout, PaddedPrefill, TargetRunner, batch_mode, prefill_graph_sizes
 
 log = logging.getLogger(__name__)
 PLAIN = option_name(None)  # the option name of a plain step

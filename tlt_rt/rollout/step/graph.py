@@ -1,11 +1,11 @@
 """One decode step, plain or speculative, as one program: captured as a single CUDA graph per key.
 
-A step is the strategy's lowered StepProgram (codegen/lower.py: draft, verify, accept, commit; plain
-decoding is `StepProgram.plain_decode`, a verify of the root alone and an acceptance of depth 0) plus
-what comes after it on the device: the target hidden states of the root and the accepted path are
-gathered, the drafter's catch-up windows move on by the accepted length, and everything the host needs
-is packed into one tensor that reaches it in one copy. Nothing inside syncs with the host, and every
-shape is fixed by the key, so the whole of it is one graph replay:
+A step is the strategy's lowered StepProgram (ir/program.py; codegen/lower.py emits it): the drafter's catch-up
+block, its levels and rerank, the target's verify, acceptance, the KV commit, and the output node, which gathers
+the target hidden states of the root and the accepted path, moves the drafter's catch-up windows on by the
+accepted length and packs everything the host needs into one tensor that reaches it in one copy. Plain decoding
+is `StepProgram.plain_decode`: the root alone verified, an acceptance of depth 0. Nothing inside syncs with the
+host, and every shape is fixed by the key, so the whole of it is one graph replay:
 
     key = ("step", B, option, mode)    option "off" (plain decoding) or a strategy ("8_4_32"),
                                        mode "greedy" | "sampled" | "filtered" (top-k / top-p)
@@ -29,77 +29,26 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tlt_rt.codegen.lower import LoweredStep, lower
+from tlt_rt.codegen.lower import LoweredStep, StepModels, lower
+from tlt_rt.codegen.table import maybe_compiled
 from tlt_rt.ir.program import StepProgram
 from tlt_rt.ir.strategy import Bucket, Strategy
-from tlt_rt.ir.tree import DraftTree
-from tlt_rt.models.attention import AttnMetadata
-from tlt_rt.rollout.params import SamplingParams
 from tlt_rt.rollout.policy.costs import OFF
-from tlt_rt.rollout.step.drafting import DraftInputs, draft_tree
-from tlt_rt.rollout.step.ops import maybe_compiled
-from tlt_rt.rollout.step.target import tree_meta
 
 Key = tuple
 
 
-def accept_mode(params: SamplingParams) -> str:
-    if params.greedy:
-        return "greedy"
-    return "filtered" if params.filtering else "sampled"
-
-
-def batch_mode(rows: list[SamplingParams]) -> str:
-    """The acceptance mode serving every row of a batch: greedy rows run exactly as greedy inside a sampled
-    graph (temperature 0 is a per-row greedy walk) and unfiltered rows inside a filtered one."""
-    modes = {accept_mode(p) for p in rows}
-    for mode in ("filtered", "sampled"):
-        if mode in modes:
-            return mode
-    return "greedy"
-
-
-def mode_program(strategy: Strategy | None, mode: str) -> StepProgram:
+def mode_program(strategy: Strategy | None, mode: str, rows: int | None = None) -> StepProgram:
     """The StepProgram a mode's graph runs: its ACCEPT node's mode (greedy, sampled, filtered) picks the kernel
-    variant; the sampling settings are per-row inputs of the step."""
+    variant; the sampling settings are per-row inputs of the step. rows: the drafter's catch-up block."""
     if strategy is None:
         return StepProgram.plain_decode(mode)
-    return StepProgram.speculative(strategy, mode)
+    return StepProgram.speculative(strategy, mode, rows)
 
 
 @functools.cache
 def parse_option(option: str) -> Strategy | None:
     return None if option == OFF else Strategy.parse(option)
-
-
-class DirectModels:
-    """`codegen.lower.StepModels` over the runner's models, run directly (inside a capture or eagerly)."""
-
-    def __init__(self, runner, prefix_lens: Tensor, tables: Tensor):
-        self.runner, self.prefix_lens, self.tables = runner, prefix_lens, tables  # [B] int64, [B, W] int32
-
-    def draft(self, strategy: Strategy, prefix_lens, ctx_tokens, ctx_hidden, ctx_len) -> DraftTree:
-        d = self.runner.drafter
-        ins = DraftInputs(ctx_tokens, ctx_hidden, ctx_len, prefix_lens, self.tables)
-        return draft_tree(d.drafter, d.cache, strategy, d.block_size, ins, compiled=self.runner.compiled)
-
-    def verify(self, tree: DraftTree):
-        t = self.runner.target
-        b, T = tree.tree_tokens.shape
-        if T == 1:  # plain decode: the decode attention path
-            lens = self.prefix_lens + 1
-            slots = t.slots(self.tables, self.prefix_lens)
-            cu = torch.arange(b + 1, dtype=torch.int32, device=lens.device)
-            meta = AttnMetadata("decode", cu, lens.int(), self.tables, slots, 1)
-        else:
-            lens = self.prefix_lens + T
-            meta = tree_meta(self.tables, lens, T, tree.tree_mask, t.block_size, compiled=self.runner.compiled)
-        out = t.model.forward_paged(tree.tree_tokens.flatten(), tree.positions.flatten(), t.cache, meta)
-        return out.logits.view(b, T, -1), out.hidden.view(b, T, -1), self.tables
-
-    def kv_layers(self):
-        c = self.runner.target.cache
-        return [(c.k[i], c.v[i]) for i in range(c.num_layers)]
 
 
 @dataclass
@@ -146,22 +95,6 @@ def unpack_inputs(ints: Tensor, floats: Tensor, r: int, dlen: int) -> dict[str, 
     }
 
 
-def pack_outputs(acc_len, nodes_acc, hidden, window, tokens, logprobs):
-    """(host [B, 1+2(D+1)] f64, hidden [B, D+1, H], moved window [B, R, H] or None) from an acceptance:
-    the target hidden at the root and along the accepted path (positions L .. L+a), and the catch-up
-    windows moved on by the accepted length."""
-    dlen = tokens.shape[1] - 1
-    nodes = torch.cat([torch.zeros_like(nodes_acc[:, :1]), nodes_acc[:, :dlen]], 1).clamp(min=0)
-    hid = hidden.gather(1, nodes[..., None].expand(-1, -1, hidden.shape[-1]))
-    moved = None
-    if window is not None:  # rows [a+1, a+1+W) of window ++ hid end at position L+a+1
-        w, h = window.shape[1], window.shape[2]
-        shift = (acc_len + 1)[:, None] + torch.arange(w, device=window.device)
-        moved = torch.cat([window, hid.to(window.dtype)], 1).gather(1, shift[..., None].expand(-1, -1, h))
-    host = torch.cat([acc_len[:, None].double(), tokens.double(), logprobs.double()], 1)
-    return host, hid, moved
-
-
 class StepGraphs:
     """The whole step as a `codegen.graphs.Program` for keys ("step", B, option, mode); also runs eagerly."""
 
@@ -174,24 +107,26 @@ class StepGraphs:
         if key not in self._lowered:
             r, s = self.runner, parse_option(option)
             a = r.target.model.arch
-            bucket = Bucket(batch, s, r.width, r.block_size, a.vocab_size, r.target.model.feature_size)
-            self._lowered[key] = lower(mode_program(s, mode), bucket, r.device)
+            bucket = Bucket(batch, s, r.width, r.block_size, a.vocab_size, r.target.model.feature_size, a.hidden_size)
+            rows = None if s is None else layout(r, option)[0]
+            self._lowered[key] = lower(mode_program(s, mode, rows), bucket, r.device)
         return self._lowered[key]
 
     # ---- the program itself -----------------------------------------------------------------------------
     def compute(self, batch: int, option: str, mode: str, ints: Tensor, floats: Tensor, window: Tensor | None):
         """The step on device tensors: (host [B, 1+2(D+1)] f64, hidden [B, D+1, H], moved window or None)."""
         r, dlen = layout(self.runner, option)
-        compiled, dev = self.runner.compiled, ints.device
-        values = maybe_compiled(unpack_inputs, compiled, dev)(ints, floats, r, dlen)
-        tables = values["block_table"]
+        run = self.runner
+        values = maybe_compiled(unpack_inputs, run.compiled, ints.device)(ints, floats, r, dlen)
         if window is not None:
-            values["ctx_hidden"] = window[:, -r:]
+            values["ctx_hidden"] = window
         else:
             del values["ctx_tokens"], values["ctx_len"]
-        v = self.lowered(batch, option, mode)(DirectModels(self.runner, values["prefix_lens"], tables), values)
-        pack = maybe_compiled(pack_outputs, compiled, dev)
-        return pack(v["accept_len"], v["accepted_nodes"], v["hidden"], window, v["accepted_tokens"], v["logprobs"])
+        d = run.drafter
+        models = StepModels(run.target.model, run.target.cache, None if d is None else d.drafter,
+                            None if d is None else d.cache, run.block_size, run.compiled)  # fmt: skip
+        v = self.lowered(batch, option, mode)(models, values)
+        return v["host"], v["out_hidden"], v.get("window")
 
     # ---- codegen.graphs.Program ---------------------------------------------------------------------------
     def static_inputs(self, key: Key) -> dict[str, Tensor]:

@@ -1,23 +1,26 @@
 """The target side of a step: batch layout, attention metadata, the eager forward and the first-token draw.
 
 The scheduler decides what runs; this module turns its choice into tensors. Every token is drawn by the
-tree-acceptance rule (`codegen/kernels/accept.py`): a plain step and the first token after a prefill are an
-acceptance of depth 0, with uniforms from each sequence's own counter-based stream.
+tree-acceptance rule (the ACCEPT node, `codegen/kernels/accept.py`): a plain step and the first token after a
+prefill (`StepProgram.first_draw`) are an acceptance of depth 0, with uniforms from each sequence's own
+counter-based stream.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from tlt_rt.codegen.kernels.accept import accept_tree
+from tlt_rt.codegen.lower import StepModels, lower
+from tlt_rt.ir.program import StepProgram
+from tlt_rt.ir.strategy import Bucket
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import CausalLM, KVCache, ModelOutput
 from tlt_rt.rollout.block_manager import Tables
 from tlt_rt.rollout.params import SamplingParams
-from tlt_rt.rollout.step.ops import maybe_compiled
 from tlt_rt.rollout.step.rng import host_uniforms
 
 
@@ -76,54 +79,41 @@ def build_meta(layout: Layout, mode: str, block_size: int, device, tree_mask: to
     return meta, to_device(torch.from_numpy(positions), device)
 
 
-def tree_slots(tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int, block_size: int, write=None):
-    """The index work of `tree_meta`: (cu_seqlens [B+1] int32, seq_lens [B] int32, slots [B*q_len])."""
-    b, dev = tables.shape[0], tables.device
-    pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len, device=dev)  # [B, q_len]
-    slots = tables.long().gather(1, pos.clamp(min=0) // block_size) * block_size + pos % block_size
-    keep = pos >= 0 if write is None else (pos >= 0) & write
-    slots = torch.where(keep, slots, -1)
-    cu = torch.arange(0, b * q_len + 1, q_len, dtype=torch.int32, device=dev)
-    return cu, seq_lens.int(), slots.flatten()
-
-
-def tree_meta(
-    tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    q_len: int,
-    tree_mask: torch.Tensor,
-    block_size: int,
-    write: torch.Tensor | None = None,
-    compiled: bool = False,
-) -> AttnMetadata:
-    """Verify-mode metadata built on the device: every sequence's q_len new tokens sit at the last q_len of
-    its seq_lens cache positions. tables [B, W] int32, seq_lens [B]; no host round trip. `compiled`: the
-    index work through torch.compile (one or two kernels inside a captured step, `rollout.step.ops.maybe_compiled`).
-
-    A token at a negative cache position (seq_lens < q_len), or where `write` [B, q_len] bool is False,
-    writes its K/V to the trash slot."""
-    slots_fn = maybe_compiled(tree_slots, compiled, tables.device)
-    cu, lens, slots = slots_fn(tables, seq_lens, q_len, block_size, write)
-    return AttnMetadata("verify", cu, lens, tables, slots, q_len, tree_mask)
-
-
 def draw(logits: torch.Tensor, params: SamplingParams | list[SamplingParams], seeds: list[int], counters: list[int]):
-    """logits [B, V] -> (tokens [B], logprobs [B]) on the device: an acceptance of depth 0 (the bonus alone),
-    the rule and kernel every speculative and plain step draws with, from each sequence's (seed, counter)
-    stream. Used for the first token of each sample after its prompt's prefill. `params` is one setting
-    for every row or one per row."""
+    """logits [B, V] -> (tokens [B], logprobs [B]) on the device: the first-draw program (an acceptance of depth
+    0, the bonus alone: the rule and kernel every speculative and plain step draws with), from each sequence's
+    (seed, counter) stream. Used for the first token of each sample after its prompt's prefill. `params` is one
+    setting for every row or one per row."""
     b, dev = logits.shape[0], logits.device
     rows = params if isinstance(params, list) else [params] * b
-    u = to_device(torch.from_numpy(host_uniforms(seeds, counters, 2)), dev).view(b, 1, 2)
-    tokens = torch.zeros(b, 1, dtype=torch.long, device=dev)
-    parents = torch.full((b, 1), -1, dtype=torch.long, device=dev)
-    temp = to_device(torch.tensor([float(p.temperature) for p in rows], dtype=torch.float32), dev)
-    top_k = to_device(torch.tensor([int(p.top_k) for p in rows], dtype=torch.int32), dev)
-    top_p = to_device(torch.tensor([float(p.top_p) for p in rows], dtype=torch.float32), dev)
-    greedy, filtering = all(p.greedy for p in rows), any(p.filtering for p in rows)
-    out = accept_tree(logits[:, None], tokens, parents, temp, top_k, top_p, u, 0, all_greedy=greedy,
-                      filtering=filtering, backend="triton" if dev.type == "cuda" else "torch")  # fmt: skip
-    return out.bonus, out.logprobs[:, 0]
+    mode = batch_mode(rows)
+    values = {"logits": logits[:, None]}
+    if mode != "greedy":
+        values["uniforms"] = to_device(torch.from_numpy(host_uniforms(seeds, counters, 2)), dev).view(b, 1, 2)
+        values["temperature"] = to_device(torch.tensor([float(p.temperature) for p in rows], dtype=torch.float32), dev)
+        values["top_k"] = to_device(torch.tensor([int(p.top_k) for p in rows], dtype=torch.int32), dev)
+        values["top_p"] = to_device(torch.tensor([float(p.top_p) for p in rows], dtype=torch.float32), dev)
+    out = _first_draw(mode, dev)(StepModels(), values)
+    return out["bonus"], out["logprobs"][:, 0]
+
+
+@functools.cache
+def _first_draw(mode: str, device: torch.device):
+    bucket = Bucket(1, None, 1, 1, 1, 1)  # a first draw reads only its logits: the bucket sizes nothing
+    return lower(StepProgram.first_draw(mode), bucket, device)
+
+
+def accept_mode(params: SamplingParams) -> str:
+    if params.greedy:
+        return "greedy"
+    return "filtered" if params.filtering else "sampled"
+
+
+def batch_mode(rows: list[SamplingParams]) -> str:
+    """The acceptance mode serving every row of a batch: greedy rows run exactly as greedy inside a sampled
+    program (temperature 0 is a per-row greedy walk) and unfiltered rows inside a filtered one."""
+    modes = {accept_mode(p) for p in rows}
+    return next((mode for mode in ("filtered", "sampled") if mode in modes), "greedy")
 
 
 class TargetRunner:

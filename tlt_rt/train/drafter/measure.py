@@ -8,9 +8,8 @@ from pathlib import Path
 
 import torch
 
-from tlt_rt.ir.strategy import Strategy
+from tlt_rt.ir.strategy import Strategy, scratch_tokens
 from tlt_rt.rollout import Engine, SamplingParams
-from tlt_rt.rollout.step.ops import scratch_tokens
 from tlt_rt.train.drafter.eval import oracle_tree_steps
 
 
