@@ -133,7 +133,7 @@ def test_shapes_follow_the_contract():
     assert shapes[level2]["cand_tokens.2"] == (4, 16) and shapes[level2]["front_mask.2"] == (4, 4, 8)
     assert shapes[level2]["level_positions"] == (7, 4, 4) and shapes[level2]["level_cu"] == (17,)
     assert "front_tokens.8" not in shapes[level8] and shapes[level8]["front_mask.7"] == (4, 4, 28)
-    assert shapes[rerank]["tree_tokens"] == (4, 48) and shapes[rerank]["cand_parents.8"] == (4, 16)
+    assert shapes[rerank]["tree_tokens"] == (4, 48) and shapes[rerank]["cand_front.8"] == (4, 4)
     for name in ("parents", "depths", "positions", "num_children"):
         assert shapes[rerank][name] == (4, 48)
     assert shapes[rerank]["tree_mask"] == (4, 48, 48)

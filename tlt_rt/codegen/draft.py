@@ -127,10 +127,11 @@ def level_meta(prefix_lens, tables, valid, k: int, levels: int, block_size: int,
 
 def expand_level(drafter, cache: KVCache, front: Frontier, tables: Tensor, meta: tuple, i: int, k: int):
     """Level i + 2 from frontier i + 1 (`meta`: `level_meta`'s tensors): the frontier's K rows through the
-    drafter, their children (each row's K best: target ids [B, K*K], cumulative scores, parents' flat indices)
-    and the next frontier (its K best, ties to the lower index). Its tree mask is its parents' rows widened by
-    its own slot, its input features the parents' drafter outputs: both gathers by the parent's place in the
-    frontier (one launch on CUDA, `codegen.kernels.draft_level`)."""
+    drafter; their children (each row's K best: target ids [B, K*K] and cumulative scores, frontier-major, so
+    child j hangs from frontier node j // K, whose flat candidate index `front.index` gives) and the next
+    frontier (its K best, ties to the lower index). Its tree mask is its parents' rows widened by its own slot,
+    its input features the parents' drafter outputs: both gathers by the parent's place in the frontier (one
+    launch on CUDA, `codegen.kernels.draft_level`). Returns ((tokens, scores, front.index), next frontier)."""
     positions, seq_lens, slots, cu = meta
     b = front.tokens.shape[0]
     attn = AttnMetadata("verify", cu, seq_lens[i], tables, slots[i].view(-1), k, front.mask, slots_resolved=True)
@@ -141,14 +142,17 @@ def expand_level(drafter, cache: KVCache, front: Frontier, tables: Tensor, meta:
     score, index, tokens, front_score, feats, mask = advance(
         front.scores, child_lp, children, out.hidden, front.mask, k + i * k * k
     )
-    # a level's K*K candidates are frontier-major: candidate j's parent is the frontier node j // K
-    parents = front.index[..., None].expand(b, k, k).reshape(b, k * k)
-    return (children.view(b, k * k), score, parents), Frontier(tokens, front_score, index, feats, mask)
+    return (children.view(b, k * k), score, front.index), Frontier(tokens, front_score, index, feats, mask)
 
 
-def candidates(tokens: list[Tensor], scores: list[Tensor], parents: list[Tensor], k: int) -> Candidates:
-    """Every level's candidates as one `Candidates` (level 1's parents: the root, -1)."""
-    parents = torch.cat([torch.full_like(tokens[0], -1), *parents], 1)
+def candidates(tokens: list[Tensor], scores: list[Tensor], fronts: list[Tensor], k: int) -> Candidates:
+    """Every level's candidates as one `Candidates`: level 1's K (their parent the root, -1), then each later
+    level's K*K, whose parents are the K nodes of the frontier it expanded (`fronts`, [B, K] flat indices each)."""
+    if not fronts:
+        return Candidates(tokens[0], scores[0], torch.full_like(tokens[0], -1), k)
+    b, levels = tokens[0].shape[0], len(fronts)
+    parents = torch.stack(fronts, 1)[..., None].expand(b, levels, k, k).reshape(b, levels * k * k)
+    parents = torch.cat([torch.full_like(tokens[0], -1), parents], 1)
     return Candidates(torch.cat(tokens, 1), torch.cat(scores, 1), parents, k)
 
 
@@ -167,16 +171,16 @@ def grow_candidates(
     hidden [B, H]: level 1, then each later level (EAGLE-2 expansion)."""
     k, levels = strategy.topk, strategy.depth - 1
     front = first_frontier(drafter, root_logits, root_hidden, k)
-    tokens, scores, parents = [front.tokens], [front.scores], []
+    tokens, scores, fronts = [front.tokens], [front.scores], []
     if levels:
         trash = cache.num_blocks * cache.block_size - 1
         meta = maybe_compiled(level_meta, compiled, root_logits.device)(
             ins.prefix_lens, ins.tables, ins.valid, k, levels, block_size, trash
         )
         for i in range(levels):
-            (t, s, p), front = expand_level(drafter, cache, front, ins.tables, meta, i, k)
-            tokens.append(t), scores.append(s), parents.append(p)
-    return candidates(tokens, scores, parents, k)
+            (t, s, f), front = expand_level(drafter, cache, front, ins.tables, meta, i, k)
+            tokens.append(t), scores.append(s), fronts.append(f)
+    return candidates(tokens, scores, fronts, k)
 
 
 def draft_candidates(

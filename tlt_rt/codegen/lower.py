@@ -99,7 +99,7 @@ def _emit_level(node: Node, program: StepProgram, device):
         (tokens, scores, parents), front = draft.expand_level(
             m.drafter, m.drafter_cache, front, v["block_table"], meta, d - 2, k
         )
-        v[f"cand_tokens.{d}"], v[f"cand_scores.{d}"], v[f"cand_parents.{d}"] = tokens, scores, parents
+        v[f"cand_tokens.{d}"], v[f"cand_scores.{d}"], v[f"cand_front.{d}"] = tokens, scores, parents
         if d < depth:
             _store_front(v, d, front)
 
@@ -112,7 +112,7 @@ def _emit_rerank(node: Node, program: StepProgram, device):
     def rerank(m: StepModels, v: Values) -> None:
         levels = range(1, depth + 1)
         cands = draft.candidates([v[f"cand_tokens.{d}"] for d in levels], [v[f"cand_scores.{d}"] for d in levels],
-                                 [v[f"cand_parents.{d}"] for d in levels[1:]], k)  # fmt: skip
+                                 [v[f"cand_front.{d}"] for d in levels[1:]], k)  # fmt: skip
         _store_tree(v, draft.rerank(cands, v["last_tokens"], v["prefix_lens"], t, m.compiled))
 
     return rerank

@@ -18,8 +18,9 @@ Nodes (level d = 1..D; `.d` names a level's tensors):
            best children, target ids, log-probs) and the first frontier front_tokens.1, front_scores.1,
            front_index.1 [B, K] (each frontier node's flat candidate index), front_feats.1 [B, K, Hd] (the
            drafter output the frontier's children are drafted from), front_mask.1 [B, K, K] (its tree mask)
-  LEVEL d  the drafter over frontier d-1: level d's K*K candidates (cand_tokens.d, cand_scores.d, and
-           cand_parents.d, each one's parent's flat candidate index) and frontier d (front_mask.d [B, K, dK]);
+  LEVEL d  the drafter over frontier d-1: level d's K*K candidates (cand_tokens.d, cand_scores.d [B, K*K],
+           frontier-major: child j hangs from frontier node j // K, whose flat candidate index cand_front.d
+           [B, K] keeps) and frontier d (front_mask.d [B, K, dK]);
            level 2 also makes every level's attention inputs at once (level_positions, level_seq_lens,
            level_slots [D-1, B, K or -], level_cu [B*K+1])
   RERANK   every candidate -> the verify tree (ir/tree.py `DraftTree`): tree_tokens, parents, depths,
@@ -122,8 +123,8 @@ def node_io(node, nodes, bucket: Bucket) -> tuple[list[str], dict[str, TensorSpe
     if op == "LEVEL":
         d = node["level"]
         reads = [f"front_{x}.{d - 1}" for x in ("tokens", "scores", "index", "feats", "mask")]
-        made = {f"cand_{x}.{d}": TensorSpec((B, K * K), F32 if x == "scores" else I64)
-                for x in ("tokens", "scores", "parents")}  # fmt: skip
+        made = {f"cand_tokens.{d}": TensorSpec((B, K * K), I64), f"cand_scores.{d}": TensorSpec((B, K * K), F32),
+                f"cand_front.{d}": TensorSpec((B, K), I64)}  # fmt: skip
         if d == 2:
             made |= {"level_positions": TensorSpec((D - 1, B, K), I64), "level_seq_lens": TensorSpec((D - 1, B), I32),
                      "level_slots": TensorSpec((D - 1, B, K), I64),
@@ -133,8 +134,8 @@ def node_io(node, nodes, bucket: Bucket) -> tuple[list[str], dict[str, TensorSpe
             reads += ["level_positions", "level_seq_lens", "level_slots", "level_cu", "block_table"]
         return reads, made | (_frontier(d, B, K, Hd) if d < D else {})
     if op == "RERANK":
-        cands = [f"cand_{x}.{d}" for d in range(1, D + 1) for x in ("tokens", "scores", "parents")]
-        cands.remove("cand_parents.1")  # level 1's parent is the root
+        cands = [f"cand_{x}.{d}" for d in range(1, D + 1) for x in ("tokens", "scores", "front")]
+        cands.remove("cand_front.1")  # level 1's parent is the root
         return [*cands, "last_tokens", "prefix_lens"], _tree_specs(B, T, D, K)
     if op == "ROOT":
         return ["last_tokens", "prefix_lens"], _tree_specs(B, 1, 0, 1)
