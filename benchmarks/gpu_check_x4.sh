@@ -17,6 +17,11 @@
 #              with the warm-up's drafter (TP_RL_STEPS (4) steps; its SD step costs in the step log). TP=0 leaves
 #              the TP rows and the RL run out.
 #              The tests come first: a pass cut short by the device time then still has them.
+#              With HOUSE=DIR (a checkout of an earlier commit, e.g. made by `git archive REV tlt_rt benchmarks
+#              configs | tar -x -C .device-before`, carried) GPU 3 then times SmolLM2's SD step against its plain
+#              step (`step_ratio.py`, 8_4_32 and 6_2_12 at batch 1 and 32, greedy) from that checkout and from this
+#              one in turn, twice each (OUT/house-{before,after}-N.log): a change of the house beside the code it
+#              started from, on one GPU.
 # Each job is its own process pinned by CUDA_VISIBLE_DEVICES with a quarter of the host's cores. Everything runs in
 # the background; the call returns at once.
 #
@@ -37,6 +42,7 @@ cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yam
 prompts=${WARMUP_PROMPTS:-3584}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-6144}
 e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
 tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-540}; glue=${GLUE:-0}; pg=${PREFILL_GRAPHS:-256}
+house=${HOUSE:-}; here=$PWD
 VARIANTS=("--warmup-arg=--gen-batch=512")
 GLUES="base fused-norm rope-attn fused fused+skinny"
 
@@ -50,6 +56,18 @@ glue_costs() {
   # shellcheck disable=SC2086  # the variant list splits on purpose
   CUDA_VISIBLE_DEVICES=$1 timeout 240 python benchmarks/step_costs.py --model "$2" --batch 1 8 32 --ctx 1024 \
       --verify --compare $GLUES --skinny-min-weight 0 --profile --out "$out/$3.jsonl" > "$out/$3.log" 2>&1
+}
+
+# house_ratios: SD / plain step ratios from the earlier checkout $house and from this one, alternated, on GPU 3
+house_ratios() {
+  local n side dir
+  for n in 1 2; do
+    for side in before after; do
+      dir=$here; [ "$side" = before ] && dir=$house
+      (cd "$dir" && CUDA_VISIBLE_DEVICES=3 PYTHONPATH="/tmp/site:$dir" timeout 240 python benchmarks/step_ratio.py \
+          --batch 1 32 --strategies 8_4_32 6_2_12 --rounds 3 > "$out/house-$side-$n.log" 2>&1)
+    done
+  done
 }
 
 main() {
@@ -92,6 +110,10 @@ main() {
     (
       test_half 3 0
       done_at tests0 "tests on GPU 3 ($(tail -n 1 "$out/tests0.log"))"
+      if [ -n "$house" ]; then
+        house_ratios
+        done_at house "step ratios before / after ($house)"
+      fi
       if [ "$glue" = 1 ]; then
         glue_costs 3 "$q15" glue-q15
         glue_costs 3 "$q05" glue-q05
@@ -127,6 +149,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off wait_for done_at test_half glue_costs); $(declare -p VARIANTS DEFAULT GLUES out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit glue pg HALF0 HALF1); main" \
+setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off wait_for done_at test_half glue_costs house_ratios); $(declare -p VARIANTS DEFAULT GLUES out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit glue pg HALF0 HALF1 house here); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x4.sh --snapshot $out DEST"

@@ -240,3 +240,21 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
     prefill = [c for c in calls if "prefill_cost.py" in c]
     assert len(prefill) == 1 and "--target /m/q15.gguf" in prefill[0] and "--profile" in prefill[0]
     assert "--graph-tokens 256" in prefill[0]
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
+def test_gpu_check_x4_times_step_ratios_before_and_after_a_change_of_the_house(tmp_path):
+    """HOUSE=DIR: after the first test half, SmolLM2's SD / plain step ratios from the earlier checkout DIR and from
+    this one, alternated twice, on GPU 3."""
+    before = tmp_path / "before"
+    (before / "benchmarks").mkdir(parents=True)
+    calls, main = _pass(tmp_path, "gpu_check_x4.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TP="0",
+                        HOUSE=str(before))  # fmt: skip
+    assert "all done" in main and "step ratios before / after" in main
+    ratios = [c for c in calls if "step_ratio.py" in c]
+    assert len(ratios) == 4 and all("--batch 1 32 --strategies 8_4_32 6_2_12" in c for c in ratios)
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("house-*.log")) == [
+        "house-after-1.log", "house-after-2.log", "house-before-1.log", "house-before-2.log"]  # fmt: skip
+    first, _ = _halves(calls)
+    assert calls.index(ratios[0]) > calls.index(first)
