@@ -46,3 +46,21 @@ def test_a_message_exit_is_printed_and_fails(monkeypatch, capsys):
 def test_python_dash_m_runs_it():
     done = subprocess.run([sys.executable, "-m", "tlt_rt", "config", "--help-config"], capture_output=True, text=True)
     assert done.returncode == 0 and "rollout" in done.stdout
+
+
+def test_program_prints_each_node_with_its_tensors_and_the_lowering(capsys):
+    assert front.main(["program", "3_2_5", "--batch", "2", "--shape", "smollm2-135m", "--mode", "sampled"]) == 0
+    out = capsys.readouterr().out
+    nodes = [line.split()[1] for line in out.splitlines() if line.startswith("%")]
+    assert nodes == ["CATCHUP", "LEVEL", "LEVEL", "RERANK", "VERIFY", "ACCEPT", "COMMIT", "OUTPUT"]
+    assert "logits[2,5,49152]:act" in out and "temperature[2]:f32" in out and "window[2,4,576]:act" in out
+    assert "  LEVEL   -> level" in out
+    assert front.main(["program", "plain", "--shape", "qwen2.5-coder-0.5b"]) == 0
+    plain = capsys.readouterr().out
+    assert [line.split()[1] for line in plain.splitlines() if line.startswith("%")] == [
+        "ROOT", "VERIFY", "ACCEPT", "COMMIT", "OUTPUT"]  # fmt: skip
+    assert "logits[4,1,151936]" in plain
+    assert front.main(["program", "3_2_99"]) == 2  # an impossible strategy: the reason, no trace
+    assert "verify_tokens must be <= 11" in capsys.readouterr().err
+    assert front.main(["program", "3_2_5", "--rows", "2"]) == 2
+    assert "rows=2" in capsys.readouterr().err

