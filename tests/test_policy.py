@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+import tlt_rt.rollout.policy.budget as budget
 from tlt_rt.ir.strategy import Strategy, batch_buckets
 from tlt_rt.rollout.policy import AcceptStats, SDPolicy
 from tlt_rt.rollout.policy.catchup import CAP_ROW, CAP_STEPS
@@ -233,8 +234,9 @@ def test_exploration_of_a_useless_drafter_costs_at_most_the_budget():
 
     capped, st = overhead(0.02)
     uncapped, _ = overhead(None)
-    assert st["current"][1] == OFF and st["explore_steps"] > 10  # still explores, so a better drafter is noticed
-    assert capped < 0.03 < uncapped  # the budget plus the first measurements, vs epsilon * 1.65
+    # still explores, so a better drafter is noticed, but less the longer it loses (45 tries without the backoff)
+    assert st["current"][1] == OFF and st["explore_steps"] > 5 and st["losing_tries"][1] >= 3
+    assert capped < 0.007 < 0.03 < uncapped  # a quarter of the budget (0.45%; 1.8% without the backoff)
     with pytest.raises(ValueError, match="explore_budget"):
         SDPolicy(S, BUCKETS, explore_budget=0.0)
 
@@ -728,3 +730,29 @@ def test_a_reading_well_below_the_estimate_replaces_it():
     assert t.observe(128, s, 0.0169) == 0.0169  # the first online reading replaces the profile: a cold one
     assert t.observe(128, s, 0.0075) == 0.0075  # under 0.0169 / 1.5: the estimate was the outlier
     assert t.observe(128, s, 0.0070) == pytest.approx(0.0075 + (0.0070 - 0.0075) / 3)  # a running mean again
+
+
+def test_a_bucket_where_speculation_keeps_losing_spends_less_and_less_on_it(monkeypatch):
+    """At batch 128 a strategy that loses (1.8 tokens for 2.67 plain steps' time): each try that leaves it losing
+    halves what the bucket may spend on speculation, down to a quarter, so the tries thin out; once the drafter
+    pays there (3.5 tokens: 1.3x) a try shows it, the budget is whole again and the strategy takes the bucket."""
+    s = Strategy.parse("6_2_12")
+    plain, cost = 0.0027, 0.0072
+    halvings = budget.BACKOFF_HALVINGS
+
+    def losing(backoff: int):
+        monkeypatch.setattr(budget, "BACKOFF_HALVINGS", backoff)
+        p = SDPolicy([s], [128], epsilon=0.05, explore_budget=0.02, seed=3)
+        p.costs.set(128, None, plain)
+        p.costs.set(128, s, cost)
+        return p, _engine_like(p, 128, plain, cost, 1.8, 6000, window=10**9)
+
+    _, whole = losing(0)
+    p, backed_off = losing(halvings)
+    assert 0 < backed_off < whole / 2 and p.stats()["current"][128] == OFF  # 13 tries against 50
+    assert p._lost[128] >= halvings and p.budget(128) == pytest.approx(0.02 / 2**halvings)
+    again = SDPolicy([s], [128], epsilon=0.05, explore_budget=0.02, seed=3)
+    again.load_state_dict(json.loads(json.dumps(p.state_dict())))
+    assert again.budget(128) == p.budget(128)  # the backoff survives a checkpoint
+    assert _engine_like(p, 128, plain, cost, 3.5, 6000, window=10**9) > 3000
+    assert p.stats()["current"][128] == "6_2_12" and p.budget(128) == 0.02

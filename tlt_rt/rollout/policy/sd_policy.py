@@ -13,8 +13,11 @@ In "auto" mode speculation also has to pay its way in every batch bucket: each s
 (its time minus what plain decoding would have taken for the tokens it emitted) is summed per bucket, and
 while a bucket's sum is above `explore_budget` of that bucket's decode time, only strategies whose
 measured accept length (not a prior) and cost beat plain decoding may run there. A drafter that does not
-help thus costs about that share of the time at each batch size, however many strategies there are to
-try, plus one first trial per bucket.
+help thus costs at most that share of the time at each batch size, however many strategies there are to
+try, plus one first trial per bucket; and less while it keeps losing there: a try against a plain
+incumbent that leaves the strategy losing (steady cost against accept length, as measured) halves the
+bucket's budget, down to a quarter (BACKOFF_HALVINGS), and one that leaves it winning restores it (a losing
+bucket then costs ~0.5% instead of ~2%; a drafter that starts to pay takes it ~1,950 steps later, not ~600).
 
 Switching from plain decoding to a strategy re-prefills nothing: the engine keeps the target hidden
 states and catches the drafter up on the rows it missed at the next speculative step. That catch-up is not
@@ -38,6 +41,7 @@ from collections.abc import Callable
 from tlt_rt.ir.strategy import Strategy, bucket_for
 from tlt_rt.rollout.config import PolicyConfig
 from tlt_rt.rollout.policy.accept_stats import AcceptStats
+from tlt_rt.rollout.policy.budget import SpeculationBudget
 from tlt_rt.rollout.policy.catchup import CatchupCosts, capped, rows_once, spread
 from tlt_rt.rollout.policy.costs import CostTable, option_name
 from tlt_rt.rollout.policy.state import PolicyState
@@ -48,7 +52,7 @@ __all__ = ["AcceptStats", "SDPolicy"]
 PLAIN_READINGS = 3  # plain decoding steps timed online per bucket before speculating there in auto mode
 
 
-class SDPolicy(PolicyState):
+class SDPolicy(PolicyState, SpeculationBudget):
     """Decides, per decode step, plain decoding (None) or a `Strategy`.
 
     mode "off": always None. "auto": the option with the highest expected tokens/s among plain decoding
@@ -104,6 +108,7 @@ class SDPolicy(PolicyState):
         self._fade = 1.0 - 1.0 / horizon
         # per bucket, faded sums of [speculative steps' (seconds - plain seconds for their tokens), all seconds]
         self._regret: dict[int, list[float]] = {}
+        self._lost: Counter = Counter()  # bucket -> speculative steps in a row that lost to a plain incumbent
         self.strategies = list(strategies)
         self.buckets = sorted(buckets)
         self.costs = costs if costs is not None else CostTable()
@@ -221,57 +226,6 @@ class SDPolicy(PolicyState):
         """Seconds a catch-up of `rows` rows adds to each step of speculating from here (`CatchupCosts.per_step`)."""
         return self.catchup.per_step(bucket, batch_size, rows)
 
-    def over_budget(self, bucket: int, extra: float = 0.0, step: float = 0.0) -> bool:
-        """True while speculation has cost more than its budget of this bucket's decode time (auto only);
-        with `extra` / `step`, whether a step expected to add that regret and take that long would be."""
-        if self.mode != "auto" or self.explore_budget is None:
-            return False
-        regret, elapsed = self._regret.get(bucket, (0.0, 0.0))
-        return regret + extra > self.explore_budget * (elapsed + step)
-
-    def _expected_regret(self, bucket: int, choice: Strategy, behind: Callable[[], int]) -> tuple[float, float]:
-        """(regret, seconds) a step of `choice` is expected to add here, the drafter `behind` rows short: its
-        cost (catch-up included) minus plain decoding's for the tokens the accept estimate (prior or measured)
-        promises; (0, 0) while a cost is unknown."""
-        cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
-        if cost is None or plain is None:
-            return 0.0, 0.0
-        rows = behind()
-        cost += spread(self.catchup_seconds(bucket, rows), rows, bucket)
-        return cost - max(1.0, self.accept.mean(bucket, choice)) * plain, cost
-
-    def catchup_seconds(self, bucket: int, rows: int) -> float:
-        """Expected seconds to catch the drafter up on `rows` rows at this bucket (`CatchupCosts.seconds`)."""
-        return self.catchup.seconds(bucket, rows, self.costs.interpolate(bucket, None))
-
-    def _within_budget(self, bucket: int, choice: Strategy | None, behind: Callable[[], int]) -> Strategy | None:
-        """`choice`, unless running it would put speculation over budget (what it has cost so far plus what
-        this step is expected to cost) and `choice` is not proven to beat plain decoding by the accept length
-        and cost measured so far, its catch-up included (`switch_seconds`); then plain decoding. Counting the
-        step before it runs keeps a costly first try (an SD step at a large batch can cost several plain
-        steps) out of a bucket until enough plain decoding time has passed there to pay for it."""
-        if choice is None or not self.over_budget(bucket, *self._expected_regret(bucket, choice, behind)):
-            return choice
-        accept = self.accept.measured(bucket, choice)
-        cost, plain = self.costs.interpolate(bucket, choice), self.costs.interpolate(bucket, None)
-        if accept is not None and cost is not None and plain is not None:
-            if accept / (cost + self.switch_seconds(bucket, bucket, behind())) > (1 + self.hysteresis) / plain:
-                return choice
-        self._counts["held_back"] += 1
-        return None
-
-    def _explore_chance(self, bucket: int, cur: Strategy | None, other: Strategy | None, behind) -> float:
-        """Probability that a drawn exploration of `other` goes ahead: 1 unless it costs more than the budget.
-        Per step, P(explore other) * (extra seconds) <= explore_budget * incumbent seconds / len(others);
-        a strategy's extra seconds include its catch-up of the `behind()` rows (`switch_seconds`)."""
-        if self.explore_budget is None:
-            return 1.0
-        c_cur, c_other = self.costs.interpolate(bucket, cur), self.costs.interpolate(bucket, other)
-        extra = c_other - c_cur + (0.0 if other is None else self.switch_seconds(bucket, bucket, behind()))
-        if extra <= 0:
-            return 1.0
-        return min(1.0, self.explore_budget * c_cur / (self.epsilon * extra))
-
     def _use_option(self, option: Strategy | None) -> Strategy | None:
         self._use[option_name(option)] += 1
         return option
@@ -323,3 +277,9 @@ class SDPolicy(PolicyState):
             self.accept.observe(b, strategy, tokens_per_seq)
             if plain is not None:
                 acc[0] += charged - max(1.0, tokens_per_seq) * plain
+                # a try against a plain incumbent, lost or won; one that caught the drafter up first is judged
+                # by the step after it (`_try`), which reads the strategy's own time
+                if self._current.get(b) == option_name(None) and behind == 0:
+                    own = self.costs.interpolate(b, strategy)  # its steady cost, a catch-up's excess apart
+                    lost = own is not None and own > max(1.0, self.accept.mean(b, strategy)) * plain
+                    self._lost[b] = self._lost[b] + 1 if lost else 0

@@ -27,6 +27,7 @@ class PolicyState:
             "follow_up_steps": self._counts["follow_ups"],
             "held_back_steps": self._counts["held_back"],
             "regret_share": {b: r / e for b, (r, e) in sorted(self._regret.items()) if e > 0},
+            "losing_tries": {b: n for b, n in sorted(self._lost.items()) if n},  # in a row, against plain decoding
             "catchup_us_per_row": self.catchup.us_per_row(),
             "strategy_use": dict(self._use),
             "current": {b: self._current[b] for b in sorted(self._current)},
@@ -49,6 +50,7 @@ class PolicyState:
             "use": dict(self._use),
             "counts": dict(self._counts),
             "regret": {str(b): list(v) for b, v in self._regret.items()},
+            "lost": {str(b): n for b, n in self._lost.items()},
             "catchup": self.catchup.state_dict(),
             "plain_at": {str(b): n for b, n in self._plain_at.items()},
             "plain_run": self._plain_run,
@@ -73,6 +75,7 @@ class PolicyState:
         self._use = Counter(state["use"])
         self._counts = Counter(state["counts"])
         self._regret = {int(b): list(v) for b, v in state.get("regret", {}).items()}
+        self._lost = Counter({int(b): n for b, n in state.get("lost", {}).items()})
         self.catchup.load_state_dict(state.get("catchup", {}))
         self._plain_at = {int(b): n for b, n in state.get("plain_at", {}).items()}
         self._plain_run = int(state.get("plain_run", self.plain_settle + 1))
