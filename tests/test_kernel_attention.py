@@ -12,9 +12,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     import tlt_rt.codegen.kernels.decode_attention as _dec
+    import tlt_rt.codegen.kernels.paged as _paged
     import tlt_rt.codegen.kernels.tree_attention as _tree
 
-    if _dec.compiled_for_gpu(_dec._decode_attention_kernel):  # imported earlier without the interpreter
+    if _paged.compiled_for_gpu(_dec._decode_attention_kernel):  # imported earlier without the interpreter
         importlib.reload(_dec)
         importlib.reload(_tree)
 
@@ -24,10 +25,12 @@ from hypothesis import strategies as st  # noqa: E402
 
 from tlt_rt.codegen.backend import TritonAttention, select_backend  # noqa: E402
 from tlt_rt.codegen.kernels.decode_attention import (  # noqa: E402
+    paged_decode_attention,
+)
+from tlt_rt.codegen.kernels.paged import (  # noqa: E402
     MIN_CHUNK,
     choose_num_splits,
     clamp_splits,
-    paged_decode_attention,
     split_counters,
 )
 from tlt_rt.codegen.kernels.tree_attention import paged_tree_attention  # noqa: E402

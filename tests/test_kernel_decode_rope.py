@@ -13,8 +13,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     import tlt_rt.codegen.kernels.decode_attention as _dec
     import tlt_rt.codegen.kernels.decode_rope_attention as _rope_dec
+    import tlt_rt.codegen.kernels.paged as _paged
 
-    if _dec.compiled_for_gpu(_rope_dec._decode_rope_attention_kernel):  # imported earlier, compiled
+    if _paged.compiled_for_gpu(_rope_dec._decode_rope_attention_kernel):  # imported earlier, compiled
         importlib.reload(_dec)
         importlib.reload(_rope_dec)
 

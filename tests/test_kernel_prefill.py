@@ -14,9 +14,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     import tlt_rt.codegen.kernels.decode_attention as _dec
+    import tlt_rt.codegen.kernels.paged as _paged
     import tlt_rt.codegen.kernels.prefill_attention as _pre
 
-    if _dec.compiled_for_gpu(_pre._prefill_attention_kernel):
+    if _paged.compiled_for_gpu(_pre._prefill_attention_kernel):
         importlib.reload(_dec)
         importlib.reload(_pre)
 

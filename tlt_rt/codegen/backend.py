@@ -35,7 +35,7 @@ class TritonAttention:
     """Paged attention through Triton kernels for decode, verify and prefill.
 
     num_splits: split-K partitions of the context (None: chosen per call from the shapes, see
-    `kernels.decode_attention.choose_num_splits`; depends on host ints only, so CUDA-graph safe).
+    `kernels.paged.choose_num_splits`; depends on host ints only, so CUDA-graph safe).
     prefill_kernel: False runs prefill through the torch reference (`benchmarks/eager_profile.py` times both).
     fuse_rope: decode steps rotate q and k and write the new K/V inside the attention kernel
     (`kernels.decode_rope_attention`, through `rope_decode`) instead of the glue's rotary kernel before it; off by

@@ -1,5 +1,3 @@
-# Over ~300 lines on purpose: one kernel family, the Triton kernel with its launcher (input checks, filtering
-# choice) and the torch reference its tests compare against, read side by side.
 """Tree acceptance for speculative decoding: walk the verified draft tree, greedy or exact sampling.
 
 B sequences, T tree nodes, D = max depth, V vocab. logits [B, T, V]: row i is the target's prediction of
@@ -37,42 +35,31 @@ that block is scanned; the children's ids are zeroed block by block. Traffic: ac
 for a sampled bonus), each on one SM, which bounds small batches by per-SM throughput (H100, V = 152k:
 ~13 us a row). Not fused: top-k / top-p need a per-row threshold from a torch sort of all B*T rows
 (`sampling.filter_thresholds`), far costlier than the walk; `filtering=False` skips it. No host sync
-on CUDA, so the launcher can be captured in a CUDA graph.
+on CUDA, so the launcher can be captured in a CUDA graph. The input checks, the filtering choice and the
+torch reference the kernel is tested against are in `accept_reference.py`.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from tlt_rt.codegen.kernels.sampling import filter_thresholds, inverse_temperature
+from tlt_rt.codegen.kernels.accept_reference import (
+    AcceptOutput,
+    accept_tree_reference,
+    check_inputs,
+    resolve_filtering,
+)
+from tlt_rt.codegen.kernels.sampling import filter_thresholds
 
 __all__ = ["AcceptOutput", "accept_tree", "accept_tree_reference"]
 
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_TREE_NODES = 256
 DEFAULT_BLOCK_V = 8192  # with 16 warps (32 when all greedy): the fastest on an H100 at V = 49k..152k
-NEG_INF = float("-inf")
-_NEG_INF = tl.constexpr(NEG_INF)  # the same, readable inside kernels
+_NEG_INF = tl.constexpr(float("-inf"))
 _LOWEST = tl.constexpr(-1e30)  # below any real logit, and finite
 _LOG2E = tl.constexpr(1.4426950408889634)
-
-
-class AcceptOutput(NamedTuple):
-    accept_len: Tensor
-    """[B] int64 accepted draft tokens, 0..D."""
-    accepted_tokens: Tensor
-    """[B, D+1] int64 accepted draft tokens, then the bonus token at index accept_len, then -1."""
-    accepted_nodes: Tensor
-    """[B, D+1] int64 tree node of each accepted draft token; -1 at the bonus slot and after."""
-    bonus: Tensor
-    """[B] int64 the correction / bonus token."""
-    logprobs: Tensor
-    """[B, D+1] float32 log-prob of each emitted token under the filtered target distribution; 0 after."""
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -241,46 +228,6 @@ def _is_interpreted() -> bool:
     return type(_accept_tree_kernel).__name__ == "InterpretedFunction"
 
 
-def _check_inputs(logits, tree_tokens, parents, temperature, top_k, top_p, uniforms, max_depth):
-    assert logits.dim() == 3, f"logits must be [B, T, V], got {tuple(logits.shape)}"
-    B, T, V = logits.shape
-    assert logits.dtype in SUPPORTED_DTYPES, f"logits dtype {logits.dtype} not in {SUPPORTED_DTYPES}"
-    assert 1 <= T <= MAX_TREE_NODES, f"tree of {T} nodes; 1..{MAX_TREE_NODES} supported"
-    assert isinstance(max_depth, int) and max_depth >= 0, f"max_depth must be an int >= 0, got {max_depth}"
-    for name, t in (("tree_tokens", tree_tokens), ("parents", parents)):
-        assert t.shape == (B, T), f"{name} must be [B, T] = {(B, T)}, got {tuple(t.shape)}"
-        assert t.dtype == torch.int64, f"{name} must be int64, got {t.dtype}"
-    for name, t, dtypes in (
-        ("temperature", temperature, (torch.float32,)),
-        ("top_k", top_k, (torch.int32, torch.int64)),
-        ("top_p", top_p, (torch.float32,)),
-    ):
-        assert t.shape == (B,), f"{name} must be [B] = {(B,)}, got {tuple(t.shape)}"
-        assert t.dtype in dtypes, f"{name} dtype {t.dtype} not in {dtypes}"
-        assert B < 2 or t.stride(0) == 1, f"{name} must be contiguous (the kernel reads it so), got {t.stride()}"
-    assert uniforms.shape == (B, max_depth + 1, 2), (
-        f"uniforms must be [B, D+1, 2] = {(B, max_depth + 1, 2)}, got {tuple(uniforms.shape)}"
-    )
-    assert uniforms.dtype == torch.float32, f"uniforms must be float32, got {uniforms.dtype}"
-    names = ("tree_tokens", "parents", "temperature", "top_k", "top_p", "uniforms")
-    for name, t in zip(names, (tree_tokens, parents, temperature, top_k, top_p, uniforms), strict=True):
-        assert t.device == logits.device, f"{name} is on {t.device}, logits on {logits.device}"
-    return B, T, V, max_depth
-
-
-def _resolve_filtering(filtering: bool | None, all_greedy: bool, top_k: Tensor, top_p: Tensor, V: int) -> bool:
-    """Whether the top-k / top-p threshold pre-pass must run. Deciding from the values needs them on the
-    host: free on CPU, a sync on CUDA, so on CUDA `None` means True and `False` is the caller's promise."""
-    if all_greedy:
-        return False
-    if top_k.is_cuda:
-        return True if filtering is None else filtering
-    active = bool((((top_k > 0) & (top_k < V)) | (top_p < 1.0)).any())
-    if filtering is False and active:
-        raise ValueError("accept_tree: filtering=False but some row sets top_k or top_p")
-    return active if filtering is None else filtering
-
-
 def accept_tree(
     logits: Tensor,
     tree_tokens: Tensor,
@@ -311,14 +258,14 @@ def accept_tree(
     DEFAULT_BLOCK_V with 16 warps (32 when all greedy), measured best on an H100.
     """
     inputs = (logits, tree_tokens, parents, temperature, top_k, top_p, uniforms)
-    B, T, V, D = _check_inputs(*inputs, max_depth)
+    B, T, V, D = check_inputs(*inputs, max_depth)
     assert backend in ("auto", "triton", "torch"), f"backend must be auto|triton|torch, got {backend!r}"
     can_triton = logits.is_cuda or _is_interpreted()
     if backend == "torch" or (backend == "auto" and not can_triton):
         return accept_tree_reference(*inputs, D, all_greedy=all_greedy, filtering=filtering)
     assert can_triton, "backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before importing tlt_rt"
     assert logits.stride(-1) == 1, f"logits must have unit stride over V, got strides {logits.stride()}"
-    filtering = _resolve_filtering(filtering, all_greedy, top_k, top_p, V)
+    filtering = resolve_filtering(filtering, all_greedy, top_k, top_p, V)
 
     dev = logits.device
     thr = filter_thresholds(logits, temperature, top_k, top_p) if filtering else temperature  # unread
@@ -349,89 +296,4 @@ def accept_tree(
         FILTER=filtering,
         num_warps=num_warps or (32 if all_greedy else 16),
     )  # fmt: skip
-    return AcceptOutput(accept_len, out_tokens, out_nodes, bonus, logprobs)
-
-
-# --------------------------------------------------------------------------------------------- reference
-def accept_tree_reference(
-    logits: Tensor,
-    tree_tokens: Tensor,
-    parents: Tensor,
-    temperature: Tensor,
-    top_k: Tensor,
-    top_p: Tensor,
-    uniforms: Tensor,
-    max_depth: int,
-    *,
-    all_greedy: bool = False,
-    filtering: bool | None = None,
-) -> AcceptOutput:
-    """Plain-torch tree acceptance with the kernel's semantics (module docstring), batched over B, one
-    loop step per tree level. Any device, no host sync on CUDA; same arguments as `accept_tree`."""
-    B, T, V, D = _check_inputs(logits, tree_tokens, parents, temperature, top_k, top_p, uniforms, max_depth)
-    filtering = _resolve_filtering(filtering, all_greedy, top_k, top_p, V)
-    dev = logits.device
-    inv_t = torch.zeros(B, device=dev) if all_greedy else inverse_temperature(temperature)
-    greedy = inv_t == 0
-    scale = torch.where(greedy, torch.ones_like(inv_t), inv_t)
-    thr = filter_thresholds(logits, temperature, top_k, top_p) if filtering else torch.full((B, T), NEG_INF, device=dev)
-    rows, nodes, vocab = (torch.arange(n, device=dev) for n in (B, T, V))
-    tok = tree_tokens
-    tok_ok = (tok >= 0) & (tok < V)
-    tok_c = tok.clamp(0, V - 1)
-    # first[b, j]: no earlier sibling i < j carries the same token
-    same = (
-        (parents[:, :, None] == parents[:, None, :])
-        & (tok[:, :, None] == tok[:, None, :])
-        & (nodes[:, None] < nodes[None, :])
-    )
-    first = tok_ok & ~same.any(dim=1)
-
-    accept_len = torch.zeros(B, dtype=torch.int64, device=dev)
-    bonus = torch.zeros(B, dtype=torch.int64, device=dev)
-    out_tokens = torch.full((B, D + 1), -1, dtype=torch.int64, device=dev)
-    out_nodes = torch.full((B, D + 1), -1, dtype=torch.int64, device=dev)
-    logprobs = torch.zeros(B, D + 1, dtype=torch.float32, device=dev)
-    cur = torch.zeros(B, dtype=torch.int64, device=dev)
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
-    for d in range(D + 1):
-        x = logits[rows, cur].float()  # [B, V]
-        mx, amax = x.amax(dim=-1), x.argmax(dim=-1)  # argmax: the first index on ties
-        ref = torch.where(mx == NEG_INF, torch.zeros_like(mx), mx)
-        z = (x - ref[:, None]) * scale[:, None]  # scaled logits minus their max
-        e = torch.where(x >= thr[rows, cur][:, None], torch.exp(z), 0.0)  # unnormalised filtered p
-        s = e.sum(dim=-1)
-        is_child = (parents == cur[:, None]) & (d < D)  # [B, T]
-        e_c = torch.where(is_child & tok_ok, e.gather(1, tok_c), 0.0)
-
-        take = is_child & (tok == amax[:, None])
-        b_tok = amax
-        if not all_greedy:
-            cum = torch.where(first, e_c / s[:, None], 0.0).cumsum(dim=1)
-            take = torch.where(greedy[:, None], take, is_child & (uniforms[:, d, 0, None] < cum))
-            # bonus: inverse CDF over the residual r = e without the children's tokens
-            resid = s - torch.where(first, e_c, 0.0).sum(dim=1)
-            excl_on = resid > 0
-            resid = torch.where(excl_on, resid, s)
-            excl = torch.zeros(B, V, device=dev).scatter_add_(1, tok_c, (is_child & tok_ok).float()) > 0
-            r = torch.where(excl & excl_on[:, None], 0.0, e)
-            cand = (r.cumsum(dim=1) > (uniforms[:, d, 1] * resid)[:, None]) & (r > 0)
-            found = torch.where(cand, vocab, V).amin(dim=1)
-            last = torch.where(r > 0, vocab, -1).amax(dim=1)
-            sampled = torch.where(found < V, found, torch.where(last >= 0, last, amax))
-            b_tok = torch.where(greedy, amax, sampled)
-
-        j = torch.where(take, nodes, T).amin(dim=1)
-        acc = (j < T) & ~done
-        stop = (j >= T) & ~done
-        j = j.clamp(max=T - 1)
-        emitted = torch.where(acc, tok.gather(1, j[:, None]).squeeze(1), b_tok)
-        lp = z.gather(1, emitted.clamp(0, V - 1)[:, None]).squeeze(1) - torch.log(s)
-        out_tokens[:, d] = torch.where(acc | stop, emitted, -1)
-        out_nodes[:, d] = torch.where(acc, j, -1)
-        logprobs[:, d] = torch.where(acc | stop, lp, 0.0)
-        accept_len = torch.where(stop, d, accept_len)
-        bonus = torch.where(stop, b_tok, bonus)
-        cur = torch.where(acc, j, cur)
-        done = done | stop
     return AcceptOutput(accept_len, out_tokens, out_nodes, bonus, logprobs)

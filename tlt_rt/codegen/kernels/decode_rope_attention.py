@@ -30,6 +30,8 @@ from tlt_rt.codegen.kernels.decode_attention import (
     TABLE_STRIDE,
     _arrive_last,
     _merge_splits,
+)
+from tlt_rt.codegen.kernels.paged import (
     check_paged_inputs,
     choose_num_splits,
     clamp_splits,
@@ -100,7 +102,7 @@ def _decode_rope_attention_kernel(
 
     qa = q1.to(cdt)
     qb = q2.to(cdt)
-    if DOT_FP32:  # see `decode_attention.dot_in_fp32`
+    if DOT_FP32:  # see `paged.dot_in_fp32`
         qa = qa.to(tl.float32)
         qb = qb.to(tl.float32)
     m_i = tl.full([BLOCK_G], -1e30, dtype=tl.float32)

@@ -25,6 +25,8 @@ from tlt_rt.codegen.kernels.decode_attention import (
     LOG2E,
     TABLE_STRIDE,
     _attend_tile,
+)
+from tlt_rt.codegen.kernels.paged import (
     check_paged_inputs,
     dot_in_fp32,
     dot_precision,

@@ -30,10 +30,12 @@ from tlt_rt.codegen.kernels.decode_attention import (
     LOG2E,
     TABLE_STRIDE,
     _attend_tile,
+    combine_splits,
+)
+from tlt_rt.codegen.kernels.paged import (
     check_paged_inputs,
     choose_num_splits,
     clamp_splits,
-    combine_splits,
     dot_in_fp32,
     dot_precision,
     num_sms,
