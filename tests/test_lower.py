@@ -114,3 +114,18 @@ def test_the_lowered_draft_nodes_build_the_whole_drafts_tree(strategy):
         want = draft_tree(d.drafter, d.cache, s, run.block_size, whole)
     for name in TREE:
         assert torch.equal(values[name], getattr(want, name)), name
+
+
+def test_the_kernel_table_picks_the_reference_off_cuda_and_names_what_it_has():
+    from tlt_rt.codegen.kernels.accept_reference import accept_tree_reference
+    from tlt_rt.codegen.kernels.kv_commit import kv_commit, kv_commit_reference
+    from tlt_rt.codegen.table import KERNELS, kernel, runs_triton
+
+    assert not runs_triton("cpu") and runs_triton("cuda") and runs_triton(torch.device("cuda", 1))
+    assert kernel("kv_commit", "cpu") is kv_commit_reference and kernel("kv_commit", "cuda") is kv_commit
+    assert kernel("accept", "cpu").keywords == {"backend": "torch"}  # accept_tree's torch path: the reference
+    assert kernel("accept", "cuda").keywords == {"backend": "triton"}
+    assert accept_tree_reference.__module__.endswith("accept_reference")
+    with pytest.raises(KeyError, match="no kernel 'nope' in the codegen table .*accept, kv_commit"):
+        kernel("nope", "cpu")
+    assert set(KERNELS) == {"accept", "kv_commit", "topk_logprobs", "draft_level", "build_tree"}
