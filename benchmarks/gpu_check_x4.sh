@@ -17,8 +17,8 @@
 #              with the warm-up's drafter (TP_RL_STEPS (4) steps; its SD step costs in the step log). TP=0 leaves
 #              the TP rows and the RL run out.
 #              The tests come first: a pass cut short by the device time then still has them.
-#              With HOUSE=DIR (a checkout of an earlier commit, e.g. made by `git archive REV tlt_rt benchmarks
-#              configs | tar -x -C .device-before`, carried) GPU 3 then times SmolLM2's SD step against its plain
+#              With HOUSE=DIR (a checkout of an earlier commit: `tools/house_before.sh REV` makes .device-before,
+#              which the call carries) GPU 3 then times SmolLM2's SD step against its plain
 #              step (`step_ratio.py`, 8_4_32 and 6_2_12 at batch 1 and 32, greedy) from that checkout and from this
 #              one in turn, twice each (OUT/house-{before,after}-N.log): a change of the house beside the code it
 #              started from, on one GPU.

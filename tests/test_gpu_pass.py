@@ -258,3 +258,23 @@ def test_gpu_check_x4_times_step_ratios_before_and_after_a_change_of_the_house(t
         "house-after-1.log", "house-after-2.log", "house-before-1.log", "house-before-2.log"]  # fmt: skip
     first, _ = _halves(calls)
     assert calls.index(ratios[0]) > calls.index(first)
+
+
+def test_house_before_writes_an_earlier_commits_code_out_of_git(tmp_path):
+    """tools/house_before.sh REV: REV's package, benchmark scripts and configs in .device-before, ignored by git."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
+    script = clone / "tools" / "house_before.sh"
+    if not script.exists():  # a clone of a checkout whose script is not committed yet
+        script.write_text((REPO / "tools" / "house_before.sh").read_text())
+        script.chmod(0o755)
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    done = subprocess.run([str(script), rev], cwd=clone, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    before = clone / ".device-before"
+    assert (before / "tlt_rt" / "__init__.py").is_file() and (before / "benchmarks" / "step_ratio.py").is_file()
+    assert not (before / "tests").exists() and not list((before / "benchmarks").glob("*.md"))
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
+    assert ".device-before" not in status
+    assert subprocess.run([str(script), "no-such-rev"], cwd=clone, capture_output=True).returncode == 2
+    assert subprocess.run([str(script), rev, "/tmp/elsewhere"], cwd=clone, capture_output=True).returncode == 2
