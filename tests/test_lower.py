@@ -10,7 +10,7 @@ from tests.helpers.engine import make_engine
 from tlt_rt.codegen.lower import StepModels, lower
 from tlt_rt.ir import Bucket, StepProgram, Strategy
 from tlt_rt.ir.program import Op
-from tlt_rt.ir.signature import TREE
+from tlt_rt.ir.tree import TREE_FIELDS
 
 
 def _bucket(strategy, b=2):
@@ -112,7 +112,7 @@ def test_the_lowered_draft_nodes_build_the_whole_drafts_tree(strategy):
             if node in nodes:
                 fn(models, values)
         want = draft_tree(d.drafter, d.cache, s, run.block_size, whole)
-    for name in TREE:
+    for name in TREE_FIELDS:
         assert torch.equal(values[name], getattr(want, name)), name
 
 

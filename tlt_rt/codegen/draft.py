@@ -21,7 +21,7 @@ and `draft_tree` compose the same functions for callers that run a whole draft a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -53,6 +53,9 @@ class Frontier:
     index: Tensor  # [B, K] int64 each node's flat index among the step's candidates
     feats: Tensor  # [B, K, Hd] the drafter outputs their children are drafted from
     mask: Tensor  # [B, K, dK] bool tree mask over the level window
+
+
+FRONTIER_FIELDS = tuple(f.name for f in fields(Frontier))  # a frontier's tensors, in order
 
 
 def top_children(drafter, logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -89,11 +92,11 @@ def catch_up_block(
     draft vocabulary [B, Vd] and output hidden [B, H]. `compiled`: the block's inputs through torch.compile,
     as the captured step runs them."""
     r = ins.tokens.shape[1]
-    trash = cache.num_blocks * cache.block_size - 1
     meta_fn = maybe_compiled(_block_meta, compiled, ins.tokens.device)
     mask, slots, positions, cu, lens, roots, feats = meta_fn(
-        ins.tokens, ins.hidden, ins.valid, ins.prefix_lens, ins.tables, drafter.features, block_size, trash
-    )
+        ins.tokens, ins.hidden, ins.valid, ins.prefix_lens, ins.tables, drafter.features, block_size,
+        cache.trash_slot,
+    )  # fmt: skip
     meta = AttnMetadata("verify", cu, lens, ins.tables, slots, r, mask, slots_resolved=True)
     out = drafter.forward_paged(ins.tokens.reshape(-1), feats, positions, cache, meta, roots, full_vocab=False)
     return out.logits, out.hidden[roots]
@@ -123,6 +126,13 @@ def level_meta(prefix_lens, tables, valid, k: int, levels: int, block_size: int,
     seq_lens = (cached[None, :] + (d * k)[:, None]).int()
     cu = torch.arange(0, b * k + 1, k, dtype=torch.int32, device=dev)
     return positions, seq_lens, slots, cu
+
+
+def level_inputs(cache: KVCache, prefix_lens, tables, valid, k: int, levels: int, block_size: int, compiled: bool):
+    """`level_meta` for a draft's `levels` later levels, padding writes to `cache`'s trash slot (`compiled`: through
+    torch.compile, as the captured step builds them)."""
+    meta_fn = maybe_compiled(level_meta, compiled, prefix_lens.device)
+    return meta_fn(prefix_lens, tables, valid, k, levels, block_size, cache.trash_slot)
 
 
 def expand_level(drafter, cache: KVCache, front: Frontier, tables: Tensor, meta: tuple, i: int, k: int):
@@ -173,10 +183,7 @@ def grow_candidates(
     front = first_frontier(drafter, root_logits, root_hidden, k)
     tokens, scores, fronts = [front.tokens], [front.scores], []
     if levels:
-        trash = cache.num_blocks * cache.block_size - 1
-        meta = maybe_compiled(level_meta, compiled, root_logits.device)(
-            ins.prefix_lens, ins.tables, ins.valid, k, levels, block_size, trash
-        )
+        meta = level_inputs(cache, ins.prefix_lens, ins.tables, ins.valid, k, levels, block_size, compiled)
         for i in range(levels):
             (t, s, f), front = expand_level(drafter, cache, front, ins.tables, meta, i, k)
             tokens.append(t), scores.append(s), fronts.append(f)

@@ -25,9 +25,8 @@ import torch
 from tlt_rt.codegen import draft
 from tlt_rt.codegen.table import kernel, maybe_compiled
 from tlt_rt.ir.program import Node, Op, StepProgram
-from tlt_rt.ir.signature import TREE
 from tlt_rt.ir.strategy import Bucket
-from tlt_rt.ir.tree import DraftTree, root_only_tree
+from tlt_rt.ir.tree import TREE_FIELDS, DraftTree, root_only_tree
 from tlt_rt.models.attention import AttnMetadata
 from tlt_rt.models.llama import KVCache
 
@@ -81,7 +80,7 @@ def _emit_catchup(node: Node, program: StepProgram, device):
 
 
 def _store_front(v: Values, d: int, front: draft.Frontier) -> None:
-    for name in ("tokens", "scores", "index", "feats", "mask"):
+    for name in draft.FRONTIER_FIELDS:
         v[f"front_{name}.{d}"] = getattr(front, name)
 
 
@@ -90,12 +89,11 @@ def _emit_level(node: Node, program: StepProgram, device):
 
     def level(m: StepModels, v: Values) -> None:
         if d == 2:  # every level's attention inputs at once
-            trash = m.drafter_cache.num_blocks * m.drafter_cache.block_size - 1
-            meta_fn = maybe_compiled(draft.level_meta, m.compiled, v["prefix_lens"].device)
-            meta = meta_fn(v["prefix_lens"], v["block_table"], v["ctx_len"], k, depth - 1, m.block_size, trash)
+            meta = draft.level_inputs(m.drafter_cache, v["prefix_lens"], v["block_table"], v["ctx_len"], k,
+                                      depth - 1, m.block_size, m.compiled)  # fmt: skip
             v["level_positions"], v["level_seq_lens"], v["level_slots"], v["level_cu"] = meta
         meta = (v["level_positions"], v["level_seq_lens"], v["level_slots"], v["level_cu"])
-        front = draft.Frontier(*(v[f"front_{x}.{d - 1}"] for x in ("tokens", "scores", "index", "feats", "mask")))
+        front = draft.Frontier(*(v[f"front_{x}.{d - 1}"] for x in draft.FRONTIER_FIELDS))
         (tokens, scores, parents), front = draft.expand_level(
             m.drafter, m.drafter_cache, front, v["block_table"], meta, d - 2, k
         )
@@ -119,7 +117,7 @@ def _emit_rerank(node: Node, program: StepProgram, device):
 
 
 def _store_tree(v: Values, tree: DraftTree) -> None:
-    for name in TREE:
+    for name in TREE_FIELDS:
         v[name] = getattr(tree, name)
 
 

@@ -45,9 +45,9 @@ from dataclasses import dataclass
 import torch
 
 from .strategy import Bucket
+from .tree import TREE_FIELDS
 
 I64, I32, F32, F64, BOOL = torch.int64, torch.int32, torch.float32, torch.float64, torch.bool
-TREE = ("tree_tokens", "parents", "depths", "positions", "tree_mask", "paths", "children", "num_children")
 SETTINGS = ("uniforms", "temperature", "top_k", "top_p")
 
 
@@ -103,7 +103,8 @@ def step_inputs(nodes, bucket: Bucket) -> dict[str, TensorSpec]:
 
 def _tree_specs(B: int, T: int, D: int, K: int) -> dict[str, TensorSpec]:
     shapes = [(B, T), (B, T), (B, T), (B, T), (B, T, T), (B, T, D + 1), (B, T, K), (B, T)]
-    return {name: TensorSpec(s, BOOL if name == "tree_mask" else I64) for name, s in zip(TREE, shapes, strict=True)}
+    dtypes = [BOOL if name == "tree_mask" else I64 for name in TREE_FIELDS]
+    return {name: TensorSpec(s, t) for name, s, t in zip(TREE_FIELDS, shapes, dtypes, strict=True)}
 
 
 def _frontier(d: int, B: int, K: int, Hd: int) -> dict[str, TensorSpec]:

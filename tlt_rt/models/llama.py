@@ -94,6 +94,11 @@ class KVCache:
     def num_layers(self) -> int:
         return self.k.shape[0]
 
+    @property
+    def trash_slot(self) -> int:
+        """The last slot of the cache, where padding rows write (`attention.resolve_slots` sends -1 there)."""
+        return self.num_blocks * self.block_size - 1
+
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
 

@@ -30,9 +30,11 @@ class SpeculationBudget:
         regret, elapsed = self._regret.get(bucket, (0.0, 0.0))
         return regret + extra > self.budget(bucket) * (elapsed + step)
 
-    def budget(self, bucket: int) -> float:
+    def budget(self, bucket: int) -> float | None:
         """The share of this bucket's decode time speculation may cost: `explore_budget`, halved per losing try
-        in a row there (module docstring)."""
+        in a row there (module docstring); None without a budget."""
+        if self.explore_budget is None:
+            return None
         return self.explore_budget / 2 ** min(self._lost[bucket], BACKOFF_HALVINGS)
 
     def _expected_regret(self, bucket: int, choice: Strategy, behind: Callable[[], int]) -> tuple[float, float]:

@@ -132,11 +132,6 @@ class TargetRunner:
         rows = None if logits_rows is None else to_device(torch.tensor(logits_rows, dtype=torch.long), self.device)
         return self.model.forward_paged(ids, positions, self.cache, meta, logits_indices=rows)
 
-    def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Flat cache slots [B] of one cache position per sequence; tables [B, W] int32, positions [B]."""
-        bs = self.block_size
-        return tables.long().gather(1, (positions // bs)[:, None]).squeeze(1) * bs + positions % bs
-
     def copy_blocks(self, copies: list[tuple[int, int]], caches: list[KVCache]) -> None:
         """Apply copy-on-fork block copies (src, dst) to every cache that shares the block tables: one upload
         and one gather + scatter per cache and tensor, every source read before any destination is written
