@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# The GPU tests at a commit on one 2-GPU machine, split over both GPUs, then what needs no model file:
-#   phase 1  GPU 0: the engine, drafter and IR `gpu` tests;  GPU 1: every other one but the two-GPU TP test,
-#            then the eager phases of a rollout on the Qwen2.5-Coder-1.5B shape (eager_profile.py: a batch's
-#            prefill, and a speculative step that first catches the drafter up on a plain stretch; profiled);
-#   phase 2  GPUs 0-1: the two-GPU tensor-parallel test, then TP=2 against TP=1 on the Qwen2.5-7B shape
-#            (tp_throughput.py: bf16, every layer, CUDA graphs, plain and 8_4_32 steps at batch 1 and 32, the TP=2
-#            sums through NCCL and through the one-shot all-reduce); TP=0 leaves the throughput rows out.
-# The models the tests read come from the environment (TLT_SMOLLM2_GGUF, TLT_QWEN_GGUF: a test whose model is not
-# there skips). Everything runs in the background; the call returns at once.
+# The GPU tests at a commit, and with the Qwen GGUFs both models' drafters, auto against off, tensor parallelism
+# and an RL run of one TP=2 engine, on one 2-GPU machine (NCCL, NVLink multicast off), in three phases:
+#   phase 1  GPU 0: the engine, drafter, IR and real-Qwen `gpu` tests; GPU 1: every other one; beside them on both
+#            GPUs the two-GPU TP test (it checks tokens, not times); the 1.5B checkpoint converted on the host
+#            meanwhile. The tests come first: a pass cut short by the device time then still has them.
+#   phase 2  GPU 0: the 1.5B drafter's warm-up (WARMUP_PROMPTS (3,584) x WARMUP_EPOCHS (1.5)), auto against off
+#            per batch on it (interleaved, T=1.0, both rows with a lone prompt's prefill captured up to
+#            PREFILL_GRAPHS (256) tokens, eager again if that fails), then a profile of its prefill at batch 1 and 8;
+#            GPU 1: the 0.5B warm-up (WARMUP_PROMPTS05 (6,144) x WARMUP_EPOCHS05 (1.5), W05_ARGS), auto against off
+#            on it, then with HOUSE=DIR (a checkout of an earlier commit: `tools/house_before.sh REV`, carried)
+#            SmolLM2's SD / plain step ratios (`step_ratio.py`, 8_4_32 and 6_2_12 at batch 1 and 32) from that
+#            checkout and from this one in turn, twice each (OUT/house-{before,after}-N.log).
+#            Without the GGUFs phase 2 is the house ratios alone, on GPU 0.
+#   phase 3  GPUs 0-1: TP=2 against TP=1 on the Qwen2.5-7B shape (bf16, graphs, plain and 8_4_32 with an 8,192-id
+#            random drafter, NCCL and the one-shot sum), then with the GGUFs an RL run of one TP=2 engine on the
+#            1.5B with the warm-up's drafter (TP_RL_STEPS (4) steps). TP=0 leaves phase 3 out.
+# Each job is its own process pinned by CUDA_VISIBLE_DEVICES with half the host's cores. Everything runs in the
+# background; the call returns at once.
 #
-#   benchmarks/gpu_check_x2.sh OUT                 start it (the logs: OUT/*.log, progress: OUT/main.log)
-#   benchmarks/gpu_check_x2.sh --snapshot OUT DEST progress lines, and the small records so far in DEST/snapshot.tgz
-# Settings: TESTS_SECONDS (330, each half), TP (1).
+#   benchmarks/gpu_check_x2.sh OUT [QWEN15_GGUF QWEN05_GGUF]  start it (logs: OUT/*.log, progress: OUT/main.log)
+#   benchmarks/gpu_check_x2.sh --snapshot OUT DEST            progress lines, and the small records so far
+# Settings: TESTS_SECONDS (420, each half), TP (1), AUTO_OFF (1), HOUSE, and the ones named above.
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -19,36 +28,93 @@ if [ "${1:-}" = "--snapshot" ]; then
   snapshot "${2:?OUT}" "${3:?DEST}"
   exit 0
 fi
-out=${1:?OUT}
+out=${1:?OUT}; q15=${2:-}; q05=${3:-}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 share_cores 2
-limit=${TESTS_SECONDS:-330}; tp=${TP:-1}
+cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
+prompts=${WARMUP_PROMPTS:-3584}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-6144}
+e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
+tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-420}; pg=${PREFILL_GRAPHS:-256}; house=${HOUSE:-}; here=$PWD
+VARIANTS=("--warmup-arg=--gen-batch=512")
+
+# done_at WHAT: a progress line
+done_at() { echo "$1 done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"; }
+
+# house_ratios GPU: SD / plain step ratios from the earlier checkout $house and from this one, alternated
+house_ratios() {
+  local n side dir
+  for n in 1 2; do
+    for side in before after; do
+      dir=$here; [ "$side" = before ] && dir=$house
+      (cd "$dir" && CUDA_VISIBLE_DEVICES=$1 PYTHONPATH="/tmp/site:$dir" timeout 240 python benchmarks/step_ratio.py \
+          --batch 1 32 --strategies 8_4_32 6_2_12 --rounds 3 > "$out/house-$side-$n.log" 2>&1)
+    done
+  done
+  done_at "step ratios before / after ($house)"
+}
+
+# timed GPU MODEL CONFIG WARMUP NAME: auto against off on the warm-up WARMUP's drafter, into $out/NAME.*
+timed() {
+  [ "$timings" = 1 ] && [ -f "$out/$4/drafter/warmup.json" ] || return 0
+  # shellcheck disable=SC2086  # the strategy list splits on purpose
+  auto_off "$1" "$2" "$3" "$out/$4/drafter" "$5" "1 8 32 128" --configs off auto --strategies $DEFAULT \
+      --prefill-graph-tokens "$pg" ||
+    auto_off "$1" "$2" "$3" "$out/$4/drafter" "$5" "1 8 32 128" --configs off auto --strategies $DEFAULT
+  done_at "auto against off ($5)"
+}
 
 main() {
   local t0
   t0=$(date +%s)
-  (
-    test_half 0 0
-    echo "tests on GPU 0 done at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/tests0.log")" >> "$out/main.log"
-  ) &
-  (
-    test_half 1 1
-    echo "tests on GPU 1 done at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/tests1.log")" >> "$out/main.log"
-    CUDA_VISIBLE_DEVICES=1 timeout 200 python benchmarks/eager_profile.py --model qwen2.5-coder-1.5b --batch 128 \
-        --prompt-len 96 --plain-steps 80 --out "$out/eager" > "$out/eager.log" 2>&1
-    echo "eager profile done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
-  ) &
+  # phase 1
+  ( test_half 0 0; done_at "tests on GPU 0 ($(tail -n 1 "$out/tests0.log"))" ) &
+  ( test_half 1 1; done_at "tests on GPU 1 ($(tail -n 1 "$out/tests1.log"))" ) &
+  ( CUDA_VISIBLE_DEVICES=0,1 timeout 500 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
+      > "$out/tests_tp.log" 2>&1; done_at "TP test ($(tail -n 1 "$out/tests_tp.log"))" ) &
+  if [ -n "$q15" ]; then convert_target; fi
   wait
-  CUDA_VISIBLE_DEVICES=0,1 timeout 600 python -m pytest -q -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
-      > "$out/tests_tp.log" 2>&1
-  echo "TP test done at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/tests_tp.log")" >> "$out/main.log"
+  # phase 2
+  if [ -n "$q15" ]; then
+    (
+      warmups
+      done_at "1.5B warm-up"
+      timed 0 "$q15" "$cfg1" w0 auto-off-q15
+      if [ -f "$out/w0/drafter/warmup.json" ]; then
+        CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/prefill_cost.py --target "$q15" --batch 1 8 \
+            --chunks 16384 --rounds 5 --drafter "$out/w0/drafter" --profile 25 --graph-tokens 256 \
+            --out "$out/prefill-q15.jsonl" > "$out/prefill-q15.log" 2>&1
+        done_at "1.5B prefill profile"
+      fi
+    ) &
+    (
+      # shellcheck disable=SC2086  # the variant's arguments split on purpose
+      warm_up 1 "$cfg05" "$q05" "$p05" "$e05" "$out/w05" $w05_args
+      done_at "0.5B warm-up ($w05_args)"
+      timed 1 "$q05" "$cfg05" w05 auto-off-q05
+      if [ -n "$house" ]; then house_ratios 1; fi
+    ) &
+    wait
+  elif [ -n "$house" ]; then
+    house_ratios 0
+  fi
+  # phase 3
   if [ "$tp" = 1 ]; then
-    CUDA_VISIBLE_DEVICES=0,1 timeout -s USR1 -k 15 270 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
-        --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot > "$out/tp2.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0,1 timeout -s USR1 -k 15 300 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
+        --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot --profile "$out/tp_profile" \
+        > "$out/tp2.log" 2>&1
+    done_at "TP=2 throughput"
+    if [ -f "$out/w0/drafter/warmup.json" ]; then
+      TORCHINDUCTOR_COMPILE_THREADS=4 CUDA_VISIBLE_DEVICES=0,1 timeout 420 python -m tlt_rt.train "$cfg1" name=tp2 \
+          "output_dir=$out/tp_rl" "model.path=$q15" "drafter.path=$out/w0/drafter" rl.steps="$tp_steps" \
+          cluster.num_workers=1 cluster.gpus_per_worker=2 cluster.tensor_parallel=2 rollout.max_new_tokens=1024 \
+          rl.checkpoint_every=0 logging.eval_every=0 > "$out/tp_rl.log" 2>&1
+      done_at "TP=2 RL run"
+    fi
   fi
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main test_half); $(declare -p out limit tp HALF0 HALF1); main" > "$out/main.log" 2>&1 < /dev/null &
+setsid nohup bash -c "$(declare -f main warmups convert_target warm_up auto_off timed done_at test_half house_ratios); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit pg HALF0 HALF1 house here); main" \
+    > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x2.sh --snapshot $out DEST"

@@ -170,20 +170,54 @@ def test_gpu_drafter_one_warms_the_small_model_then_times_its_drafter(tmp_path):
 
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
 @pytest.mark.parametrize("tp", ["1", "0"])
-def test_gpu_check_x2_splits_the_tests_over_both_gpus_then_runs_the_tp_test(tmp_path, tp):
-    """Every `gpu` test file in exactly one of the two halves (the TP test in neither: it needs both GPUs and runs
-    after them), the eager profile after the second half, the TP throughput rows last unless TP=0."""
-    calls, main = _pass(tmp_path, "gpu_check_x2.sh", models=(), TP=tp)
+def test_gpu_check_x2_without_models_runs_the_tests_then_the_house_ratios_then_the_tp_rows(tmp_path, tp):
+    """Every `gpu` test file in exactly one of the two halves with the TP test beside them; without the GGUFs no
+    warm-up and no timing of a model, the house ratios after the tests, the TP rows last unless TP=0."""
+    before = tmp_path / "before"
+    (before / "benchmarks").mkdir(parents=True)
+    calls, main = _pass(tmp_path, "gpu_check_x2.sh", models=(), TP=tp, HOUSE=str(before))
     assert "all done" in main
-    _, rest = _halves(calls)
+    first, rest = _halves(calls)
     tp_test = next(i for i, c in enumerate(calls) if c.endswith(" tests/test_tp_gpu.py"))
-    eager = next(i for i, c in enumerate(calls) if "eager_profile.py" in c)
-    assert eager < tp_test and calls.index(rest) < eager
-    rows = [c for c in calls if "tp_throughput.py" in c]
+    assert not [c for c in calls if "--warmup-only" in c or "engine_throughput" in c or "tlt_rt.train" in c]
+    ratios = [i for i, c in enumerate(calls) if "step_ratio.py" in c]
+    assert len(ratios) == 4 and min(ratios) > max(tp_test, calls.index(first), calls.index(rest))
+    rows = [i for i, c in enumerate(calls) if "tp_throughput.py" in c]
     if tp == "1":
-        assert len(rows) == 1 and calls.index(rows[0]) > tp_test and "--shape qwen2.5-7b --tp 2" in rows[0]
+        assert len(rows) == 1 and rows[0] > max(ratios) and "--shape qwen2.5-7b --tp 2" in calls[rows[0]]
     else:
         assert not rows
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
+def test_gpu_check_x2_with_models_tests_then_drafters_and_timings_then_tp(tmp_path):
+    """With both GGUFs: the tests first; then the 1.5B warm-up, its auto / off timing (a lone prompt's prefill
+    captured) and its prefill profile, beside the 0.5B's warm-up, timing and the house ratios; the TP rows and the
+    TP=2 RL run on the 1.5B warm-up's drafter last."""
+    before = tmp_path / "before"
+    (before / "benchmarks").mkdir(parents=True)
+    calls, main = _pass(tmp_path, "gpu_check_x2.sh", models=("/m/q15.gguf", "/m/q05.gguf"), HOUSE=str(before))
+    assert "all done" in main
+    out = tmp_path / "out"
+    first, rest = _halves(calls)
+    tests_end = max(calls.index(first), calls.index(rest),
+                    next(i for i, c in enumerate(calls) if c.endswith(" tests/test_tp_gpu.py")))  # fmt: skip
+    warm = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if "--warmup-only" in c}
+    assert set(warm) == {"w0", "w05"} and all(calls.index(c) > tests_end for c in warm.values())
+    assert "--warmup-arg=--lr=9e-4" in warm["w05"] and "q05" in warm["w05"] and "q15" in warm["w0"]
+    timed = {("q05" if "q05" in c else "q15"): c for c in calls if "engine_throughput" in c}
+    assert f"--drafter {out / 'w05' / 'drafter'} " in timed["q05"]
+    assert f"--drafter {out / 'w0' / 'drafter'} " in timed["q15"]
+    assert all(c.endswith("--prefill-graph-tokens 256") for c in timed.values())
+    assert len([c for c in calls if "step_ratio.py" in c]) == 4
+    assert calls.index(next(c for c in calls if "step_ratio.py" in c)) > calls.index(timed["q05"])
+    rows = next(i for i, c in enumerate(calls) if "tp_throughput.py" in c)
+    rl = next(i for i, c in enumerate(calls) if "tlt_rt.train" in c)
+    assert rows > max(i for i, c in enumerate(calls) if "engine_throughput" in c or "step_ratio.py" in c)
+    assert rl > rows and "cluster.tensor_parallel=2" in calls[rl]
+    assert f"drafter.path={out / 'w0' / 'drafter'}" in calls[rl]
+    prefill = [c for c in calls if "prefill_cost.py" in c]
+    assert len(prefill) == 1 and "--graph-tokens 256" in prefill[0]
 
 
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
