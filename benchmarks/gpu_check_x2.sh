@@ -36,6 +36,8 @@ cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yam
 prompts=${WARMUP_PROMPTS:-3584}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-6144}
 e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
 tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-420}; pg=${PREFILL_GRAPHS:-256}; house=${HOUSE:-}; here=$PWD
+# an absolute path: the ratios run from inside each checkout, where a relative one would name nothing
+if [ -n "$house" ]; then house=$(cd "$house" && pwd) || exit 2; fi
 VARIANTS=("--warmup-arg=--gen-batch=512")
 
 # done_at WHAT: a progress line

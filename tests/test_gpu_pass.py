@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 STUB = """#!/bin/bash
 if [[ "$1" == "-" ]]; then exec python3 "$@"; fi  # the passes' own small scripts (best_warmup) run for real
 echo "python $*" >> "$CALLS"
+if [[ "$*" == *step_ratio.py* ]]; then echo "where $PWD $PYTHONPATH" >> "$CALLS"; fi
 if [[ "$*" == *--warmup-only* && -z "$NO_DRAFTER" ]]; then
   out=$(echo "$*" | sed -E 's/.*--out ([^ ]+).*/\\1/'); mkdir -p "$out/drafter"
   after=4.0; [[ "$out" == *w05b ]] && after=5.0  # a second 0.5B warm-up does better
@@ -175,8 +177,11 @@ def test_gpu_check_x2_without_models_runs_the_tests_then_the_house_ratios_then_t
     warm-up and no timing of a model, the house ratios after the tests, the TP rows last unless TP=0."""
     before = tmp_path / "before"
     (before / "benchmarks").mkdir(parents=True)
-    calls, main = _pass(tmp_path, "gpu_check_x2.sh", models=(), TP=tp, HOUSE=str(before))
+    calls, main = _pass(tmp_path, "gpu_check_x2.sh", models=(), TP=tp, HOUSE=os.path.relpath(before, REPO))
     assert "all done" in main
+    # a relative HOUSE is made absolute: each run of the earlier checkout starts in it and imports from it
+    where = [c.split()[1:] for c in calls if c.startswith("where ")]
+    assert sorted(w[0] == str(before) and w[1].endswith(f":{before}") for w in where) == [False, False, True, True]
     first, rest = _halves(calls)
     tp_test = next(i for i, c in enumerate(calls) if c.endswith(" tests/test_tp_gpu.py"))
     assert not [c for c in calls if "--warmup-only" in c or "engine_throughput" in c or "tlt_rt.train" in c]
@@ -299,16 +304,23 @@ def test_house_before_writes_an_earlier_commits_code_out_of_git(tmp_path):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
     script = clone / "tools" / "house_before.sh"
-    if not script.exists():  # a clone of a checkout whose script is not committed yet
-        script.write_text((REPO / "tools" / "house_before.sh").read_text())
-        script.chmod(0o755)
+    script.write_text((REPO / "tools" / "house_before.sh").read_text())  # this checkout's, committed or not
+    script.chmod(0o755)
     rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
-    done = subprocess.run([str(script), rev], cwd=clone, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PYTHON": sys.executable}  # the clone has no .venv of its own
+    done = subprocess.run([str(script), rev], cwd=clone, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     before = clone / ".device-before"
     assert (before / "tlt_rt" / "__init__.py").is_file() and (before / "benchmarks" / "step_ratio.py").is_file()
     assert not (before / "tests").exists() and not list((before / "benchmarks").glob("*.md"))
     status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
     assert ".device-before" not in status
+    # a commit whose package does not import (a module it imports left out) is refused before any upload
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "rm", "-q", "tlt_rt/rollout/stats.py"], cwd=clone, check=True)
+    subprocess.run([*git, "commit", "-qm", "broken"], cwd=clone, check=True)
+    broken = subprocess.run([str(script), "HEAD"], cwd=clone, capture_output=True, text=True, timeout=120, env=env)
+    assert broken.returncode == 1 and "does not import" in broken.stderr
+    assert "stats" in (before / "import.log").read_text()
     assert subprocess.run([str(script), "no-such-rev"], cwd=clone, capture_output=True).returncode == 2
     assert subprocess.run([str(script), rev, "/tmp/elsewhere"], cwd=clone, capture_output=True).returncode == 2
