@@ -10,9 +10,10 @@ share_cores() {
   export OMP_NUM_THREADS
 }
 
-# the `gpu` tests in two halves of about equal time, one GPU each (gpu_check_x2.sh, gpu_check_x4.sh): the engine,
-# drafter, IR and real-Qwen tests (166 s without the Qwen ones on an H200); every other one (the kernels', the
-# log-probs', the models') but the two-GPU TP test, which runs on both GPUs
+# the `gpu` tests in two halves, one GPU each (gpu_check_x2.sh, gpu_check_x4.sh): the engine, drafter, IR and
+# real-Qwen tests (166 s without the Qwen ones on an H200, 339 s with them beside the TP test); every other one (the
+# kernels', the log-probs', the models'; 164 s) but the two-GPU TP test, which runs on both GPUs. Each log lists
+# its ten slowest tests, to even the halves out.
 HALF0="tests/test_engine_gpu.py tests/test_drafter_train.py tests/test_ir_tree.py tests/test_qwen_gpu.py"
 HALF1="tests --ignore=tests/test_engine_gpu.py --ignore=tests/test_drafter_train.py --ignore=tests/test_ir_tree.py
 --ignore=tests/test_qwen_gpu.py --ignore=tests/test_tp_gpu.py"
@@ -21,7 +22,7 @@ HALF1="tests --ignore=tests/test_engine_gpu.py --ignore=tests/test_drafter_train
 test_half() {
   local half=HALF$2
   # shellcheck disable=SC2086  # the file list splits on purpose
-  CUDA_VISIBLE_DEVICES=$1 timeout "$limit" python -m pytest -q -p no:cacheprovider -m gpu ${!half} > "$out/tests$2.log" 2>&1
+  CUDA_VISIBLE_DEVICES=$1 timeout "$limit" python -m pytest -q -p no:cacheprovider --durations=10 -m gpu ${!half} > "$out/tests$2.log" 2>&1
 }
 
 # the engine's default strategy set (rollout.config.DEFAULT_STRATEGIES), which every auto-against-off timing gives auto
