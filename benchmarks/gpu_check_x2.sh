@@ -20,7 +20,8 @@
 #
 #   benchmarks/gpu_check_x2.sh OUT [QWEN15_GGUF QWEN05_GGUF]  start it (logs: OUT/*.log, progress: OUT/main.log)
 #   benchmarks/gpu_check_x2.sh --snapshot OUT DEST            progress lines, and the small records so far
-# Settings: TESTS_SECONDS (420, each half), TP (1), AUTO_OFF (1), HOUSE, and the ones named above.
+# Settings: TESTS_SECONDS (420, each half), TESTS (1; 0 leaves phase 1's tests out, for code whose GPU tests already
+# passed), TP (1), AUTO_OFF (1), HOUSE, and the ones named above.
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -35,7 +36,7 @@ share_cores 2
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 prompts=${WARMUP_PROMPTS:-3584}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-6144}
 e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
-tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-420}; pg=${PREFILL_GRAPHS:-256}; house=${HOUSE:-}; here=$PWD
+tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-420}; tests=${TESTS:-1}; pg=${PREFILL_GRAPHS:-256}; house=${HOUSE:-}; here=$PWD
 # an absolute path: the ratios run from inside each checkout, where a relative one would name nothing
 if [ -n "$house" ]; then house=$(cd "$house" && pwd) || exit 2; fi
 VARIANTS=("--warmup-arg=--gen-batch=512")
@@ -70,10 +71,12 @@ main() {
   local t0
   t0=$(date +%s)
   # phase 1
-  ( test_half 0 0; done_at "tests on GPU 0 ($(tail -n 1 "$out/tests0.log"))" ) &
-  ( test_half 1 1; done_at "tests on GPU 1 ($(tail -n 1 "$out/tests1.log"))" ) &
-  ( CUDA_VISIBLE_DEVICES=0,1 timeout 500 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
-      > "$out/tests_tp.log" 2>&1; done_at "TP test ($(tail -n 1 "$out/tests_tp.log"))" ) &
+  if [ "$tests" = 1 ]; then
+    ( test_half 0 0; done_at "tests on GPU 0 ($(tail -n 1 "$out/tests0.log"))" ) &
+    ( test_half 1 1; done_at "tests on GPU 1 ($(tail -n 1 "$out/tests1.log"))" ) &
+    ( CUDA_VISIBLE_DEVICES=0,1 timeout 500 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
+        > "$out/tests_tp.log" 2>&1; done_at "TP test ($(tail -n 1 "$out/tests_tp.log"))" ) &
+  fi
   if [ -n "$q15" ]; then convert_target; fi
   wait
   # phase 2
@@ -117,6 +120,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups convert_target warm_up auto_off timed done_at test_half house_ratios); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit pg HALF0 HALF1 house here); main" \
+setsid nohup bash -c "$(declare -f main warmups convert_target warm_up auto_off timed done_at test_half house_ratios); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit tests pg HALF0 HALF1 house here); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x2.sh --snapshot $out DEST"

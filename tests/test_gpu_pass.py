@@ -226,6 +226,14 @@ def test_gpu_check_x2_with_models_tests_then_drafters_and_timings_then_tp(tmp_pa
 
 
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
+def test_gpu_check_x2_with_tests_0_goes_straight_to_the_drafters(tmp_path):
+    calls, main = _pass(tmp_path, "gpu_check_x2.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TESTS="0", TP="0")
+    assert "all done" in main and "tests on GPU" not in main
+    assert not [c for c in calls if "-m gpu" in c]
+    assert {c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in calls if "--warmup-only" in c} == {"w0", "w05"}
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
 def test_gpu_x4_with_a_second_small_warm_up_times_the_better_small_drafter(tmp_path):
     calls, main = _pass(tmp_path, "gpu_x4.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TP="0", KILL="0", E2E4="0",
                         W05B_ARGS="--warmup-arg=--unroll=5")  # fmt: skip
