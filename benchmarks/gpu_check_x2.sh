@@ -44,26 +44,10 @@ VARIANTS=("--warmup-arg=--gen-batch=512")
 # done_at WHAT: a progress line
 done_at() { echo "$1 done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"; }
 
-# house_ratios GPU: SD / plain step ratios from the earlier checkout $house and from this one, alternated
-house_ratios() {
-  local n side dir
-  for n in 1 2; do
-    for side in before after; do
-      dir=$here; [ "$side" = before ] && dir=$house
-      (cd "$dir" && CUDA_VISIBLE_DEVICES=$1 PYTHONPATH="/tmp/site:$dir" timeout 240 python benchmarks/step_ratio.py \
-          --batch 1 32 --strategies 8_4_32 6_2_12 --rounds 3 > "$out/house-$side-$n.log" 2>&1)
-    done
-  done
-  done_at "step ratios before / after ($house)"
-}
-
 # timed GPU MODEL CONFIG WARMUP NAME: auto against off on the warm-up WARMUP's drafter, into $out/NAME.*
 timed() {
   [ "$timings" = 1 ] && [ -f "$out/$4/drafter/warmup.json" ] || return 0
-  # shellcheck disable=SC2086  # the strategy list splits on purpose
-  auto_off "$1" "$2" "$3" "$out/$4/drafter" "$5" "1 8 32 128" --configs off auto --strategies $DEFAULT \
-      --prefill-graph-tokens "$pg" ||
-    auto_off "$1" "$2" "$3" "$out/$4/drafter" "$5" "1 8 32 128" --configs off auto --strategies $DEFAULT
+  auto_off_captured "$1" "$2" "$3" "$out/$4/drafter" "$5" "1 8 32 128"
   done_at "auto against off ($5)"
 }
 
@@ -97,29 +81,24 @@ main() {
       warm_up 1 "$cfg05" "$q05" "$p05" "$e05" "$out/w05" $w05_args
       done_at "0.5B warm-up ($w05_args)"
       timed 1 "$q05" "$cfg05" w05 auto-off-q05
-      if [ -n "$house" ]; then house_ratios 1; fi
+      if [ -n "$house" ]; then house_ratios 1 && done_at "step ratios before / after ($house)"; fi
     ) &
     wait
   elif [ -n "$house" ]; then
-    house_ratios 0
+    house_ratios 0 && done_at "step ratios before / after ($house)"
   fi
   # phase 3
   if [ "$tp" = 1 ]; then
-    CUDA_VISIBLE_DEVICES=0,1 timeout -s USR1 -k 15 300 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
-        --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot --profile "$out/tp_profile" \
-        > "$out/tp2.log" 2>&1
+    tp_rows 0,1
     done_at "TP=2 throughput"
     if [ -f "$out/w0/drafter/warmup.json" ]; then
-      TORCHINDUCTOR_COMPILE_THREADS=4 CUDA_VISIBLE_DEVICES=0,1 timeout 420 python -m tlt_rt.train "$cfg1" name=tp2 \
-          "output_dir=$out/tp_rl" "model.path=$q15" "drafter.path=$out/w0/drafter" rl.steps="$tp_steps" \
-          cluster.num_workers=1 cluster.gpus_per_worker=2 cluster.tensor_parallel=2 rollout.max_new_tokens=1024 \
-          rl.checkpoint_every=0 logging.eval_every=0 > "$out/tp_rl.log" 2>&1
+      tp_rl 0,1
       done_at "TP=2 RL run"
     fi
   fi
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups convert_target warm_up auto_off timed done_at test_half house_ratios); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit tests pg HALF0 HALF1 house here); main" \
+setsid nohup bash -c "$(declare -f main warmups convert_target warm_up auto_off auto_off_captured timed done_at test_half house_ratios tp_rows tp_rl); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit tests pg HALF0 HALF1 house here); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x2.sh --snapshot $out DEST"

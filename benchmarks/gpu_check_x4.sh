@@ -60,18 +60,6 @@ glue_costs() {
       --verify --compare $GLUES --skinny-min-weight 0 --profile --out "$out/$3.jsonl" > "$out/$3.log" 2>&1
 }
 
-# house_ratios: SD / plain step ratios from the earlier checkout $house and from this one, alternated, on GPU 3
-house_ratios() {
-  local n side dir
-  for n in 1 2; do
-    for side in before after; do
-      dir=$here; [ "$side" = before ] && dir=$house
-      (cd "$dir" && CUDA_VISIBLE_DEVICES=3 PYTHONPATH="/tmp/site:$dir" timeout 240 python benchmarks/step_ratio.py \
-          --batch 1 32 --strategies 8_4_32 6_2_12 --rounds 3 > "$out/house-$side-$n.log" 2>&1)
-    done
-  done
-}
-
 main() {
   local t0
   t0=$(date +%s)
@@ -80,11 +68,8 @@ main() {
     warmups
     done_at w0 "1.5B warm-up"
     if [ "$timings" = 1 ] && [ -f "$out/w0/drafter/warmup.json" ]; then
-      # shellcheck disable=SC2086  # the strategy list splits on purpose
       # both rows with a lone prompt's prefill captured (PREFILL_GRAPHS tokens; 0: eager); eager again if that fails
-      auto_off 0 "$q15" "$cfg1" "$out/w0/drafter" auto-off-q15 "1 8 32 128" --configs off auto --strategies $DEFAULT \
-          --prefill-graph-tokens "$pg" ||
-        auto_off 0 "$q15" "$cfg1" "$out/w0/drafter" auto-off-q15 "1 8 32 128" --configs off auto --strategies $DEFAULT
+      auto_off_captured 0 "$q15" "$cfg1" "$out/w0/drafter" auto-off-q15 "1 8 32 128"
       done_at a15 "1.5B auto against off"
       # where a prompt's prefill goes at batch 1 and 8 (eager: host-bound on the 1.5B, 30-47 ms at batch 1)
       CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/prefill_cost.py --target "$q15" --batch 1 8 \
@@ -100,10 +85,7 @@ main() {
     warm_up 1 "$cfg05" "$q05" "$p05" "$e05" "$out/w05" $w05_args
     done_at w05 "0.5B warm-up ($w05_args)"
     if [ "$timings" = 1 ] && [ -f "$out/w05/drafter/warmup.json" ]; then
-      # shellcheck disable=SC2086
-      auto_off 1 "$q05" "$cfg05" "$out/w05/drafter" auto-off-q05 "1 8 32 128" --configs off auto --strategies $DEFAULT \
-          --prefill-graph-tokens "$pg" ||
-        auto_off 1 "$q05" "$cfg05" "$out/w05/drafter" auto-off-q05 "1 8 32 128" --configs off auto --strategies $DEFAULT
+      auto_off_captured 1 "$q05" "$cfg05" "$out/w05/drafter" auto-off-q05 "1 8 32 128"
       done_at a05 "0.5B auto against off"
     fi
     touch "$out/gpu1.done"
@@ -113,7 +95,7 @@ main() {
       test_half 3 0
       done_at tests0 "tests on GPU 3 ($(tail -n 1 "$out/tests0.log"))"
       if [ -n "$house" ]; then
-        house_ratios
+        house_ratios 3
         done_at house "step ratios before / after ($house)"
       fi
       if [ "$glue" = 1 ]; then
@@ -131,19 +113,14 @@ main() {
     done_at tp_test "TP test ($(tail -n 1 "$out/tests_tp.log"))"
     wait
     if [ "$tp" = 1 ]; then
-      CUDA_VISIBLE_DEVICES=2,3 timeout -s USR1 -k 15 300 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
-          --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot --profile "$out/tp_profile" \
-          > "$out/tp2.log" 2>&1
+      tp_rows 2,3
       done_at tp2 "TP=2 throughput"
       # after both auto / off timings: the RL run's processes (Ray, the learner's compile workers) took the host's
       # cores from the timings' eager prefills when they overlapped (the 1.5B's one-prompt prefill 44-47 ms
       # against 30 ms the pass before)
       wait_for gpu0
       wait_for gpu1
-      TORCHINDUCTOR_COMPILE_THREADS=4 CUDA_VISIBLE_DEVICES=2,3 timeout 420 python -m tlt_rt.train "$cfg1" name=tp2 "output_dir=$out/tp_rl" \
-          "model.path=$q15" "drafter.path=$out/w0/drafter" rl.steps="$tp_steps" cluster.num_workers=1 \
-          cluster.gpus_per_worker=2 cluster.tensor_parallel=2 rollout.max_new_tokens=1024 rl.checkpoint_every=0 \
-          logging.eval_every=0 > "$out/tp_rl.log" 2>&1
+      tp_rl 2,3
       done_at tp_rl "TP=2 RL run"
     fi
   ) &
@@ -151,6 +128,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off wait_for done_at test_half glue_costs house_ratios); $(declare -p VARIANTS DEFAULT GLUES out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit glue pg HALF0 HALF1 house here); main" \
+setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off auto_off_captured wait_for done_at test_half glue_costs house_ratios tp_rows tp_rl); $(declare -p VARIANTS DEFAULT GLUES out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit glue pg HALF0 HALF1 house here); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x4.sh --snapshot $out DEST"

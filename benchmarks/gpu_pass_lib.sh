@@ -1,7 +1,8 @@
-# Shell functions the GPU passes share (benchmarks/gpu_one.sh, gpu_x2.sh, gpu_x4.sh and gpu_drafter_*.sh source this file). They read
-# the caller's globals: out (the pass folder), q15 (the Qwen 1.5B GGUF), cfg1 (the one-GPU config), prompts
-# (warm-up prompts), the array VARIANTS (one warm-up per entry, entry i on GPU i) and, where set, epochs, curve
-# and max_new (the warm-ups' passes, curve points and answer length; 4, 3 and WARMUP_MAX_NEW or 512).
+# Shell functions the GPU passes share (benchmarks/gpu_one.sh, gpu_x2.sh, gpu_x4.sh, gpu_check_x2.sh, gpu_check_x4.sh
+# and gpu_drafter_*.sh source this file). They read the caller's globals: out (the pass folder), q15 (the Qwen 1.5B
+# GGUF), cfg1 (the one-GPU config), prompts (warm-up prompts), the array VARIANTS (one warm-up per entry, entry i on
+# GPU i) and, where set, epochs, curve and max_new (the warm-ups' passes, curve points and answer length; 4, 3 and
+# WARMUP_MAX_NEW or 512), pg (captured prefill tokens), house and here (the checkouts compared), tp_steps.
 
 # a share of the host's cores for each of $1 jobs at once (OMP_NUM_THREADS, unless already set): jobs that each
 # used every core slowed each other's host work (drafter training 6x slower with three warm-ups at once)
@@ -123,4 +124,43 @@ snapshot() {
   cat "$out/choice.txt" 2>/dev/null
   (cd "$out" && find . -maxdepth 6 \( -name '*.log' -o -name '*.jsonl' -o -name '*.md' -o -name '*.png' -o -name '*.txt' \
       -o -name 'warmup.json' \) -size -4M -print0 | tar czf "$dest/snapshot.tgz" --null -T -)
+}
+
+# auto_off_captured GPU MODEL CONFIG DRAFTER NAME BATCHES: `auto_off` of off against auto over the engine's default
+# strategy set, both rows with a lone prompt's prefill captured up to $pg tokens; eagerly again if that run fails
+auto_off_captured() {
+  # shellcheck disable=SC2086  # the strategy list splits on purpose
+  auto_off "$@" --configs off auto --strategies $DEFAULT --prefill-graph-tokens "$pg" ||
+    auto_off "$@" --configs off auto --strategies $DEFAULT
+}
+
+# house_ratios GPU: SmolLM2's SD / plain step ratios (`step_ratio.py`, 8_4_32 and 6_2_12 at batch 1 and 32) from the
+# earlier checkout $house (an absolute path) and from this one ($here) in turn, twice each, on GPU, into
+# $out/house-{before,after}-N.log
+house_ratios() {
+  local n side dir
+  for n in 1 2; do
+    for side in before after; do
+      dir=$here; [ "$side" = before ] && dir=$house
+      (cd "$dir" && CUDA_VISIBLE_DEVICES=$1 PYTHONPATH="/tmp/site:$dir" timeout 240 python benchmarks/step_ratio.py \
+          --batch 1 32 --strategies 8_4_32 6_2_12 --rounds 3 > "$out/house-$side-$n.log" 2>&1)
+    done
+  done
+}
+
+# tp_rows GPUS: TP=2 against TP=1 on the Qwen2.5-7B shape (bf16, graphs, plain and 8_4_32, NCCL and the one-shot
+# sum, profiled) on the two GPUs, into $out/tp2.log and $out/tp_profile
+tp_rows() {
+  CUDA_VISIBLE_DEVICES=$1 timeout -s USR1 -k 15 300 python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
+      --batch 1 32 --max-new-tokens 128 --sd 8_4_32 --allreduce nccl oneshot --profile "$out/tp_profile" \
+      > "$out/tp2.log" 2>&1
+}
+
+# tp_rl GPUS: an RL run of one TP=2 engine on the 1.5B ($q15, $cfg1) with the 1.5B warm-up's drafter
+# ($out/w0/drafter), $tp_steps steps, on the two GPUs, into $out/tp_rl and $out/tp_rl.log
+tp_rl() {
+  TORCHINDUCTOR_COMPILE_THREADS=4 CUDA_VISIBLE_DEVICES=$1 timeout 420 python -m tlt_rt.train "$cfg1" name=tp2 \
+      "output_dir=$out/tp_rl" "model.path=$q15" "drafter.path=$out/w0/drafter" rl.steps="$tp_steps" \
+      cluster.num_workers=1 cluster.gpus_per_worker=2 cluster.tensor_parallel=2 rollout.max_new_tokens=1024 \
+      rl.checkpoint_every=0 logging.eval_every=0 > "$out/tp_rl.log" 2>&1
 }
