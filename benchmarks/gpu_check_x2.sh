@@ -11,17 +11,20 @@
 #            on it, then with HOUSE=DIR (a checkout of an earlier commit: `tools/house_before.sh REV`, carried)
 #            SmolLM2's SD / plain step ratios (`step_ratio.py`, 8_4_32 and 6_2_12 at batch 1 and 32) from that
 #            checkout and from this one in turn, twice each (OUT/house-{before,after}-N.log).
-#            Without the GGUFs phase 2 is the house ratios alone, on GPU 0.
+#            Without the GGUFs phase 2 is the house ratios alone, on GPU 0. With W05B_ARGS GPU 0 warms up a second
+#            0.5B drafter instead of the 1.5B's (WARMUP_PROMPTS05B x WARMUP_EPOCHS05B, default the first's, W05B_ARGS)
+#            and times it against off: two variants of the small drafter side by side, on one model's answers.
 #   phase 3  GPUs 0-1: TP=2 against TP=1 on the Qwen2.5-7B shape (bf16, graphs, plain and 8_4_32 with an 8,192-id
 #            random drafter, NCCL and the one-shot sum), then with the GGUFs an RL run of one TP=2 engine on the
-#            1.5B with the warm-up's drafter (TP_RL_STEPS (4) steps). TP=0 leaves phase 3 out.
+#            1.5B with the warm-up's drafter (TP_RL_STEPS (4) steps; without a 1.5B warm-up a fresh drafter that
+#            trains online, speculation forced on so that every step logs its SD step costs). TP=0 leaves phase 3 out.
 # Each job is its own process pinned by CUDA_VISIBLE_DEVICES with half the host's cores. Everything runs in the
 # background; the call returns at once.
 #
 #   benchmarks/gpu_check_x2.sh OUT [QWEN15_GGUF QWEN05_GGUF]  start it (logs: OUT/*.log, progress: OUT/main.log)
 #   benchmarks/gpu_check_x2.sh --snapshot OUT DEST            progress lines, and the small records so far
 # Settings: TESTS_SECONDS (420, each half), TESTS (1; 0 leaves phase 1's tests out, for code whose GPU tests already
-# passed), TP (1), AUTO_OFF (1), HOUSE, and the ones named above.
+# passed), TP (1), AUTO_OFF (1), HOUSE, W05B_ARGS, and the ones named above.
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -36,6 +39,7 @@ share_cores 2
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 prompts=${WARMUP_PROMPTS:-3584}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-6144}
 e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
+w05b=${W05B_ARGS:-}; p05b=${WARMUP_PROMPTS05B:-$p05}; e05b=${WARMUP_EPOCHS05B:-$e05}
 tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-420}; tests=${TESTS:-1}; pg=${PREFILL_GRAPHS:-256}; house=${HOUSE:-}; here=$PWD
 # an absolute path: the ratios run from inside each checkout, where a relative one would name nothing
 if [ -n "$house" ]; then house=$(cd "$house" && pwd) || exit 2; fi
@@ -64,7 +68,21 @@ main() {
   if [ -n "$q15" ]; then convert_target; fi
   wait
   # phase 2
-  if [ -n "$q15" ]; then
+  if [ -n "$q15" ] && [ -n "$w05b" ]; then
+    (
+      # shellcheck disable=SC2086  # the variant's arguments split on purpose
+      warm_up 0 "$cfg05" "$q05" "$p05b" "$e05b" "$out/w05b" $w05_args $w05b
+      done_at "second 0.5B warm-up ($w05_args $w05b)"
+      timed 0 "$q05" "$cfg05" w05b auto-off-q05b
+    ) &
+    (
+      # shellcheck disable=SC2086
+      warm_up 1 "$cfg05" "$q05" "$p05" "$e05" "$out/w05" $w05_args
+      done_at "0.5B warm-up ($w05_args)"
+      timed 1 "$q05" "$cfg05" w05 auto-off-q05
+    ) &
+    wait
+  elif [ -n "$q15" ]; then
     (
       warmups
       done_at "1.5B warm-up"
@@ -91,7 +109,7 @@ main() {
   if [ "$tp" = 1 ]; then
     tp_rows 0,1
     done_at "TP=2 throughput"
-    if [ -f "$out/w0/drafter/warmup.json" ]; then
+    if [ -n "$q15" ]; then
       tp_rl 0,1
       done_at "TP=2 RL run"
     fi
@@ -99,6 +117,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups convert_target warm_up auto_off auto_off_captured timed done_at test_half house_ratios tp_rows tp_rl); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit tests pg HALF0 HALF1 house here); main" \
+setsid nohup bash -c "$(declare -f main warmups convert_target warm_up auto_off auto_off_captured timed done_at test_half house_ratios tp_rows tp_rl); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args w05b p05b e05b timings tp tp_steps limit tests pg HALF0 HALF1 house here); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x2.sh --snapshot $out DEST"

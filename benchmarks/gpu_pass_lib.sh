@@ -156,11 +156,14 @@ tp_rows() {
       > "$out/tp2.log" 2>&1
 }
 
-# tp_rl GPUS: an RL run of one TP=2 engine on the 1.5B ($q15, $cfg1) with the 1.5B warm-up's drafter
-# ($out/w0/drafter), $tp_steps steps, on the two GPUs, into $out/tp_rl and $out/tp_rl.log
+# tp_rl GPUS: an RL run of one TP=2 engine on the 1.5B ($q15, $cfg1), $tp_steps steps, on the two GPUs, into $out/tp_rl
+# and $out/tp_rl.log: with the 1.5B warm-up's drafter ($out/w0/drafter) where there is one, else with a fresh one
+# that trains online and speculation forced on (every step then logs what its SD steps cost against plain ones)
 tp_rl() {
+  local drafter="rollout.speculative=on"
+  [ -f "$out/w0/drafter/warmup.json" ] && drafter="drafter.path=$out/w0/drafter"
   TORCHINDUCTOR_COMPILE_THREADS=4 CUDA_VISIBLE_DEVICES=$1 timeout 420 python -m tlt_rt.train "$cfg1" name=tp2 \
-      "output_dir=$out/tp_rl" "model.path=$q15" "drafter.path=$out/w0/drafter" rl.steps="$tp_steps" \
+      "output_dir=$out/tp_rl" "model.path=$q15" "$drafter" rl.steps="$tp_steps" \
       cluster.num_workers=1 cluster.gpus_per_worker=2 cluster.tensor_parallel=2 rollout.max_new_tokens=1024 \
       rl.checkpoint_every=0 logging.eval_every=0 > "$out/tp_rl.log" 2>&1
 }

@@ -11,6 +11,7 @@ from tests.helpers.drafter import Pager, V, rows, tiny_pair
 from tlt_rt.config import ConfigError, DrafterConfig
 from tlt_rt.ir.tree import Candidates, build_tree
 from tlt_rt.models.drafter import Drafter
+from tlt_rt.models.drafter_unrolled import longest_sample
 from tlt_rt.train.drafter.data import DrafterBuffer, collect_hidden
 from tlt_rt.train.drafter.eval import oracle_steps, oracle_tree_steps, tree_accepts, walk_steps
 from tlt_rt.train.drafter.loss import UNROLL_DECAY, batch_loss, drafter_loss, sampled_next
@@ -30,15 +31,16 @@ def packed_input(target, drafter, lengths=(5, 7), seed=1):
     return torch.cat(ids)[None], torch.cat(feats)[None], torch.cat(pos)[None], torch.cat(seg)[None]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
-def test_unrolled_passes_are_the_engines_chain_drafts(model_type):
+@pytest.mark.parametrize("model_type,block", [("llama", 0), ("qwen2", 0), ("llama", 4), ("qwen2", 3)])
+def test_unrolled_passes_are_the_engines_chain_drafts(model_type, block):
     """Pass k at row t equals drafting k steps from root t-k the engine's way: true rows up to the root,
-    then the chain of the drafter's own features (a plain causal run over that sequence)."""
+    then the chain of the drafter's own features (a plain causal run over that sequence); with one dense mask
+    (block 0) and in bands of a few queries."""
     target, drafter = tiny_pair(model_type)
     target.double(), drafter.double()
     ids, feats, pos, seg = packed_input(target, drafter)
     with torch.no_grad():
-        outs = drafter.forward_unrolled(ids, feats, pos, seg, 3)
+        outs = drafter.forward_unrolled(ids, feats, pos, seg, 3, block=block)
         torch.testing.assert_close(outs[0][0].hidden, drafter(ids, feats, pos, seg).hidden, **TOL)
         checked = 0
         for k in (1, 2):
@@ -86,6 +88,30 @@ def test_unroll_1_is_the_plain_loss_and_more_passes_average_with_decay():
     torch.testing.assert_close(two.loss, (plain.loss + UNROLL_DECAY * second.loss) / (1 + UNROLL_DECAY))
     with pytest.raises(ValueError, match="unroll_context"):
         batch_loss(drafter, batch, unroll=2, unroll_context="diagonal")
+
+
+def test_banded_attention_is_the_dense_one():
+    """The training-time test's attention in bands of `block` queries gives the dense mask's outputs and
+    gradients on every row that counts: several samples a row, padding, two rows, up to five passes."""
+    target, drafter = tiny_pair("qwen2")
+    target.double(), drafter.double()
+    rows_ = [packed_input(target, drafter, lengths, seed) for seed, lengths in ((2, (9, 3, 6, 4)), (3, (2, 11, 5, 4)))]
+    ids, feats, pos, seg = (torch.cat(x, 0) for x in zip(*rows_, strict=True))
+    feats.requires_grad_()
+    seg[0, -3:] = -1  # padding at a row's end
+    assert longest_sample(seg) == 11
+    assert longest_sample(torch.tensor([[0, 0, -1, -1, -1], [1, 1, 1, -1, 2]])) == 3
+    for block in (2, 5, 8):
+        want, got = (drafter.forward_unrolled(ids, feats, pos, seg, 5, block=b) for b in (0, block))
+        dense_grads = torch.autograd.grad(sum((o.logits * v[..., None]).sum() for o, v in want), feats)
+        for (w, valid), (g, same_valid) in zip(want, got, strict=True):
+            assert torch.equal(valid, same_valid)
+            torch.testing.assert_close(g.hidden[valid], w.hidden[valid], **TOL)
+            torch.testing.assert_close(g.logits[valid], w.logits[valid], **TOL)
+        banded_grads = torch.autograd.grad(sum((o.logits * v[..., None]).sum() for o, v in got), feats)
+        # the rotary runs in float32 (its frequencies are never rounded), so sums of many rows' gradients differ
+        # at float32's rounding
+        torch.testing.assert_close(banded_grads[0], dense_grads[0], atol=1e-6, rtol=1e-5)
 
 
 def test_gradient_flows_through_the_unroll():

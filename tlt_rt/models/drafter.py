@@ -47,7 +47,7 @@ from torch import nn
 
 from tlt_rt.models.arch import ArchConfig
 from tlt_rt.models.attention import AttentionBackend, AttnMetadata, TorchAttention
-from tlt_rt.models.drafter_unrolled import forward_unrolled
+from tlt_rt.models.drafter_unrolled import BAND_BLOCK, forward_unrolled
 from tlt_rt.models.glue import apply_linear
 from tlt_rt.models.layers import DecoderLayer, Rotary
 from tlt_rt.models.llama import CausalLM, KVCache, ModelOutput, feature_layer_ids
@@ -318,10 +318,11 @@ class Drafter(nn.Module):
         positions: torch.Tensor,
         segment_ids: torch.Tensor,
         steps: int,
+        block: int = BAND_BLOCK,
     ) -> list[tuple[ModelOutput, torch.Tensor]]:
         """Training-time test: `steps` dense passes, pass k being every row's depth-(k+1) draft; per pass
-        (output, valid [B, T]). See `drafter_unrolled.forward_unrolled`."""
-        return forward_unrolled(self, input_ids, hidden, positions, segment_ids, steps)
+        (output, valid [B, T]). See `drafter_unrolled.forward_unrolled` (`block`: its attention's bands)."""
+        return forward_unrolled(self, input_ids, hidden, positions, segment_ids, steps, block)
 
     def make_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device=None) -> KVCache:
         p = self.fc.weight
