@@ -258,8 +258,9 @@ def main(argv=None) -> None:
                     help="with --interleave: print every timed call's steps as runs of one option")  # fmt: skip
     ap.add_argument("--max-prefill-tokens", type=int, default=0,
                     help="prompt tokens a prefill step takes (0: the engine's default)")  # fmt: skip
-    ap.add_argument("--prefill-graph-tokens", type=int, default=0,
-                    help="every engine's rollout.prefill_graph_tokens (a lone prompt's prefill captured)")  # fmt: skip
+    ap.add_argument("--prefill-graph-tokens", type=int, default=-1,
+                    help="every engine's rollout.prefill_graph_tokens (a lone prompt's prefill captured; -1: the "
+                         "engine's default, 256 with graphs; 0: eager)")  # fmt: skip
     ap.add_argument("--target", default=None,
                     help="model folder, .gguf or registry name (default: the embedded SmolLM2)")  # fmt: skip
     ap.add_argument("--temperature", type=float, default=0.0,

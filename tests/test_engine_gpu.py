@@ -245,6 +245,14 @@ def test_a_fused_drafter_under_graphs_keeps_greedy_and_the_fused_hidden(speculat
     assert [o.token_ids for o in got[speculative]] == [o.token_ids for o in got["off"]]
 
 
+def test_a_captured_engine_pads_a_lone_prefill_up_to_256_tokens_by_default():
+    target, drafter = _pair()
+    assert Engine(target, drafter=drafter, block_size=16).runner.prefill_keys() == [
+        ("prefill", 64), ("prefill", 128), ("prefill", 256)
+    ]  # fmt: skip
+    assert Engine(target, drafter=drafter, block_size=16, enforce_eager=True).runner.prefill_keys() == []
+
+
 @pytest.mark.parametrize("speculative", ["off", "on"])
 def test_a_captured_one_prompt_prefill_gives_the_eager_engines_tokens(speculative):
     """`prefill_graph_tokens`: a lone prompt's prefill replays a graph captured at its padded size (64 here); the

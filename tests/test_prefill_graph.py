@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from tests.helpers.engine import PROMPTS, make_engine, tiny_pair
+from tlt_rt.options import ConfigError
 from tlt_rt.rollout import SamplingParams
+from tlt_rt.rollout.config import EngineConfig
 from tlt_rt.rollout.step.target import Layout, PaddedPrefill, TargetRunner, prefill_graph_sizes
 
 
@@ -17,6 +19,15 @@ def test_the_padded_sizes_are_powers_of_two_up_to_the_most():
     assert prefill_graph_sizes(512) == [64, 128, 256, 512]
     assert prefill_graph_sizes(300) == [64, 128, 256, 300]
     assert prefill_graph_sizes(16) == [16]
+
+
+def test_by_default_only_an_engine_that_captures_its_steps_pads_a_lone_prefill():
+    """-1 (the default) is 256 where the engine captures its steps, which needs CUDA: on a CPU every prefill is
+    eager and unpadded; a size given is taken as is; below -1 is refused."""
+    assert make_engine("off").runner.padded is None
+    assert make_engine("off", prefill_graph_tokens=16).runner.padded.sizes == [16]
+    with pytest.raises(ConfigError, match="prefill_graph_tokens"):
+        EngineConfig(prefill_graph_tokens=-2)
 
 
 @pytest.mark.parametrize("start,n", [(0, 5), (0, 16), (8, 9), (4, 1)])

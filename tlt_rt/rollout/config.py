@@ -13,6 +13,7 @@ from tlt_rt.ir.strategy import Strategy
 from tlt_rt.options import ConfigError, check, check_min, option, register
 
 DEFAULT_STRATEGIES = ("8_4_48", "8_4_32", "8_4_16", "8_4_8", "6_2_12")
+PREFILL_GRAPH_TOKENS = 256  # prefill_graph_tokens=-1 where the engine captures its steps
 
 
 @register
@@ -90,10 +91,12 @@ class EngineConfig:
         "costs the host about the same whatever its size, so larger chunks prefill a large batch faster.",
     )
     prefill_graph_tokens: int = option(
-        0,
+        -1,
         help="CUDA graphs for the prefill of one sequence's chunk of up to this many tokens (padded to a power of "
-        "two from 64; captured with the decode steps): a short prompt alone (batch 1) then prefills in one replay "
-        "instead of launching every layer's kernels from the host. 0 = every prefill runs eagerly.",
+        "two from 64; captured on first use): a short prompt alone (batch 1) then prefills in one replay instead "
+        "of launching every layer's kernels from the host (Qwen2.5-Coder-1.5B, H200: 3.9 ms against 36 ms "
+        "eager). -1 = 256 where the engine captures its steps (CUDA, not enforce_eager), else 0; 0 = every "
+        "prefill runs eagerly.",
     )
     prefill_min_samples: int = option(
         0,
@@ -146,6 +149,7 @@ class EngineConfig:
         check_min(self, "num_blocks", 0)
         check_min(self, "max_batch", 1)
         check_min(self, "max_prefill_tokens", 1)
+        check_min(self, "prefill_graph_tokens", -1)
         bad = [
             b
             for b in self.graph_batches

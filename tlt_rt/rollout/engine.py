@@ -25,7 +25,7 @@ from tlt_rt.codegen.model_kernels import engine_glue
 from tlt_rt.ir.strategy import Strategy, batch_buckets, bucket_for, scratch_tokens
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout.block_manager import BlockManager, auto_num_blocks, blocks_per_sequence
-from tlt_rt.rollout.config import EngineConfig, engine_config
+from tlt_rt.rollout.config import PREFILL_GRAPH_TOKENS, EngineConfig, engine_config
 from tlt_rt.rollout.model_runner import ModelRunner, engine_drafter, on_stream
 from tlt_rt.rollout.params import Completion, SamplingParams, check_prompts
 from tlt_rt.rollout.policy import SDPolicy
@@ -89,9 +89,11 @@ class Engine:
             rows = max(s.depth for s in self.strategies) + 1 + (speculative == "auto")
         else:
             drafter = None
+        graphed = not enforce_eager and self.device.type == "cuda"
+        prefill_graphs = cfg.prefill_graph_tokens if cfg.prefill_graph_tokens >= 0 else PREFILL_GRAPH_TOKENS * graphed
         self.runner = ModelRunner(
             target, drafter, num_blocks, block_size, self.max_blocks_per_seq,
-            None if enforce_eager else self.buckets, window_rows=rows, prefill_graph_tokens=cfg.prefill_graph_tokens,
+            None if enforce_eager else self.buckets, window_rows=rows, prefill_graph_tokens=prefill_graphs,
         )  # fmt: skip
         # its own stream, of high priority: a drafter trainer on another stream neither waits for a step nor
         # enters its timing, and the engine's kernels are scheduled first when both have work ready
