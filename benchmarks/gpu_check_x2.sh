@@ -24,7 +24,8 @@
 #   benchmarks/gpu_check_x2.sh OUT [QWEN15_GGUF QWEN05_GGUF]  start it (logs: OUT/*.log, progress: OUT/main.log)
 #   benchmarks/gpu_check_x2.sh --snapshot OUT DEST            progress lines, and the small records so far
 # Settings: TESTS_SECONDS (420, each half), TESTS (1; 0 leaves phase 1's tests out, for code whose GPU tests already
-# passed), TP (1), AUTO_OFF (1), HOUSE, W05B_ARGS, and the ones named above.
+# passed), TP (1), TP_ROWS (1; 0: phase 3 is the RL run alone), AUTO_OFF (1), HOUSE, W05B_ARGS, and the ones named
+# above.
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -107,8 +108,10 @@ main() {
   fi
   # phase 3
   if [ "$tp" = 1 ]; then
-    tp_rows 0,1
-    done_at "TP=2 throughput"
+    if [ "${TP_ROWS:-1}" = 1 ]; then
+      tp_rows 0,1
+      done_at "TP=2 throughput"
+    fi
     if [ -n "$q15" ]; then
       tp_rl 0,1
       done_at "TP=2 RL run"
