@@ -84,7 +84,8 @@ def test_fused_decode_kernels_keep_the_eager_tokens(speculative, monkeypatch):
 def test_capture_all_buckets_then_generate():
     _, graphed = _engines(speculative="auto", strategies=("3_3_8", "4_2_6"), max_batch=8)
     mem = graphed.capture()
-    assert mem["graphs"] == len(graphed.graph_keys())
+    # every step, and a lone prompt's prefill at each padded size (64 / 128 / 256 by default)
+    assert mem["graphs"] == len(graphed.graph_keys()) + 3 and len(graphed.runner.prefill_keys()) == 3
     outs = graphed.generate([[1, 2, 3]], SamplingParams(n=8, temperature=0.9, max_new_tokens=16, stop_token_ids=[]))
     assert len(outs) == 8 and all(len(o.token_ids) == 16 for o in outs)
 
@@ -161,7 +162,7 @@ def test_step_graphs_match_plain_and_eager_decoding():
     keys = graphed.graph_keys()
     assert len(keys) == len(graphed.buckets) * (1 + len(strategies)) * 2  # x (off + strategies) x 2 modes
     assert all(k[0] == "step" for k in keys)
-    assert mem["graphs"] == len(keys) and mem["pool_bytes"] > 0
+    assert mem["graphs"] == len(keys) + len(graphed.runner.prefill_keys()) and mem["pool_bytes"] > 0
     pool = graphed.runner.pool
     replays = []
     replay = pool.replay
