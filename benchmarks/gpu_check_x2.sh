@@ -17,7 +17,7 @@
 #   phase 3  GPUs 0-1: TP=2 against TP=1 on the Qwen2.5-7B shape (bf16, graphs, plain and 8_4_32 with an 8,192-id
 #            random drafter, NCCL and the one-shot sum), then with the GGUFs an RL run of one TP=2 engine on the
 #            1.5B with the warm-up's drafter (TP_RL_STEPS (4) steps; without a 1.5B warm-up a fresh drafter that
-#            trains online, speculation forced on so that every step logs its SD step costs). TP=0 leaves phase 3 out.
+#            trains online, the policy pricing its SD steps in plain ones all the same). TP=0 leaves phase 3 out.
 # Each job is its own process pinned by CUDA_VISIBLE_DEVICES with half the host's cores. Everything runs in the
 # background; the call returns at once.
 #

@@ -158,12 +158,13 @@ tp_rows() {
 
 # tp_rl GPUS: an RL run of one TP=2 engine on the 1.5B ($q15, $cfg1), $tp_steps steps, on the two GPUs, into $out/tp_rl
 # and $out/tp_rl.log: with the 1.5B warm-up's drafter ($out/w0/drafter) where there is one, else with a fresh one
-# that trains online and speculation forced on (every step then logs what its SD steps cost against plain ones)
+# that trains online. Speculation stays auto: its policy times plain steps first and prices each strategy's step
+# in them, the step log's SD step costs (forced on, no plain step is ever timed to price it against)
 tp_rl() {
-  local drafter="rollout.speculative=on"
-  [ -f "$out/w0/drafter/warmup.json" ] && drafter="drafter.path=$out/w0/drafter"
+  local drafter=()
+  [ -f "$out/w0/drafter/warmup.json" ] && drafter=("drafter.path=$out/w0/drafter")
   TORCHINDUCTOR_COMPILE_THREADS=4 CUDA_VISIBLE_DEVICES=$1 timeout 420 python -m tlt_rt.train "$cfg1" name=tp2 \
-      "output_dir=$out/tp_rl" "model.path=$q15" "$drafter" rl.steps="$tp_steps" \
+      "output_dir=$out/tp_rl" "model.path=$q15" "${drafter[@]}" rl.steps="$tp_steps" \
       cluster.num_workers=1 cluster.gpus_per_worker=2 cluster.tensor_parallel=2 rollout.max_new_tokens=1024 \
       rl.checkpoint_every=0 logging.eval_every=0 > "$out/tp_rl.log" 2>&1
 }

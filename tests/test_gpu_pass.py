@@ -236,7 +236,7 @@ def test_gpu_check_x2_with_tests_0_goes_straight_to_the_drafters(tmp_path):
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
 def test_gpu_check_x2_with_a_second_small_warm_up_and_a_fresh_drafter_under_tp(tmp_path):
     """W05B_ARGS: two 0.5B warm-ups side by side (the second with its own arguments and prompt count), each timed
-    against off, no 1.5B warm-up; the TP=2 RL run then trains a fresh drafter with speculation forced on."""
+    against off, no 1.5B warm-up; the TP=2 RL run then trains a fresh drafter, speculation left to the policy."""
     calls, main = _pass(tmp_path, "gpu_check_x2.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TESTS="0",
                         W05B_ARGS="--warmup-arg=--unroll=5", WARMUP_PROMPTS05B="8192", TP_ROWS="0")  # fmt: skip
     assert "all done" in main
@@ -252,7 +252,7 @@ def test_gpu_check_x2_with_a_second_small_warm_up_and_a_fresh_drafter_under_tp(t
     ]
     assert not [c for c in calls if "prefill_cost.py" in c or "step_ratio.py" in c or "tp_throughput.py" in c]
     rl = [c for c in calls if "tlt_rt.train" in c]
-    assert len(rl) == 1 and "rollout.speculative=on" in rl[0] and "drafter.path" not in rl[0]
+    assert len(rl) == 1 and "rollout.speculative" not in rl[0] and "drafter.path" not in rl[0]
     assert calls.index(rl[0]) > max(calls.index(c) for c in timed)
 
 

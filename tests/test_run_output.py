@@ -46,6 +46,8 @@ def test_sd_reason_says_why():
     assert "2.50x plain decoding" in sd_reason(fast, "auto")
     assert sd_reason(fast, "off") == "SD off (rollout.speculative=off)"
     assert "times plain decoding first" in sd_why({"sd_share": 0.0, "sd_policy": None}, "auto")
+    forced = sd_reason({"sd_share": 1.0, "sd_policy": {"mode": "on", "buckets": {"1": {"plain_ms": None}}}}, "on")
+    assert forced.startswith("SD 100% of decode time; rollout.speculative=on") and "no plain step is timed" in forced
 
 
 def test_progress_lines_count_steps_and_time_left():

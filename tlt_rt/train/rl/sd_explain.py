@@ -43,6 +43,8 @@ def sd_why(record: dict, speculative: str) -> str:
     pays first): the best strategy's cost in plain steps, its accept length and the speedup they imply."""
     if speculative == "off":
         return "rollout.speculative=off"
+    if speculative == "on":
+        return "rollout.speculative=on: every decode step speculates, and no plain step is timed to price it against"
     why = record.get("sd_policy") or {}
     rows = [(int(b), r) for b, r in (why.get("buckets") or {}).items() if r.get("strategy")]
     if not rows:
