@@ -1,6 +1,7 @@
 """Drafter training throughput, packed rows (`packed`) against one padded sample per row (`unpacked`), and
 the drafter warm-up's step (`warmup-vocab8192`: the GPU configs' 8,192-id draft head, three unrolled passes,
-the warm-up's batch: WARMUP_TOKENS).
+the warm-up's batch: WARMUP_TOKENS), the same with its attention as one dense mask over the packed row
+(`warmup-vocab8192-dense`, the training-time test before it ran in bands) and with five passes (`warmup5-vocab8192`).
 
     pytest benchmarks/bench_drafter_train.py --benchmark-only
 
@@ -14,6 +15,8 @@ lengths 64..3000.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -59,10 +62,16 @@ def _setup(packed: bool, draft_vocab: int = 0, batch_tokens: int = BATCH_TOKENS,
     return DrafterTrainer(drafter, buf, lr=1e-4, batch_tokens=batch_tokens, packed=packed, unroll=unroll)
 
 
-@pytest.mark.parametrize("provider", ["packed", "unpacked", "warmup-vocab8192"])
+@pytest.mark.parametrize(
+    "provider", ["packed", "unpacked", "warmup-vocab8192", "warmup-vocab8192-dense", "warmup5-vocab8192"]
+)
 def test_drafter_train_step(benchmark, provider):
-    warm = provider == "warmup-vocab8192"
-    trainer = _setup(provider != "unpacked", *((8192, WARMUP_TOKENS, 3) if warm else ()))
+    warm = provider.startswith("warmup")
+    trainer = _setup(
+        provider != "unpacked", *((8192, WARMUP_TOKENS, 5 if "warmup5" in provider else 3) if warm else ())
+    )
+    if provider.endswith("-dense"):
+        trainer.drafter.forward_unrolled = functools.partial(Drafter.forward_unrolled, trainer.drafter, block=0)
     trainer.step()  # warm-up (allocator, kernels, optimizer state)
     tokens: list[float] = []
 
