@@ -8,7 +8,8 @@
 #                      step against its HBM floor (step_costs.py --profile), or with W05B_ARGS a second 0.5B
 #                      warm-up with those e2e_rl.py arguments (e.g. "--warmup-arg=--unroll=5"); the 0.5B drafter
 #                      with the higher accept / ceiling serves phase 2;
-#            GPU 3:    the 0.5B warm-up (its own config's task; WARMUP_PROMPTS05 (5,120) x WARMUP_EPOCHS05 (1.3))
+#            GPU 3:    the 0.5B warm-up (its own config's task and unrolled passes; WARMUP_PROMPTS05 (6,144) x
+#                      WARMUP_EPOCHS05 (1.5), peak rate 9e-4)
 #                      where QWEN05_GGUF is given;
 #   phase 2  GPU 0:    auto against off per batch on the 1.5B drafter (interleaved; AUTO_OFF=0 leaves it out);
 #            GPU 1:    the same on the 0.5B drafter, where there is one;
@@ -26,8 +27,8 @@
 #
 #   benchmarks/gpu_x4.sh OUT QWEN15_GGUF [QWEN05_GGUF]   start it (the logs: OUT/*.log, progress: OUT/main.log)
 #   benchmarks/gpu_x4.sh --snapshot OUT DEST             progress lines, and the small records so far in DEST/snapshot.tgz
-# Settings: E2E4_STEPS (16), E2E4_SECONDS (600), WARMUP_PROMPTS (3072), WARMUP_EPOCHS (1.5), WARMUP_PROMPTS05 (5120),
-# WARMUP_EPOCHS05 (1.3), TP_SCALE (0.5), TP (1), AUTO_OFF (1), KILL (1), E2E4 (1: phase 3; 0 leaves it out), W05B_ARGS
+# Settings: E2E4_STEPS (16), E2E4_SECONDS (600), WARMUP_PROMPTS (3072), WARMUP_EPOCHS (1.5), WARMUP_PROMPTS05 (6144),
+# WARMUP_EPOCHS05 (1.5), TP_SCALE (0.5), TP (1), AUTO_OFF (1), KILL (1), E2E4 (1: phase 3; 0 leaves it out), W05B_ARGS
 # (empty: no second 0.5B warm-up).
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
@@ -43,7 +44,7 @@ share_cores 4
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg4=configs/qwen2.5-1.5b-math-4gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 steps4=${E2E4_STEPS:-16}; budget4=${E2E4_SECONDS:-600}
 prompts=${WARMUP_PROMPTS:-3072}; epochs=${WARMUP_EPOCHS:-1.5}; tp_scale=${TP_SCALE:-0.5}; kill=${KILL:-1}
-p05=${WARMUP_PROMPTS05:-5120}; e05=${WARMUP_EPOCHS05:-1.3}; tp=${TP:-1}; timings=${AUTO_OFF:-1}; e2e4=${E2E4:-1}
+p05=${WARMUP_PROMPTS05:-6144}; e05=${WARMUP_EPOCHS05:-1.5}; tp=${TP:-1}; timings=${AUTO_OFF:-1}; e2e4=${E2E4:-1}
 w05b=${W05B_ARGS:-}
 VARIANTS=("--warmup-arg=--gen-batch=512")
 
@@ -52,7 +53,7 @@ main() {
   t0=$(date +%s)
   (   # GPU 3: the 0.5B warm-up (it converts its own GGUF)
     if [ -n "$q05" ]; then
-      warm_up 3 "$cfg05" "$q05" "$p05" "$e05" "$out/w05"
+      warm_up 3 "$cfg05" "$q05" "$p05" "$e05" "$out/w05" --warmup-arg=--lr=9e-4
       echo "0.5B warm-up done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
     fi
   ) &
@@ -62,7 +63,7 @@ main() {
     echo "tests done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
     if [ -n "$w05b" ] && [ -n "$q05" ]; then
       # shellcheck disable=SC2086  # the variant's arguments split on purpose
-      warm_up 2 "$cfg05" "$q05" "$p05" "$e05" "$out/w05b" $w05b
+      warm_up 2 "$cfg05" "$q05" "$p05" "$e05" "$out/w05b" --warmup-arg=--lr=9e-4 $w05b
       echo "second 0.5B warm-up done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
     else
       CUDA_VISIBLE_DEVICES=2 timeout 150 python benchmarks/step_costs.py --model "$q15" --batch 1 8 32 --ctx 1024 \

@@ -264,6 +264,7 @@ def test_gpu_x4_with_a_second_small_warm_up_times_the_better_small_drafter(tmp_p
     warm = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if "--warmup-only" in c}
     assert set(warm) == {"w0", "w05", "w05b"}
     assert "--warmup-arg=--unroll=5" in warm["w05b"] and "--unroll" not in warm["w05"]
+    assert all("--warmup-prompts 6144" in c and "--warmup-arg=--lr=9e-4" in c for c in (warm["w05"], warm["w05b"]))
     assert not [c for c in calls if "step_costs.py" in c]  # GPU 2 warms the second small drafter instead
     timed = next(c for c in calls if "engine_throughput" in c and "q05" in c)
     assert f"--drafter {tmp_path / 'out' / 'w05b' / 'drafter'} " in timed
