@@ -24,8 +24,8 @@
 #   benchmarks/gpu_check_x2.sh OUT [QWEN15_GGUF QWEN05_GGUF]  start it (logs: OUT/*.log, progress: OUT/main.log)
 #   benchmarks/gpu_check_x2.sh --snapshot OUT DEST            progress lines, and the small records so far
 # Settings: TESTS_SECONDS (420, each half), TESTS (1; 0 leaves phase 1's tests out, for code whose GPU tests already
-# passed), TP (1), TP_ROWS (1; 0: phase 3 is the RL run alone), AUTO_OFF (1), HOUSE, W05B_ARGS, and the ones named
-# above.
+# passed), TP (1), TP_ROWS (1; 0: phase 3 is the RL run alone), AUTO_OFF (1), HOUSE, W05B_ARGS, W15_ARGS (more
+# e2e_rl.py arguments of the 1.5B warm-up, e.g. "--warmup-arg=--unroll=5"), and the ones named above.
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -44,7 +44,7 @@ w05b=${W05B_ARGS:-}; p05b=${WARMUP_PROMPTS05B:-$p05}; e05b=${WARMUP_EPOCHS05B:-$
 tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-420}; tests=${TESTS:-1}; pg=${PREFILL_GRAPHS:-256}; house=${HOUSE:-}; here=$PWD
 # an absolute path: the ratios run from inside each checkout, where a relative one would name nothing
 if [ -n "$house" ]; then house=$(cd "$house" && pwd) || exit 2; fi
-VARIANTS=("--warmup-arg=--gen-batch=512")
+VARIANTS=("--warmup-arg=--gen-batch=512${W15_ARGS:+ $W15_ARGS}")
 
 # done_at WHAT: a progress line
 done_at() { echo "$1 done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"; }

@@ -2,7 +2,8 @@
 # The GPU tests, both models' drafters, auto against off, the decode step's glue variants and tensor parallelism, on
 # one 4-GPU machine (NCCL, NVLink multicast off). Three chains run at once; a job that needs another's output waits
 # for its marker file:
-#   GPU 0:     the 1.5B checkpoint converted, its drafter warm-up (WARMUP_PROMPTS (3,584) x WARMUP_EPOCHS (1.5)),
+#   GPU 0:     the 1.5B checkpoint converted, its drafter warm-up (WARMUP_PROMPTS (3,584) x WARMUP_EPOCHS (1.5),
+#              W15_ARGS: more e2e_rl.py arguments, e.g. "--warmup-arg=--unroll=5"),
 #              then auto against off per batch on that drafter (interleaved, T=1.0, both rows with a lone prompt's
 #              prefill captured up to PREFILL_GRAPHS (256) tokens; AUTO_OFF=0 leaves it out) and a profile of its
 #              prefill at batch 1 and 8, eager and captured (`prefill_cost.py`);
@@ -45,7 +46,7 @@ tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-540}; glue=${GLUE:-0}; pg=${P
 house=${HOUSE:-}; here=$PWD
 # an absolute path: the ratios run from inside each checkout, where a relative one would name nothing
 if [ -n "$house" ]; then house=$(cd "$house" && pwd) || exit 2; fi
-VARIANTS=("--warmup-arg=--gen-batch=512")
+VARIANTS=("--warmup-arg=--gen-batch=512${W15_ARGS:+ $W15_ARGS}")
 GLUES="base fused-norm rope-attn fused fused+skinny"
 
 # wait_for NAME: until $out/NAME.done exists

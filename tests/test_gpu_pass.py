@@ -227,10 +227,13 @@ def test_gpu_check_x2_with_models_tests_then_drafters_and_timings_then_tp(tmp_pa
 
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
 def test_gpu_check_x2_with_tests_0_goes_straight_to_the_drafters(tmp_path):
-    calls, main = _pass(tmp_path, "gpu_check_x2.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TESTS="0", TP="0")
+    calls, main = _pass(tmp_path, "gpu_check_x2.sh", models=("/m/q15.gguf", "/m/q05.gguf"), TESTS="0", TP="0",
+                        W15_ARGS="--warmup-arg=--unroll=5")  # fmt: skip
     assert "all done" in main and "tests on GPU" not in main
     assert not [c for c in calls if "-m gpu" in c]
-    assert {c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in calls if "--warmup-only" in c} == {"w0", "w05"}
+    warm = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if "--warmup-only" in c}
+    assert set(warm) == {"w0", "w05"}
+    assert "--warmup-arg=--gen-batch=512 --warmup-arg=--unroll=5 --" in warm["w0"] and "--unroll" not in warm["w05"]
 
 
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
