@@ -11,7 +11,7 @@ from tests.helpers.drafter import Pager, V, rows, tiny_pair
 from tlt_rt.config import ConfigError, DrafterConfig
 from tlt_rt.ir.tree import Candidates, build_tree
 from tlt_rt.models.drafter import Drafter
-from tlt_rt.models.drafter_unrolled import longest_sample
+from tlt_rt.models.drafter_unrolled import chain_attention, longest_sample
 from tlt_rt.train.drafter.data import DrafterBuffer, collect_hidden
 from tlt_rt.train.drafter.eval import oracle_steps, oracle_tree_steps, tree_accepts, walk_steps
 from tlt_rt.train.drafter.loss import UNROLL_DECAY, batch_loss, drafter_loss, sampled_next
@@ -112,6 +112,22 @@ def test_banded_attention_is_the_dense_one():
         # the rotary runs in float32 (its frequencies are never rounded), so sums of many rows' gradients differ
         # at float32's rounding
         torch.testing.assert_close(banded_grads[0], dense_grads[0], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["MATH", "FLASH_ATTENTION"])
+def test_banded_attention_runs_on_every_sdpa_kernel(backend):
+    """The banded output is regrouped into rows whatever memory layout the attention kernel returns (the math
+    kernel's is heads-major: a view of it failed)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator().manual_seed(4)
+    q, ks, vs = torch.randn(1, 40, 4, 8, generator=g), [], []
+    for _ in range(3):
+        ks.append(torch.randn(1, 40, 2, 8, generator=g)), vs.append(torch.randn(1, 40, 2, 8, generator=g))
+    seg = torch.repeat_interleave(torch.arange(5), 8)[None]
+    with sdpa_kernel(getattr(SDPBackend, backend)):
+        dense, banded = (chain_attention(q, ks, vs, seg, 0.3, block) for block in (0, 4))
+    torch.testing.assert_close(banded, dense, atol=1e-5, rtol=1e-5)
 
 
 def test_gradient_flows_through_the_unroll():

@@ -100,7 +100,8 @@ def _banded(q, ks, vs, segment_ids, scale, block, back, padded):
     d = torch.arange(span, device=q.device)[None, :] - back - rows[:, None]  # key - query, the same in every band
     mask = torch.cat([_pass_mask(same, d, k, m) for m in range(k + 1)], -1).flatten(0, 1)
     out = _attend(qb, keys, vals, mask, scale)
-    return out.view(b, padded, hq, dim)[:, :t]
+    # reshape: SDPA's math kernel returns heads-major memory, which no view can regroup into rows
+    return out.reshape(b, padded, hq, dim)[:, :t]
 
 
 def forward_unrolled(
