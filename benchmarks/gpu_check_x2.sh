@@ -69,32 +69,27 @@ main() {
   if [ -n "$q15" ]; then convert_target; fi
   wait
   # phase 2
-  if [ -n "$q15" ] && [ -n "$w05b" ]; then
-    (
-      # shellcheck disable=SC2086  # the variant's arguments split on purpose
-      warm_up 0 "$cfg05" "$q05" "$p05b" "$e05b" "$out/w05b" $w05_args $w05b
-      done_at "second 0.5B warm-up ($w05_args $w05b)"
-      timed 0 "$q05" "$cfg05" w05b auto-off-q05b
-    ) &
-    (
-      # shellcheck disable=SC2086
-      warm_up 1 "$cfg05" "$q05" "$p05" "$e05" "$out/w05" $w05_args
-      done_at "0.5B warm-up ($w05_args)"
-      timed 1 "$q05" "$cfg05" w05 auto-off-q05
-    ) &
-    wait
-  elif [ -n "$q15" ]; then
-    (
-      warmups
-      done_at "1.5B warm-up"
-      timed 0 "$q15" "$cfg1" w0 auto-off-q15
-      if [ -f "$out/w0/drafter/warmup.json" ]; then
-        CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/prefill_cost.py --target "$q15" --batch 1 8 \
-            --chunks 16384 --rounds 5 --drafter "$out/w0/drafter" --profile 25 --graph-tokens 256 \
-            --out "$out/prefill-q15.jsonl" > "$out/prefill-q15.log" 2>&1
-        done_at "1.5B prefill profile"
-      fi
-    ) &
+  if [ -n "$q15" ]; then
+    if [ -n "$w05b" ]; then
+      (
+        # shellcheck disable=SC2086  # the variant's arguments split on purpose
+        warm_up 0 "$cfg05" "$q05" "$p05b" "$e05b" "$out/w05b" $w05_args $w05b
+        done_at "second 0.5B warm-up ($w05_args $w05b)"
+        timed 0 "$q05" "$cfg05" w05b auto-off-q05b
+      ) &
+    else
+      (
+        warmups
+        done_at "1.5B warm-up"
+        timed 0 "$q15" "$cfg1" w0 auto-off-q15
+        if [ -f "$out/w0/drafter/warmup.json" ]; then
+          CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/prefill_cost.py --target "$q15" --batch 1 8 \
+              --chunks 16384 --rounds 5 --drafter "$out/w0/drafter" --profile 25 --graph-tokens 256 \
+              --out "$out/prefill-q15.jsonl" > "$out/prefill-q15.log" 2>&1
+          done_at "1.5B prefill profile"
+        fi
+      ) &
+    fi
     (
       # shellcheck disable=SC2086  # the variant's arguments split on purpose
       warm_up 1 "$cfg05" "$q05" "$p05" "$e05" "$out/w05" $w05_args

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from tlt_rt.models.llama import ModelOutput
+from tlt_rt.models.packed_attention import masked_attention
 
 if TYPE_CHECKING:
     from tlt_rt.models.drafter import Drafter
@@ -43,20 +43,6 @@ def _windows(x: torch.Tensor, back: int, block: int, padded: int, fill) -> torch
     return torch.cat([left, x, right], 1).unfold(1, back + block, block).movedim(-1, 2)
 
 
-def _attend(q, keys, vals, mask, scale):
-    """SDPA over [N, Tq, Hq, D] queries and [N, Tk, Hk, D] keys/values with a [N, Tq, Tk] bool mask."""
-    rep = q.shape[2] // keys.shape[2]
-    # K/V heads expanded here rather than enable_gqa: with a mask SDPA's fused kernels take no GQA
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2),
-        keys.repeat_interleave(rep, 2).transpose(1, 2),
-        vals.repeat_interleave(rep, 2).transpose(1, 2),
-        attn_mask=mask[:, None],
-        scale=scale,
-    )
-    return out.transpose(1, 2)
-
-
 def chain_attention(q, ks, vs, segment_ids, scale: float, block: int = BAND_BLOCK, longest: int | None = None):
     """Pass k = len(ks) - 1's attention: q [B, T, Hq, D], ks / vs pass m's keys / values [B, T, Hk, D]; row t
     sees pass 0's rows of its sample up to t - k, pass m's row t - k + m (0 < m < k) of its sample, and itself
@@ -74,7 +60,7 @@ def chain_attention(q, ks, vs, segment_ids, scale: float, block: int = BAND_BLOC
     d = rows[None, :] - rows[:, None]  # key row - query row
     same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T(query), T(key)]
     masks = [_pass_mask(same, d, k, m) for m in range(k + 1)]
-    return _attend(q, torch.cat(ks, 1), torch.cat(vs, 1), torch.cat(masks, -1), scale)
+    return masked_attention(q, torch.cat(ks, 1), torch.cat(vs, 1), torch.cat(masks, -1), scale)
 
 
 def _pass_mask(same: torch.Tensor, d: torch.Tensor, k: int, m: int) -> torch.Tensor:
@@ -99,7 +85,7 @@ def _banded(q, ks, vs, segment_ids, scale, block, back, padded):
     rows = torch.arange(block, device=q.device)
     d = torch.arange(span, device=q.device)[None, :] - back - rows[:, None]  # key - query, the same in every band
     mask = torch.cat([_pass_mask(same, d, k, m) for m in range(k + 1)], -1).flatten(0, 1)
-    out = _attend(qb, keys, vals, mask, scale)
+    out = masked_attention(qb, keys, vals, mask, scale)
     # reshape: SDPA's math kernel returns heads-major memory, which no view can regroup into rows
     return out.reshape(b, padded, hq, dim)[:, :t]
 

@@ -20,7 +20,8 @@ def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     return same & torch.ones(t, t, dtype=torch.bool, device=segment_ids.device).tril()
 
 
-def _sdpa_packed(q, k, v, scale, segment_ids):
+def masked_attention(q, k, v, mask, scale):
+    """SDPA over q [N, Tq, Hq, D] and k / v [N, Tk, Hkv, D] where `mask` [N, Tq, Tk] is True -> [N, Tq, Hq, D]."""
     rep = q.shape[2] // k.shape[2]
     # K/V heads expanded here rather than enable_gqa: with a mask, SDPA's fused kernel takes no GQA and
     # would fall back to the (much slower) math path
@@ -29,8 +30,12 @@ def _sdpa_packed(q, k, v, scale, segment_ids):
         k.repeat_interleave(rep, 2).transpose(1, 2),
         v.repeat_interleave(rep, 2).transpose(1, 2),
     )
-    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=segment_mask(segment_ids)[:, None], scale=scale)
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask[:, None], scale=scale)
     return out.transpose(1, 2)
+
+
+def _sdpa_packed(q, k, v, scale, segment_ids):
+    return masked_attention(q, k, v, segment_mask(segment_ids), scale)
 
 
 def _run_lengths(segment_ids: torch.Tensor) -> list[int]:
