@@ -68,6 +68,8 @@ def warm_drafter(
         cmd += ["--draft-vocab", str(cfg.drafter.draft_vocab)]
     # the run's training-time-test passes: the warm-up trains the objective the online drafter goes on with
     cmd += ["--unroll", str(cfg.drafter.unroll)]
+    if cfg.drafter.warmup_lr > 0:  # the config's peak rate, else the warm-up's width rule
+        cmd += ["--lr", str(cfg.drafter.warmup_lr)]
     if cfg.drafter.feature_layers:  # EAGLE-3 features: the run's drafter fuses these target layers
         cmd += ["--feature-layers", *map(str, cfg.drafter.feature_layers)]
     cmd += extra  # last: an argument given twice takes its last value

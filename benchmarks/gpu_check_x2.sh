@@ -39,7 +39,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 share_cores 2
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 prompts=${WARMUP_PROMPTS:-3584}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-6144}
-e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
+e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:-}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
 w05b=${W05B_ARGS:-}; p05b=${WARMUP_PROMPTS05B:-$p05}; e05b=${WARMUP_EPOCHS05B:-$e05}
 tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-420}; tests=${TESTS:-1}; pg=${PREFILL_GRAPHS:-256}; house=${HOUSE:-}; here=$PWD
 # an absolute path: the ratios run from inside each checkout, where a relative one would name nothing

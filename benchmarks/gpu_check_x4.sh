@@ -7,8 +7,8 @@
 #              then auto against off per batch on that drafter (interleaved, T=1.0, both rows with a lone prompt's
 #              prefill captured up to PREFILL_GRAPHS (256) tokens; AUTO_OFF=0 leaves it out) and a profile of its
 #              prefill at batch 1 and 8, eager and captured (`prefill_cost.py`);
-#   GPU 1:     the 0.5B warm-up (WARMUP_PROMPTS05 (6,144) x WARMUP_EPOCHS05 (1.5), W05_ARGS (default a peak rate
-#              of 9e-4, 1.55x the width rule's)), then auto against off on it;
+#   GPU 1:     the 0.5B warm-up (WARMUP_PROMPTS05 (6,144) x WARMUP_EPOCHS05 (1.5), W05_ARGS: more e2e_rl.py
+#              arguments; its peak rate is its config's drafter.warmup_lr), then auto against off on it;
 #   GPUs 2-3:  the `gpu` tests in two halves (GPU 3: the engine, drafter, IR and real-Qwen tests; GPU 2: every
 #              other test but the two-GPU TP test) and, beside them on the same two GPUs, the TP test (it checks
 #              tokens, not times); with GLUE=1 then both checkpoints' decode steps under each glue variant side by
@@ -41,7 +41,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 share_cores 4
 cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg05=configs/qwen2.5-0.5b-math-gpu.yaml
 prompts=${WARMUP_PROMPTS:-3584}; epochs=${WARMUP_EPOCHS:-1.5}; p05=${WARMUP_PROMPTS05:-6144}
-e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:---warmup-arg=--lr=9e-4}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
+e05=${WARMUP_EPOCHS05:-1.5}; w05_args=${W05_ARGS:-}; timings=${AUTO_OFF:-1}; tp=${TP:-1}
 tp_steps=${TP_RL_STEPS:-4}; limit=${TESTS_SECONDS:-540}; glue=${GLUE:-0}; pg=${PREFILL_GRAPHS:-256}
 house=${HOUSE:-}; here=$PWD
 # an absolute path: the ratios run from inside each checkout, where a relative one would name nothing

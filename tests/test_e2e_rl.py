@@ -74,10 +74,12 @@ def test_e2e_warmup_only_passes_its_arguments_on_and_stops(tmp_path, monkeypatch
         got = tuple(cmd[cmd.index(k) + 1] for k in ("--prompts", "--epochs", "--max-new-tokens"))
         assert got == want, got
         assert cmd[cmd.index("--unroll") + 1] == "3"  # the config's drafter.unroll
+        assert "--lr" not in cmd  # no drafter.warmup_lr: the warm-up's width rule
     small = str(ROOT / "configs" / "qwen2.5-0.5b-math-gpu.yaml")
     seen.clear()
     assert script.main(["--config", small, "--out", str(tmp_path / "s"), "--warmup-only"]) == 0
     assert seen[0][seen[0].index("--unroll") + 1] == "5" and seen[0][seen[0].index("--prompts") + 1] == "6144"
+    assert seen[0][seen[0].index("--lr") + 1] == "0.0009"  # its drafter.warmup_lr
 
 
 def test_e2e_warmup_only_needs_a_warmup(tmp_path):
