@@ -272,3 +272,26 @@ def test_a_captured_one_prompt_prefill_gives_the_eager_engines_tokens(speculativ
         a, b = eager.generate([prompt], params), graphed.generate([prompt], params)
         assert [o.token_ids for o in a] == [o.token_ids for o in b]
     assert replays.count(("prefill", 64)) == len(PROMPTS)
+
+
+@pytest.mark.parametrize("speculative", ["off", "on"])
+def test_captured_steps_read_weights_updated_in_place(speculative):
+    """An RL worker's learner copies its new weights into the engine's parameters in place (q/k/v and gate/up are
+    views into the fused projections the graphs captured): every captured step, prefill and decode, plain and
+    speculative, then computes with the new weights, giving the greedy tokens of an eager engine built on them."""
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
+    target, drafter = _pair()
+    graphed = Engine(target, drafter=drafter, block_size=16, speculative=speculative, strategies=("3_3_8", "4_2_6"),
+                     prefill_graph_tokens=64)  # fmt: skip
+    graphed.capture()
+    before = graphed.generate(PROMPTS, params)
+    torch.manual_seed(7)
+    new = CausalLM(GPU_TINY).eval()
+    with torch.no_grad():
+        new.lm_head.weight.mul_(4.0)
+        for p, q in zip(target.parameters(), new.parameters(), strict=True):  # as the learner does: p.copy_(master)
+            p.copy_(q)
+    after = graphed.generate(PROMPTS, params)
+    ref = Engine(new.cuda(), block_size=16, enforce_eager=True, attn_backend="torch").generate(PROMPTS, params)
+    assert [o.token_ids for o in after] == [o.token_ids for o in ref]
+    assert [o.token_ids for o in before] != [o.token_ids for o in after]
