@@ -5,11 +5,18 @@ the response-length histogram).
 
     python benchmarks/e2e_rl.py --steps 20 --out runs/e2e            # GPU; configs/smollm2-tail-gpu.yaml
     python benchmarks/e2e_rl.py --steps 20 --out runs/e2e -- rl.lr=1e-6   # keys after -- go to both runs
+    python benchmarks/e2e_rl.py --steps 16 --seeds 0 1 2 --out runs/e2e   # a pair per seed, then OUT/seeds.md
+    python benchmarks/e2e_rl.py --steps 16 --hold-policy --out runs/e2e   # rl.lr=0: the samplers alone
 
 Stages: (1) unless --drafter is given, a drafter warm-up on the config's own task (the target's answers at
 the RL temperature, tlt_rt.train.drafter.warmup), which both runs are given (the off run never loads it);
 (2) the off run; (3) the auto + spot run; (4) the page, printed and written to OUT/compare.md. Timing means
 leave out the first --timing-warmup steps (captures, first compiles, the auto policy's first readings).
+
+Two runs that sample differently learn from different answers, so their policies part from the first update
+and a reward gap between one pair is partly where each policy happened to go. `--seeds` repeats the pair per
+seed and judges the mean gap against the seeds' spread (`tlt_rt.compare.seeds`); `--hold-policy` keeps one policy
+throughout (rl.lr=0), so that the pair's reward gap measures the samplers alone.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tlt_rt.compare import write_compare  # noqa: E402
+from tlt_rt.compare.seeds import write_seeds  # noqa: E402
 from tlt_rt.config import TLTConfig, dump_yaml, load_config  # noqa: E402
 
 STARTUP_S = 100  # a GPU run's start-up before its first step (SmolLM2 on an H100: Ray, load, captures)
@@ -171,12 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoints", action="store_true",
                     help="let the runs write their checkpoints (default: none, rl.checkpoint_every=0: the timing "
                     "would include writing them, and a 1.5B policy's are ~25 GB each)")  # fmt: skip
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
+                    help="one off / auto pair per seed (rl.seed; runs rl-off-sN / rl-auto-sN, each pair's page in "
+                    "OUT/seedN), then OUT/seeds.md: speedup and reward gap per seed and over the seeds, whose "
+                    "spread is the noise a learning comparison has to beat (default: the config's seed, one "
+                    "pair)")  # fmt: skip
+    ap.add_argument("--hold-policy", action="store_true",
+                    help="rl.lr=0 and no held-out evaluation in both runs: one policy throughout, so a reward gap "
+                    "between them measures the samplers alone")  # fmt: skip
     ap.add_argument(
         "--time-limit",
         type=float,
         default=0,
-        help="seconds for everything: the off run gets 45%% of what the warm-up leaves, the auto run the rest "
-        "and the steps the off run reached (0 = no limit)",
+        help="seconds for everything: the off run gets 45%% of what the warm-up leaves (with --seeds, of each "
+        "seed's equal share of it), the auto run the rest and the steps the off run reached (0 = no limit)",
     )
     args = ap.parse_args(argv)
     if args.steps <= args.timing_warmup:
@@ -204,21 +220,50 @@ def main(argv: list[str] | None = None) -> int:
     shared = [*keys, f"drafter.path={drafter}"] if drafter else list(keys)
     if not args.checkpoints and not any(k.startswith("rl.checkpoint_every=") for k in keys):
         shared.insert(0, "rl.checkpoint_every=0")
-    runs = [out / "runs" / "rl-off", out / "runs" / "rl-auto"]
-    # the off run gets 45% of what is left; the auto run (the longer start-up: drafter graphs) stops at the
-    # steps the off run reached, so the time goes to the steps both have
-    rc = run(args.config, out, "rl-off", args.steps, [*shared, "rollout.speculative=off", "drafter.train_online=false"],
-             0.45 * left())  # fmt: skip
+    if args.hold_policy:  # the samplers alone: one policy throughout, nothing to evaluate
+        shared += ["rl.lr=0", "logging.eval_every=0"]
+    if not args.seeds:
+        end = time.time() + left()
+        return pair(args, out, out, "", shared, end, t0)
+    rc, pairs = 0, {}
+    for i, seed in enumerate(args.seeds):  # each pair an equal share of what the time limit leaves
+        end = time.time() + left() / (len(args.seeds) - i)
+        rc |= pair(args, out, out / f"seed{seed}", f"-s{seed}", [*shared, f"rl.seed={seed}"], end, t0)
+        named = (out / "runs" / f"rl-off-s{seed}", out / "runs" / f"rl-auto-s{seed}")
+        if all((r / "metrics.jsonl").is_file() for r in named):
+            pairs[seed] = named
+    if not pairs:
+        print("e2e_rl: no seed's pair wrote steps; see the logs in", out, file=sys.stderr)
+        return 1
+    page = write_seeds(pairs, out, warmup=args.timing_warmup)
+    print(page.read_text())
+    print(f"seeds page: {page}  plot: {page.with_suffix('.png')}  ({time.time() - t0:.0f}s in all)")
+    return rc
+
+
+def pair(args, out: Path, page_dir: Path, suffix: str, shared: list[str], end: float, t0: float) -> int:
+    """The off run, then the auto run (OUT/runs/rl-off|rl-auto + SUFFIX, logs in OUT), then their page in PAGE_DIR.
+    Before END (inf: no limit) the off run gets 45% of the time left; the auto run (the longer start-up: drafter
+    graphs) the rest, and stops at the steps the off run reached, so the time goes to the steps both have."""
+    names = (f"rl-off{suffix}", f"rl-auto{suffix}")
+    runs = [out / "runs" / n for n in names]
+
+    def until_end() -> float:
+        return max(60.0, end - time.time()) if end < float("inf") else float("inf")
+
+    rc = run(args.config, out, names[0], args.steps, [*shared, "rollout.speculative=off", "drafter.train_online=false"],
+             0.45 * until_end())  # fmt: skip
     steps = min(args.steps, max(steps_done(runs[0]), args.timing_warmup + 1))
-    rc |= run(args.config, out, "rl-auto", steps, [*shared, "rollout.speculative=auto"], left())
+    rc |= run(args.config, out, names[1], steps, [*shared, "rollout.speculative=auto"], until_end())
     if not all((r / "metrics.jsonl").is_file() for r in runs):
         print("e2e_rl: a run wrote no steps; see its log in", out, file=sys.stderr)
         return 1
-    for r in runs:  # the records beside the page, without the run folders' checkpoints
+    page_dir.mkdir(parents=True, exist_ok=True)
+    for r, plain in zip(runs, ("rl-off", "rl-auto"), strict=True):  # the records beside the page, no checkpoints
         for f in ("metrics.jsonl", "timelines.jsonl"):
             if (r / f).is_file():
-                shutil.copy(r / f, out / f"{r.name}.{f}")
-    page = write_compare(runs, out, warmup=args.timing_warmup)
+                shutil.copy(r / f, page_dir / f"{plain}.{f}")
+    page = write_compare(runs, page_dir, warmup=args.timing_warmup)
     print(page.read_text())
     print(f"page: {page}  plot: {page.with_suffix('.png')}  ({time.time() - t0:.0f}s in all)")
     return rc

@@ -85,3 +85,29 @@ def test_e2e_warmup_only_passes_its_arguments_on_and_stops(tmp_path, monkeypatch
 def test_e2e_warmup_only_needs_a_warmup(tmp_path):
     with pytest.raises(SystemExit):
         _script().main(["--out", str(tmp_path), "--warmup-only", "--fresh-drafter"])
+
+
+def test_e2e_seeds_with_the_policy_held_run_a_pair_per_seed_and_the_seeds_page(tiny, tmp_path, capsys):
+    """--seeds 3 4 --hold-policy: an off / auto pair per seed (rl.seed set, rl.lr=0, no held-out evaluation),
+    each pair's page in OUT/seedN, then OUT/seeds.md and its figure across the seeds."""
+    keys = [f"model.path={tiny / 'policy'}", "model.dtype=float32", "model.device=cpu", "model.max_context=256",
+            "task.kind=jsonl", f"task.path={tiny / 'data.jsonl'}", "rollout.max_new_tokens=6",
+            "rollout.strategies=[3_2_4]", "rl.prompts_per_step=2", "rl.group_size=2", "rl.micro_batch=4",
+            "cluster.num_workers=1", "cluster.gpus_per_worker=0", "cluster.cpus_per_worker=1",
+            "tensorboard=false"]  # fmt: skip
+    script = _script()
+    rc = script.main(["--config", str(ROOT / "configs" / "smollm2-arith.yaml"), "--steps", "2", "--timing-warmup",
+                      "1", "--out", str(tmp_path), "--fresh-drafter", "--seeds", "3", "4", "--hold-policy", "--",
+                      *keys])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "rl.lr=0" in out and "rl.seed=3" in out and "rl.seed=4" in out
+    for seed in (3, 4):
+        for name in ("rl-off", "rl-auto"):
+            records = [json.loads(x) for x in (tmp_path / "runs" / f"{name}-s{seed}" / "metrics.jsonl").read_text()
+                       .splitlines()]  # fmt: skip
+            assert [r["step"] for r in records] == [0, 1] and "heldout_accuracy" not in records[0]
+        assert f"| rl-auto-s{seed} | 2 |" in (tmp_path / f"seed{seed}" / "compare.md").read_text()
+    seeds = (tmp_path / "seeds.md").read_text()
+    assert "| 3 | 2 |" in seeds and "| 4 | 2 |" in seeds and "reward gap, rl-auto - rl-off, over 2 seeds" in seeds
+    assert (tmp_path / "seeds.png").stat().st_size > 1000

@@ -480,3 +480,15 @@ def test_dry_run_counts_the_kv_cache_the_engine_will_take(capsys):
     assert "half the free GPU memory" in line and 37 < gib < 40
     line, gib = kv_gib("rollout.num_blocks=1024")  # 16k tokens of SmolLM2's 30 layers x 3 KV heads x 64
     assert "rollout.num_blocks" in line and gib == pytest.approx(1024 * 16 * 2 * 30 * 3 * 64 * 2 / 2**30, abs=0.01)
+
+
+def test_rl_lr_0_holds_the_policy_still(ray_cluster, tiny, tmp_path):
+    """rl.lr=0: every step still computes its loss and gradients, and the saved policy is the one it started from
+    (a sampler comparison's setting, benchmarks/e2e_rl.py --hold-policy)."""
+    records = train(tiny_config(tiny, tmp_path, "held", "cluster.num_workers=1", "rl.lr=0", "rl.steps=2",
+                                "rl.checkpoint_every=2", "rollout.speculative=off"))  # fmt: skip
+    assert all(r["grad_norm"] > 0 and r["loss"] != 0 for r in records)
+    start, end = policy_weights(tiny / "policy"), policy_weights(ckpt.latest_checkpoint(tmp_path / "held") / "policy")
+    assert start.keys() == end.keys() and all(torch.equal(start[k], end[k]) for k in start)
+    with pytest.raises(ConfigError, match="rl.lr"):
+        tiny_config(tiny, tmp_path, "neg", "rl.lr=-1e-6")

@@ -16,7 +16,8 @@ read from one page:
 - the response-length histogram of the first steps (the tail the rollout waits for);
 - with `logging.drafter_curve`, the online drafter's accept length against the frozen starting drafter's and
   the ceiling, on each step's answers (plotted beside the accept length).
-`python -m tlt_rt.report RUN_A RUN_B` writes the same page.
+`python -m tlt_rt.report RUN_A RUN_B` writes the same page; `python -m tlt_rt.compare.seeds RUNS --out DIR` reads
+one such pair per seed (rl-off-sN / rl-auto-sN, as `benchmarks/e2e_rl.py --seeds` names them) together.
 """
 
 from __future__ import annotations

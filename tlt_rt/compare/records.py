@@ -105,16 +105,26 @@ def _last_heldout(records: list[dict]) -> tuple[float, int] | None:
     return None
 
 
+def paired_reward_gap(base: list[dict], run: list[dict]) -> tuple[float, float, int] | None:
+    """run's reward minus base's, paired by step (both runs see the same prompts each step): the mean, its
+    standard error over the steps and the number of steps; None for fewer than two."""
+    rb = {r["step"]: r["reward_mean"] for r in base if isinstance(r.get("reward_mean"), int | float)}
+    diffs = [r["reward_mean"] - rb[r["step"]] for r in run if r["step"] in rb and "reward_mean" in r]
+    if len(diffs) < 2:
+        return None
+    d, se = mean_se(diffs)
+    return d, se, len(diffs)
+
+
 def agreement(base: list[dict], run: list[dict]) -> list[str]:
     """Whether `run` learned as `base` did, within the noise: reward paired by step (both runs see the same
     prompts each step), and the last held-out accuracy of each with its binomial standard error."""
     lines = []
-    rb = {r["step"]: r["reward_mean"] for r in base if isinstance(r.get("reward_mean"), int | float)}
-    diffs = [r["reward_mean"] - rb[r["step"]] for r in run if r["step"] in rb and "reward_mean" in r]
-    if len(diffs) > 1:
-        d, se = mean_se(diffs)
+    gap = paired_reward_gap(base, run)
+    if gap is not None:
+        d, se, n = gap
         verdict = "within noise" if abs(d) <= 2 * se else "OUTSIDE the noise"
-        lines.append(f"- reward, run - baseline, paired over {len(diffs)} steps: {d:+.3f} ± {2 * se:.3f} "
+        lines.append(f"- reward, run - baseline, paired over {n} steps: {d:+.3f} ± {2 * se:.3f} "
                      f"(2 standard errors): {verdict}")  # fmt: skip
     ha, hb = _last_heldout(base), _last_heldout(run)
     if ha and hb and ha[1] and hb[1]:

@@ -136,7 +136,12 @@ class RLConfig:
         8, help="Responses sampled per prompt; GRPO's advantage is each reward minus its group's mean."
     )
     prompts_per_step: int = option(8, help="Prompts per RL step (a step rolls out prompts x group_size).")
-    lr: float = option(1e-6, help="Policy learning rate.")
+    lr: float = option(
+        1e-6,
+        help="Policy learning rate. 0 holds the policy still (every step still computes its loss and gradients): "
+        "two runs that differ only in how they sample then answer with one policy throughout, so their rewards "
+        "compare the samplers alone (benchmarks/e2e_rl.py --hold-policy).",
+    )
     clip_low: float = option(0.2, help="PPO ratio clip below: ratio >= 1 - clip_low.")
     clip_high: float = option(
         0.28, help="PPO ratio clip above: ratio <= 1 + clip_high (DAPO clip-higher; >= clip_low)."
@@ -231,7 +236,7 @@ class RLConfig:
         check_min(self, "checkpoint_every", 0)
         check_min(self, "keep_checkpoints", 1)
         check_min(self, "prompts_per_step", 1)
-        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check(self.lr >= 0, "lr", f"must be >= 0 (0 holds the policy still), got {self.lr}")
         check(0 < self.clip_low < 1, "clip_low", f"must be in (0, 1), got {self.clip_low}")
         check(
             self.clip_high >= self.clip_low,
