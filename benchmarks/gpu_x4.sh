@@ -15,7 +15,8 @@
 #                      (configs/qwen2.5-1.5b-math-4gpu.yaml: the one- and two-GPU configs' RL step, each worker
 #                      every prompt with 2 of its 8 answers), the chosen drafter in both, trained online with the
 #                      passes it was warmed up with; E2E4_STEPS (20) steps in E2E4_SECONDS (540) at most (E2E4=0
-#                      leaves it out);
+#                      leaves it out); E2E4_SEEDS="1 2 ..." runs a pair per seed in that time (seeds.md: the
+#                      reward gap against the seeds' spread), E2E4_HOLD=1 with the policy held still (rl.lr=0);
 #   phase 4  GPUs 0-3: TP=4 against TP=1 on the Qwen2.5-32B shape (tp_throughput.py: random bf16 weights, TP_SCALE
 #                      (0.5) of its layers, as many as one GPU holds for the TP=1 rows; batch 1 and 32, plain decoding
 #                      and 8_4_32 steps with a random replicated drafter, CUDA graphs, NCCL and the one-shot sum); TP=0 leaves
@@ -41,6 +42,8 @@ cfg1=configs/qwen2.5-1.5b-math-gpu.yaml; cfg4=configs/qwen2.5-1.5b-math-4gpu.yam
 steps4=${E2E4_STEPS:-20}; budget4=${E2E4_SECONDS:-540}
 prompts=${WARMUP_PROMPTS:-3072}; epochs=${WARMUP_EPOCHS:-1.5}; tp_scale=${TP_SCALE:-0.5}; kill=${KILL:-0}
 tp=${TP:-1}; timings=${AUTO_OFF:-0}; e2e4=${E2E4:-1}; tests=${TESTS:-1}; limit=${TESTS_SECONDS:-540}
+e2e4_more=(); if [ -n "${E2E4_SEEDS:-}" ]; then read -r -a e2e4_more <<< "--seeds $E2E4_SEEDS"; fi
+if [ "${E2E4_HOLD:-0}" = 1 ]; then e2e4_more+=(--hold-policy); fi
 VARIANTS=("--warmup-arg=--gen-batch=512")
 w15b=${W15B_ARGS---warmup-arg=--unroll=5}
 if [ -n "$w15b" ]; then VARIANTS+=("--warmup-arg=--gen-batch=512 $w15b"); fi
@@ -83,7 +86,7 @@ main() {
   if [ "$e2e4" = 1 ]; then
     # shellcheck disable=SC2086  # no key when empty
     CUDA_VISIBLE_DEVICES=0,1,2,3 python benchmarks/e2e_rl.py --config "$cfg4" --drafter "$drafter" --steps "$steps4" \
-        --time-limit "$budget4" --out "$out/e2e4" -- "model.path=$q15" $keys > "$out/e2e4.log" 2>&1
+        --time-limit "$budget4" --out "$out/e2e4" "${e2e4_more[@]}" -- "model.path=$q15" $keys > "$out/e2e4.log" 2>&1
     echo "four-GPU run done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
   fi
   if [ "$tp" = 1 ]; then
@@ -95,6 +98,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups best_warmup warmup_ratio unroll_keys kill_run convert_target auto_off test_half); $(declare -p VARIANTS DEFAULT HALF0 HALF1 out q15 cfg1 cfg4 steps4 budget4 prompts epochs tp_scale tp timings kill e2e4 tests limit); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup warmup_ratio unroll_keys kill_run convert_target auto_off test_half); $(declare -p VARIANTS DEFAULT HALF0 HALF1 e2e4_more out q15 cfg1 cfg4 steps4 budget4 prompts epochs tp_scale tp timings kill e2e4 tests limit); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x4.sh --snapshot $out DEST"

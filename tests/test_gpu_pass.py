@@ -135,13 +135,16 @@ def test_gpu_x4_warms_up_twice_beside_the_tests_then_runs_four_workers_then_tp4(
 @pytest.mark.skipif(not Path("/usr/bin/setsid").exists() and not Path("/bin/setsid").exists(), reason="needs setsid")
 def test_gpu_x4_runs_online_with_the_passes_of_the_chosen_warm_up(tmp_path):
     """The second warm-up (five passes) scores higher: the four-worker runs take its drafter and train it online
-    with five passes; TESTS=0, TP=0 leave the tests and TP=4 out, AUTO_OFF=1 and KILL=1 add phase 2."""
+    with five passes, a pair per seed with the policy held still; TESTS=0, TP=0 leave the tests and TP=4 out,
+    AUTO_OFF=1 and KILL=1 add phase 2."""
     calls, main = _pass(tmp_path, "gpu_x4.sh", TESTS="0", TP="0", AUTO_OFF="1", KILL="1", W0_WORSE="1",
-                        W15B_ARGS="--warmup-arg=--unroll=5 --warmup-arg=--held-out=64")  # fmt: skip
+                        W15B_ARGS="--warmup-arg=--unroll=5 --warmup-arg=--held-out=64", E2E4_SEEDS="1 2",
+                        E2E4_HOLD="1")  # fmt: skip
     assert "all done" in main and "tests done" not in main
     assert not [c for c in calls if "-m gpu" in c or "tp_throughput.py" in c]
     e2e = next(c for c in calls if "4gpu.yaml" in c)
     assert f"--drafter {tmp_path / 'out' / 'w1' / 'drafter'} " in e2e and e2e.endswith("drafter.unroll=5")
+    assert "--seeds 1 2 --hold-policy --" in e2e
     timed = next(i for i, c in enumerate(calls) if "engine_throughput" in c)
     killed = next(i for i, c in enumerate(calls) if "cluster.debug_fail" in c)
     assert max(timed, killed) < calls.index(e2e)
