@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.runs import metrics, policy_weights, tiny_config
+from tests.helpers.runs import assert_same_run, metrics, policy_weights, tiny_config
 from tlt_rt.config import ConfigError, TLTConfig, load_config
 from tlt_rt.train.__main__ import main as train_main
 from tlt_rt.train.batching import build_minibatches, share_seed, split_even, work_shares
@@ -23,21 +23,6 @@ from tlt_rt.train.rl.learner import LearnSample
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
-# outcome of a step, equal between runs that must be equal (timings and drafter numbers excluded)
-EXACT_KEYS = ("reward_mean", "accuracy", "response_len_p50", "response_len_max", "groups_dropped",
-              "samples_trained", "loss", "grad_norm", "clip_low_share", "clip_high_share", "policy_version",
-              "accept_length_hist", "generated_tokens")  # fmt: skip
-
-
-def assert_same_run(a: Path, b: Path) -> None:
-    wa, wb = policy_weights(ckpt.latest_checkpoint(a) / "policy"), policy_weights(ckpt.latest_checkpoint(b) / "policy")
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        assert torch.equal(wa[k], wb[k]), k
-    ma, mb = metrics(a), metrics(b)
-    assert [r["step"] for r in ma] == [r["step"] for r in mb]
-    for ra, rb in zip(ma, mb, strict=True):
-        assert {k: ra[k] for k in EXACT_KEYS} == {k: rb[k] for k in EXACT_KEYS}, ra["step"]
 
 
 @pytest.fixture(scope="module")

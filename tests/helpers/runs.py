@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from tlt_rt.config import TLTConfig, load_config
+from tlt_rt.train.rl.checkpoint import latest_checkpoint
 
 
 def tiny_config(tiny: Path, out: Path, name: str, *extra: str) -> TLTConfig:
@@ -27,3 +28,20 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def policy_weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
+
+
+# outcome of a step, equal between runs that must be equal (timings and drafter numbers excluded)
+EXACT_KEYS = ("reward_mean", "accuracy", "response_len_p50", "response_len_max", "groups_dropped",
+              "samples_trained", "loss", "grad_norm", "clip_low_share", "clip_high_share", "policy_version",
+              "accept_length_hist", "generated_tokens")  # fmt: skip
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    wa, wb = (policy_weights(latest_checkpoint(run) / "policy") for run in (a, b))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    ma, mb = metrics(a), metrics(b)
+    assert [r["step"] for r in ma] == [r["step"] for r in mb]
+    for ra, rb in zip(ma, mb, strict=True):
+        assert {k: ra[k] for k in EXACT_KEYS} == {k: rb[k] for k in EXACT_KEYS}, ra["step"]
