@@ -49,7 +49,8 @@ def test_agreement_pairs_rewards_by_step_and_judges_held_out_by_binomial_noise()
     lines = agreement(base, same)
     assert len(lines) == 1 and "paired over 4 steps" in lines[0] and "within noise" in lines[0]
     worse = [{"step": i, "reward_mean": r - 0.1 + 0.001 * i} for i, r in enumerate([0.2, 0.3, 0.4, 0.5])]
-    assert "OUTSIDE" in agreement(base, worse)[0]
+    outside = agreement(base, worse)
+    assert "OUTSIDE" in outside[0] and "--seeds" in outside[1]  # what one pair cannot tell, and what can
     base[-1].update(heldout_accuracy_end=0.40, heldout_n_end=100)
     same[-1].update(heldout_accuracy_end=0.45, heldout_n_end=100)
     held = agreement(base, same)[1]

@@ -126,6 +126,10 @@ def agreement(base: list[dict], run: list[dict]) -> list[str]:
         verdict = "within noise" if abs(d) <= 2 * se else "OUTSIDE the noise"
         lines.append(f"- reward, run - baseline, paired over {n} steps: {d:+.3f} ± {2 * se:.3f} "
                      f"(2 standard errors): {verdict}")  # fmt: skip
+        if abs(d) > 2 * se:
+            lines.append("  (the two runs learn from different answers, so their policies part from the first "
+                         "update: one pair's gap is partly where each went; pairs over several seeds, "
+                         "`benchmarks/e2e_rl.py --seeds`, judge it against the seeds' spread)")  # fmt: skip
     ha, hb = _last_heldout(base), _last_heldout(run)
     if ha and hb and ha[1] and hb[1]:
         sa, sb = (math.sqrt(p * (1 - p) / n) for p, n in (ha, hb))
