@@ -63,8 +63,7 @@ main() {
   if [ "$tests" = 1 ]; then
     ( test_half 0 0; done_at "tests on GPU 0 ($(tail -n 1 "$out/tests0.log"))" ) &
     ( test_half 1 1; done_at "tests on GPU 1 ($(tail -n 1 "$out/tests1.log"))" ) &
-    ( CUDA_VISIBLE_DEVICES=0,1 timeout 500 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
-        > "$out/tests_tp.log" 2>&1; done_at "TP test ($(tail -n 1 "$out/tests_tp.log"))" ) &
+    ( tp_test 0,1 500; done_at "TP test ($(tail -n 1 "$out/tests_tp.log"))" ) &
   fi
   if [ -n "$q15" ]; then convert_target; fi
   wait
@@ -115,6 +114,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups convert_target warm_up auto_off auto_off_captured timed done_at test_half house_ratios tp_rows tp_rl); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args w05b p05b e05b timings tp tp_steps limit tests pg HALF0 HALF1 house here); main" \
+setsid nohup bash -c "$(declare -f main warmups convert_target warm_up auto_off auto_off_captured timed done_at test_half tp_test house_ratios tp_rows tp_rl); $(declare -p VARIANTS DEFAULT out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args w05b p05b e05b timings tp tp_steps limit tests pg HALF0 HALF1 house here); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x2.sh --snapshot $out DEST"

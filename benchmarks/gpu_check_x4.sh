@@ -109,8 +109,7 @@ main() {
       test_half 2 1
       done_at tests1 "tests on GPU 2 ($(tail -n 1 "$out/tests1.log"))"
     ) &
-    CUDA_VISIBLE_DEVICES=2,3 timeout 400 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
-        > "$out/tests_tp.log" 2>&1
+    tp_test 2,3 400
     done_at tp_test "TP test ($(tail -n 1 "$out/tests_tp.log"))"
     wait
     if [ "$tp" = 1 ]; then
@@ -129,6 +128,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off auto_off_captured wait_for done_at test_half glue_costs house_ratios tp_rows tp_rl); $(declare -p VARIANTS DEFAULT GLUES out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit glue pg HALF0 HALF1 house here); main" \
+setsid nohup bash -c "$(declare -f main warmups warmup_ratio convert_target warm_up auto_off auto_off_captured wait_for done_at test_half tp_test glue_costs house_ratios tp_rows tp_rl); $(declare -p VARIANTS DEFAULT GLUES out q15 q05 cfg1 cfg05 prompts epochs p05 e05 w05_args timings tp tp_steps limit glue pg HALF0 HALF1 house here); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_check_x4.sh --snapshot $out DEST"

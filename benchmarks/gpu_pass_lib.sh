@@ -26,6 +26,13 @@ test_half() {
   CUDA_VISIBLE_DEVICES=$1 timeout "$limit" python -m pytest -q -p no:cacheprovider --durations=10 -m gpu ${!half} > "$out/tests$2.log" 2>&1
 }
 
+# tp_test GPUS SECONDS: the two-GPU tensor-parallel test on GPUS (it checks tokens, not times), cut at SECONDS, into
+# $out/tests_tp.log
+tp_test() {
+  CUDA_VISIBLE_DEVICES=$1 timeout "$2" python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
+      > "$out/tests_tp.log" 2>&1
+}
+
 # the engine's default strategy set (rollout.config.DEFAULT_STRATEGIES), which every auto-against-off timing gives auto
 DEFAULT="8_4_48 8_4_32 8_4_16 8_4_8 6_2_12"
 

@@ -60,8 +60,7 @@ main() {
     (   # GPUs 2-3: the tests
       test_half 3 0 &
       test_half 2 1 &
-      CUDA_VISIBLE_DEVICES=2,3 timeout "$limit" python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
-          > "$out/tests_tp.log" 2>&1
+      tp_test 2,3 "$limit"
       wait
       echo "tests done at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/tests0.log") | $(tail -n 1 "$out/tests1.log") | TP $(tail -n 1 "$out/tests_tp.log")" >> "$out/main.log"
     ) &
@@ -98,6 +97,6 @@ main() {
   echo "all done at $(( $(date +%s) - t0 )) s" >> "$out/main.log"
 }
 
-setsid nohup bash -c "$(declare -f main warmups best_warmup warmup_ratio unroll_keys kill_run convert_target auto_off test_half); $(declare -p VARIANTS DEFAULT HALF0 HALF1 e2e4_more out q15 cfg1 cfg4 steps4 budget4 prompts epochs tp_scale tp timings kill e2e4 tests limit); main" \
+setsid nohup bash -c "$(declare -f main warmups best_warmup warmup_ratio unroll_keys kill_run convert_target auto_off test_half tp_test); $(declare -p VARIANTS DEFAULT HALF0 HALF1 e2e4_more out q15 cfg1 cfg4 steps4 budget4 prompts epochs tp_scale tp timings kill e2e4 tests limit); main" \
     > "$out/main.log" 2>&1 < /dev/null &
 echo "started (pid $!); poll with: benchmarks/gpu_x4.sh --snapshot $out DEST"

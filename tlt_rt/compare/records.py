@@ -123,10 +123,10 @@ def agreement(base: list[dict], run: list[dict]) -> list[str]:
     gap = paired_reward_gap(base, run)
     if gap is not None:
         d, se, n = gap
-        verdict = "within noise" if abs(d) <= 2 * se else "OUTSIDE the noise"
+        outside = abs(d) > 2 * se
         lines.append(f"- reward, run - baseline, paired over {n} steps: {d:+.3f} ± {2 * se:.3f} "
-                     f"(2 standard errors): {verdict}")  # fmt: skip
-        if abs(d) > 2 * se:
+                     f"(2 standard errors): {'OUTSIDE the noise' if outside else 'within noise'}")  # fmt: skip
+        if outside:
             lines.append("  (the two runs learn from different answers, so their policies part from the first "
                          "update: one pair's gap is partly where each went; pairs over several seeds, "
                          "`benchmarks/e2e_rl.py --seeds`, judge it against the seeds' spread)")  # fmt: skip

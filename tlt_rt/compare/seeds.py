@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import sys
 from pathlib import Path
 
 from tlt_rt.compare.batches import equal_work
-from tlt_rt.compare.records import load_run, mean_se, measured, paired_reward_gap, speedup, values
+from tlt_rt.compare.records import load_run, mean_se, paired_reward_gap, run_means, speedup
 
 __all__ = ["find_pairs", "main", "plot_seeds", "seed_rows", "summary_lines", "write_seeds"]
 
@@ -45,11 +44,10 @@ def seed_rows(pairs: dict[int, tuple[list[dict], list[dict]]], warmup: int = 2) 
         base, run = base[:n], run[:n]
         sp = speedup(base, run, warmup)
         same = equal_work(base, run, warmup)
-        steps = [values(measured(r, warmup), "step_seconds") for r in (base, run)]
         rows.append({
             "seed": seed, "steps": n,
-            "base_step": statistics.fmean(steps[0]) if steps[0] else None,
-            "run_step": statistics.fmean(steps[1]) if steps[1] else None,
+            "base_step": run_means(base, warmup)["step_seconds"],
+            "run_step": run_means(run, warmup)["step_seconds"],
             "speedup": sp[0] if sp else None, "speedup_se": sp[1] if sp else None,
             "equal_work": same["speedup"] if same else None,
             "reward_gap": paired_reward_gap(base, run),
