@@ -23,12 +23,16 @@ to the first):
     rope-attn   + a decode step's rotary and K/V write inside its attention kernel (`kernels.decode_rope_attention`)
     skinny      + the skinny Triton matmul for one-row steps (weights from --skinny-min-weight elements up)
     fused       fused-norm and rope-attn;  fused+skinny  all three
+    pdl         fused+skinny with the skinny kernel for every one-row matmul, all of a one-row step's Triton kernels
+                launched with programmatic dependent launch (`kernels.pdl`)
+    pdl+prefetch  pdl, each matmul pulling its weight slab into L2 before it waits for the kernel before
 With --profile, each variant's kernels for the first decode shape.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import time
@@ -107,7 +111,8 @@ def hbm_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
 
 def graphed_step(model: CausalLM, batch: int, ctx: int, tree: int = 1, block_size: int = 16):
     """One paged forward captured as a CUDA graph: decode (tree=1) or a verify of `tree` tokens per sequence
-    after `ctx` cached ones. Returns (graph, cache); the cache must live as long as the graph is replayed."""
+    after `ctx` cached ones. Returns (graph, cache, logits): the cache must live as long as the graph is replayed;
+    the logits are the graph's output (the same token ids for a shape in every call, so variants compare)."""
     dev = model.lm_head.weight.device
     per_seq = -(-(ctx + tree) // block_size)
     cache = model.make_cache(batch * per_seq + 1, block_size)
@@ -126,20 +131,21 @@ def graphed_step(model: CausalLM, batch: int, ctx: int, tree: int = 1, block_siz
         tree,
         mask if mode == "verify" else None,
     )
-    ids = torch.randint(0, model.arch.vocab_size, (n,), device=dev)
+    gen = torch.Generator(device=dev).manual_seed(batch * 100_003 + ctx * 101 + tree)
+    ids = torch.randint(0, model.arch.vocab_size, (n,), device=dev, generator=gen)
     with torch.no_grad():
         for _ in range(2):
             model.forward_paged(ids, pos, cache, meta)
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            model.forward_paged(ids, pos, cache, meta)
-    return g, cache
+            out = model.forward_paged(ids, pos, cache, meta)
+    return g, cache, out.logits
 
 
 def step_cost(model: CausalLM, batch: int, ctx: int, tree: int, block_size: int = 16, iters: int = 30) -> float:
     """Median seconds of one graphed paged forward: decode (tree=1) or a verify of `tree` tokens."""
-    g, cache = graphed_step(model, batch, ctx, tree, block_size)
+    g, cache, _ = graphed_step(model, batch, ctx, tree, block_size)
     sec = time_replays(g, iters)
     del g, cache
     torch.cuda.empty_cache()
@@ -198,7 +204,7 @@ def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, to
     """Kernel time per decode step by kernel name (torch profiler over graph replays), then `step_summary`."""
     from torch.profiler import ProfilerActivity, profile
 
-    g, cache = graphed_step(model, batch, ctx)
+    g, cache, _ = graphed_step(model, batch, ctx)
     g.replay()
     torch.cuda.synchronize()
     replay_s = time_replays(g, replays)  # outside the profiler, which slows the replays down
@@ -249,6 +255,12 @@ VARIANTS = {
     "skinny": ({"skinny": True}, {}),
     "fused": (NORM, ROPE),
     "fused+skinny": ({**NORM, "skinny": True}, ROPE),
+    # every one-row kernel of the step Triton's (the skinny kernel from weights of 0 elements), launched with PDL
+    "pdl": ({**NORM, "skinny": True, "skinny_min_weight": 0, "pdl": True}, {**ROPE, "pdl": True}),
+    "pdl+prefetch": (
+        {**NORM, "skinny": True, "skinny_min_weight": 0, "pdl": True, "prefetch": True},
+        {**ROPE, "pdl": True},
+    ),
 }
 
 
@@ -281,15 +293,18 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
                     graphs[name] = graphed_step(model, b, ctx, t)
                 times: dict[str, list[float]] = {name: [] for name in glues}
                 for _ in range(args.rounds):
-                    for name, (g, _) in graphs.items():
+                    for name, (g, _, _) in graphs.items():
                         times[name].append(time_replays(g, args.iters))
                 fl = floor_seconds(model, b, ctx, t, bw)
                 first = statistics.median(times[args.compare[0]])
+                ref = graphs[args.compare[0]][2].float()
                 for name in glues:
                     sec = statistics.median(times[name])
+                    logits = graphs[name][2]
                     rows.append(dict(model=args.model, label=name, batch=b, ctx=ctx, tokens=t, ms=sec * 1e3,
                                      floor_ms=fl * 1e3, pct_floor=100 * fl / sec, floor_fraction=fl / sec,
-                                     vs_first=first / sec, hbm_gbs=bw / 1e9,
+                                     vs_first=first / sec, hbm_gbs=bw / 1e9, logits_digest=digest(logits),
+                                     max_diff_vs_first=(logits.float() - ref).abs().max().item(),
                                      device=torch.cuda.get_device_name()))  # fmt: skip
                 del graphs
                 torch.cuda.empty_cache()
@@ -298,13 +313,22 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
     return rows
 
 
+def digest(t: torch.Tensor) -> str:
+    """A short hash of a tensor's bytes: equal outputs of two variants read the same."""
+    return hashlib.sha1(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:10]
+
+
 def print_compare(rows: list[dict], first: str) -> None:
-    print(f"variants side by side (median over interleaved rounds); 'x {first}': {first}'s ms over the variant's")
+    print(
+        f"variants side by side (median over interleaved rounds); 'x {first}': {first}'s ms over the variant's; "
+        f"logits: a hash of the step's output (the last replay's) and its largest difference from {first}'s"
+    )
     print(f"{'variant':18} {'batch':>5} {'ctx':>6} {'tokens':>6} {'ms':>8} {'floor ms':>8} {'% of floor':>10} "
-          f"{'x ' + first:>10}")  # fmt: skip
+          f"{'x ' + first:>10} {'logits':>10} {'max diff':>9}")  # fmt: skip
     for r in rows:
         print(f"{r['label']:18} {r['batch']:5d} {r['ctx']:6d} {r['tokens']:6d} {r['ms']:8.3f} {r['floor_ms']:8.3f} "
-              f"{r['pct_floor']:10.1f} {r['vs_first']:10.3f}")  # fmt: skip
+              f"{r['pct_floor']:10.1f} {r['vs_first']:10.3f} {r['logits_digest']:>10} "
+              f"{r['max_diff_vs_first']:9.2e}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

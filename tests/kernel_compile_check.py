@@ -4,8 +4,10 @@ Triton's interpreter, which the CPU tests run under, checks no types: a kernel c
 fail to compile. Here the package's launchers run on small CPU tensors while `JITFunction.run` is replaced by
 a recorder that specializes each launch as Triton's own launcher does (its binder with the CUDA backend:
 dtypes, int widths, ints equal to 1 as constexprs, 16-byte alignment), compiles it for Hopper, checks its
-shared memory against the card's and launches nothing. Needs TRITON_INTERPRET unset, so that @triton.jit
-gives real JITFunctions; `test_kernels_compile.py` runs it in a subprocess.
+shared memory against the card's and launches nothing. Launches with programmatic dependent launch (the decode
+chain's kernels, `tlt_rt/codegen/kernels/pdl.py`) have their PTX checked against the PDL contract too
+(`pdl_report`): no global load, store or atomic before `griddepcontrol.wait`, the signal after it. Needs
+TRITON_INTERPRET unset, so that @triton.jit gives real JITFunctions; `test_kernels_compile.py` runs it in a subprocess.
 
     python tests/kernel_compile_check.py [report.json]
 """
@@ -59,6 +61,8 @@ def discover() -> dict[str, JITFunction]:
 
 
 JOBS: dict[str, tuple] = {}  # one per distinct specialization, in launch order
+# a global-memory access in PTX (an L2 prefetch is none: it reads nothing into the kernel and writes nothing)
+GLOBAL_ACCESS = re.compile(r"\b(ld|st|atom|red)\.global\b|\bcp\.async\.(?!bulk\.prefetch)")
 _binders: dict[JITFunction, Callable] = {}
 
 
@@ -72,6 +76,7 @@ def record(fn: JITFunction, *args, grid, warmup, **kwargs) -> None:
     if key not in JOBS:
         shown = [f"{fn.arg_names[path[0]]}={value}" for path, value in constexprs.items()]
         shown += [f"num_warps={options.num_warps}", f"num_stages={options.num_stages}"]
+        shown += ["launch_pdl"] if options.launch_pdl else []
         JOBS[key] = (fn, signature, constexprs, attrs, options.__dict__, f"{kernel_name(fn)}[{', '.join(shown)}]")
 
 
@@ -84,8 +89,36 @@ def _describe(e: BaseException) -> str:
     return "\n".join(parts)
 
 
-def compile_job(key: str) -> tuple[str, str | None, list[str]]:
-    """Compile one queued specialization -> (label, error or None, the jit functions it generated code for)."""
+def pdl_report(ptx: str) -> dict:
+    """What the PDL contract asks of a kernel's PTX: `griddepcontrol.wait` present, no global load, store or
+    atomic before the first one in the text (code before the wait in any path comes before it there), the
+    signal (`launch_dependents`) after it; and the L2 prefetch instructions before it."""
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
+    signals = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch_dependents")]
+    first = waits[0] if waits else len(lines)
+    return {
+        "waits": len(waits),
+        "signal_after_wait": bool(waits and signals) and min(signals) > first,
+        "global_before_wait": [ln for ln in lines[:first] if GLOBAL_ACCESS.search(ln)][:5],
+        "prefetch_before_wait": sum(ln.startswith("prefetch.global.L2") for ln in lines[:first]),
+    }
+
+
+def pdl_problem(label: str, report: dict) -> str | None:
+    """Why a PDL launch's PTX breaks the contract, or None."""
+    if report["waits"] == 0:
+        return f"{label} is launched with PDL but never waits for the kernel before (griddepcontrol.wait)"
+    if report["global_before_wait"]:
+        return f"{label} touches global memory before its wait: {report['global_before_wait']}"
+    if not report["signal_after_wait"]:
+        return f"{label} does not signal its dependents after its wait (griddepcontrol.launch_dependents)"
+    return None
+
+
+def compile_job(key: str) -> tuple[str, str | None, list[str], dict | None]:
+    """Compile one queued specialization -> (label, error or None, the jit functions it generated code for, the
+    PDL report of a launch with PDL, else None)."""
     fn, signature, constexprs, attrs, options, label = JOBS[key]
     generated = {kernel_name(fn)}
     call = CodeGenerator.call_JitFunction
@@ -95,22 +128,25 @@ def compile_job(key: str) -> tuple[str, str | None, list[str]]:
         return call(self, callee, *args, **kwargs)
 
     CodeGenerator.call_JitFunction = noting_callee
+    pdl = None
     try:
         kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options)
         error = None
         if kernel.metadata.shared > SM90_SHARED_MEMORY:  # else refused only when a GPU loads it
             error = f"OutOfResources: {kernel.metadata.shared} bytes of shared memory, sm_90 has {SM90_SHARED_MEMORY}"
+        if options.get("launch_pdl"):
+            pdl = pdl_report(kernel.asm["ptx"])
     except Exception as e:
         error = _describe(e)
     finally:
         CodeGenerator.call_JitFunction = call
-    return label, error, sorted(generated)
+    return label, error, sorted(generated), pdl
 
 
-def run_cases(cases) -> tuple[list[str], list[tuple[str, str | None, list[str]]]]:
+def run_cases(cases) -> tuple[list[str], list[tuple[str, str | None, list[str], dict | None]]]:
     """Run each case's launches under the recorder, then compile what they queued, in parallel.
 
-    Returns (the cases that raised, one (label, error, generated) per distinct specialization)."""
+    Returns (the cases that raised, one (label, error, generated, PDL report) per distinct specialization)."""
     JOBS.clear()
     run, JITFunction.run = JITFunction.run, record
     raised = []
@@ -264,23 +300,56 @@ def layer_cases():
         )  # fmt: skip
 
 
-CASES = (attention_cases, accept_cases, commit_cases, draft_cases, layer_cases)
+def pdl_cases():
+    """A one-row decode step's chain with PDL and prefetch on (`rollout.pdl`), on Qwen2.5-Coder-1.5B's shapes: the
+    add + norm + q/k/v and + gate/up, the skinny o / down matmuls, the rotary decode attention."""
+    from tlt_rt.codegen.kernels import decode_rope_attention as rope_dec
+    from tlt_rt.codegen.kernels import norm_linear, pdl, skinny_gemm
+
+    pdl.pdl_supported = lambda device: True  # as on an sm_90 GPU
+    skinny_gemm._interpreting = lambda: True
+    rope_dec.check_paged_inputs = lambda kernel, *a, check=rope_dec.check_paged_inputs: check(None, *a)
+    rope_dec.num_sms = lambda device: 132
+    x, r, nw = _t(1, 1536, dtype=BF16), _t(1, 1536, dtype=BF16), _t(1536, dtype=BF16)
+    norm_linear.norm_linear(x, r, nw, 1e-6, _t(2048, 1536, dtype=BF16), _t(2048, dtype=BF16), pdl=True, prefetch=True)
+    norm_linear.norm_linear(x, r, nw, 1e-6, _t(2 * 8960, 1536, dtype=BF16), swiglu=True, pdl=True, prefetch=True)
+    skinny_gemm.skinny_linear_triton(x, _t(1536, 1536, dtype=BF16), pdl=True, prefetch=True)  # o
+    skinny_gemm.skinny_linear_triton(_t(1, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True, prefetch=True)
+    skinny_gemm.skinny_linear_triton(x, _t(2 * 256, 1536, dtype=BF16), swiglu=True, pdl=True, prefetch=True)
+    qkv = _t(1, 16, 128, dtype=BF16)
+    q, k, v = qkv.split([12, 2, 2], dim=1)
+    cache = _t(2, 8, 16, 2, 128, dtype=BF16)
+    rope_dec.decode_rope_attention(
+        q, k, v, torch.arange(1), _t(64), cache[0], cache[1], torch.arange(1), torch.zeros(1, 64, dtype=torch.int32),
+        torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True,
+    )  # fmt: skip
+
+
+CASES = (attention_cases, accept_cases, commit_cases, draft_cases, layer_cases, pdl_cases)
 
 
 # -------------------------------------------------------------------------------------------------- main
 def check() -> dict:
     """{"compiled": {kernel: successful compiles, helpers counted in their callers}, "specializations": labels,
-    "problems": what raised or failed to compile}."""
+    "pdl": {label: PDL report} of the launches with PDL, "problems": what raised, failed to compile or broke the
+    PDL contract}."""
     kernels = discover()
     problems, results = run_cases(CASES)
     compiled = dict.fromkeys(kernels, 0)
-    for label, error, generated in results:
+    pdl = {}
+    for label, error, generated, report in results:
         if error is not None:
             problems.append(f"{label} does not compile for sm_90:\n{error}")
         for name in generated:
             if name in compiled:
                 compiled[name] += error is None
-    return {"compiled": compiled, "specializations": [label for label, _, _ in results], "problems": problems}
+        if report is not None:
+            pdl[label] = report
+            problem = pdl_problem(label, report)
+            if problem:
+                problems.append(problem)
+    labels = [label for label, *_ in results]
+    return {"compiled": compiled, "specializations": labels, "pdl": pdl, "problems": problems}
 
 
 def eager_table_variants() -> dict[str, int]:

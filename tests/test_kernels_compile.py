@@ -55,6 +55,11 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
     assert not report["problems"], "\n\n".join(report["problems"])
     uncovered = [name for name, n in report["compiled"].items() if n == 0]
     assert not uncovered, f"no case in tests/kernel_compile_check.py launches {uncovered}: add one"
+    # the decode chain with PDL: every kernel of it checked, each matmul prefetching its weight before its wait
+    chained = {label.split("[")[0].rsplit(".", 1)[1]: r for label, r in report["pdl"].items()}
+    assert set(chained) == {"_norm_linear_kernel", "_skinny_kernel", "_decode_rope_attention_kernel"}, chained
+    prefetching = [r["prefetch_before_wait"] > 0 for label, r in report["pdl"].items() if "rope" not in label]
+    assert len(prefetching) >= 4 and all(prefetching), report["pdl"]
 
 
 def test_a_loop_carried_type_clash_is_reported(tmp_path):
@@ -67,9 +72,48 @@ def test_a_loop_carried_type_clash_is_reported(tmp_path):
     )
     proc = _python(["-c", code], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    raised, [(label, error, _)] = json.loads(proc.stdout.splitlines()[-1])
+    raised, [(label, error, _, pdl)] = json.loads(proc.stdout.splitlines()[-1])
     assert not raised and label.startswith("clash.clash_kernel[")
     assert error is not None and "Loop-carried variable v" in error, error
+    assert pdl is None
+
+
+# a kernel launched with PDL that reads its input before waiting for the kernel that may still be writing it
+EARLY_READ = """
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def early_read_kernel(X, Y):
+    x = tl.load(X + tl.arange(0, 128))
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()
+    tl.store(Y + tl.arange(0, 128), x)
+
+
+def launch():
+    x = torch.zeros(128, dtype=torch.bfloat16)
+    early_read_kernel[(1,)](x, x, launch_pdl=True)
+"""
+
+
+def test_a_read_before_the_pdl_wait_is_reported(tmp_path):
+    (tmp_path / "early.py").write_text(EARLY_READ)
+    code = (
+        f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(tmp_path)!r}]\n"
+        "import json, early, kernel_compile_check as check\n"
+        "raised, [(label, error, _, report)] = check.run_cases([early.launch])\n"
+        "print(json.dumps([raised, label, error, report, check.pdl_problem(label, report)]))\n"
+    )
+    proc = _python(["-c", code], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    raised, label, error, report, problem = json.loads(proc.stdout.splitlines()[-1])
+    assert not raised and error is None and "launch_pdl" in label
+    assert report["waits"] == 1 and report["signal_after_wait"]
+    assert report["global_before_wait"] and "ld.global" in report["global_before_wait"][0], report
+    assert problem is not None and "before its wait" in problem
 
 
 @pytest.mark.slow

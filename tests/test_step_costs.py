@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from tlt_rt.config import TLTConfig, load_config
 from tlt_rt.models import CausalLM, save_target
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from step_costs import (  # noqa: E402
     VARIANTS,
     build_model,
+    digest,
     floor_seconds,
     main,
     model_source,
@@ -148,19 +150,29 @@ def test_compare_names_its_variants_and_refuses_a_glue_flag_beside_them(capsys):
 
     for name, (glue_kw, attn_kw) in VARIANTS.items():
         glue, attn = KernelGlue(pieces=Glue(), **glue_kw), TritonAttention(**attn_kw)
-        assert glue.fused_norm == (name.startswith("fused")) and glue.skinny == ("skinny" in name)
-        assert attn.fuse_rope == (name in ("rope-attn", "fused", "fused+skinny"))
+        chained = name.startswith("pdl")  # every one-row kernel Triton's, launched with PDL
+        assert glue.fused_norm == (name.startswith("fused") or chained)
+        assert glue.skinny == ("skinny" in name or chained) and (glue.skinny_min_weight == 0) == chained
+        assert glue.pdl == attn.pdl == chained and glue.prefetch == (name == "pdl+prefetch")
+        assert attn.fuse_rope == (name in ("rope-attn", "fused", "fused+skinny") or chained)
 
 
 def test_compare_table_gives_each_variant_against_the_first(capsys):
+    same = dict(batch=1, ctx=1024, tokens=1, floor_ms=0.75)
     rows = [
-        dict(label="base", batch=1, ctx=1024, tokens=1, ms=1.8, floor_ms=0.75, pct_floor=41.7, vs_first=1.0),
-        dict(label="fused-norm", batch=1, ctx=1024, tokens=1, ms=1.5, floor_ms=0.75, pct_floor=50.0, vs_first=1.2),
-    ]
+        dict(label="base", ms=1.8, pct_floor=41.7, vs_first=1.0, logits_digest="ab12", max_diff_vs_first=0.0, **same),
+        dict(label="fused-norm", ms=1.5, pct_floor=50.0, vs_first=1.2, logits_digest="cd34", max_diff_vs_first=0.03,
+             **same),
+    ]  # fmt: skip
     print_compare(rows, "base")
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].split()[-2:] == ["x", "base"]
-    assert lines[3].split() == ["fused-norm", "1", "1024", "1", "1.500", "0.750", "50.0", "1.200"]
+    assert lines[1].split()[-5:] == ["x", "base", "logits", "max", "diff"]
+    assert lines[3].split() == ["fused-norm", "1", "1024", "1", "1.500", "0.750", "50.0", "1.200", "cd34", "3.00e-02"]
+
+
+def test_digest_tells_equal_outputs_from_different_ones():
+    a = torch.arange(6, dtype=torch.bfloat16)
+    assert digest(a) == digest(a.clone()) != digest(a + 1) and len(digest(a)) == 10
 
 
 def test_step_summary_counts_kernels_per_layer_and_the_gaps():

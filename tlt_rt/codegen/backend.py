@@ -40,16 +40,20 @@ class TritonAttention:
     fuse_rope: decode steps rotate q and k and write the new K/V inside the attention kernel
     (`kernels.decode_rope_attention`, through `rope_decode`) instead of the glue's rotary kernel before it; off by
     default until measured beside the two kernels (`benchmarks/step_costs.py --compare`).
+    pdl: that fused decode kernel launched with programmatic dependent launch where the GPU has it (`kernels.pdl`).
     """
 
     name = "triton"
 
-    def __init__(self, num_splits: int | None = None, prefill_kernel: bool = True, fuse_rope: bool = False) -> None:
+    def __init__(
+        self, num_splits: int | None = None, prefill_kernel: bool = True, fuse_rope: bool = False, pdl: bool = False
+    ) -> None:
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits must be >= 1 or None, got {num_splits}")
         self.num_splits = num_splits
         self.prefill_kernel = prefill_kernel
         self.fuse_rope = fuse_rope
+        self.pdl = pdl
 
     def rope_decode(self, q, k, v, positions, inv_freq, k_cache, v_cache, meta: AttnMetadata, scale: float):
         """A decode step's rotary, K/V write and attention in one kernel: q [B, Hq, D], k / v [B, Hkv, D] before
@@ -66,14 +70,16 @@ class TritonAttention:
         from tlt_rt.codegen.kernels.decode_rope_attention import decode_rope_attention
 
         return decode_rope_attention(q, k, v, positions, inv_freq, k_cache, v_cache, slots, meta.block_tables,
-                                     meta.seq_lens, scale, num_splits=self.num_splits)  # fmt: skip
+                                     meta.seq_lens, scale, num_splits=self.num_splits, pdl=self.pdl)  # fmt: skip
 
     def eager(self) -> TritonAttention:
         """This backend for eager calls, whose shapes change from call to call (the drafter's catch-up): one
         split-K partition unless one is set, so no call meets a kernel variant its warm-up did not compile. A
         split count chosen per call (from the batch and the block tables' width) specialises the decode kernel
         anew: its first use mid-rollout compiled for ~1.1 s inside one speculative step (H200)."""
-        return TritonAttention(1 if self.num_splits is None else self.num_splits, self.prefill_kernel, self.fuse_rope)
+        return TritonAttention(
+            1 if self.num_splits is None else self.num_splits, self.prefill_kernel, self.fuse_rope, self.pdl
+        )
 
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMetadata, scale: float
@@ -107,12 +113,15 @@ class TritonAttention:
         raise ValueError(f"unknown attention mode {meta.mode!r}")
 
 
-def select_backend(device: torch.device | str, name: str = "auto", fuse_rope: bool = False) -> AttentionBackend:
+def select_backend(
+    device: torch.device | str, name: str = "auto", fuse_rope: bool = False, pdl: bool = False
+) -> AttentionBackend:
     """The attention backend for `device`.
 
     name: "auto" (Triton on CUDA, torch elsewhere: the interpreter is for testing kernels, not for running
     models), "triton" (raises ValueError where the kernels cannot run; on CPU under TRITON_INTERPRET=1) or
-    "torch". fuse_rope: a Triton backend's `fuse_rope` (decode steps' rotary inside their attention kernel).
+    "torch". fuse_rope, pdl: a Triton backend's (decode steps' rotary inside their attention kernel; that kernel
+    launched with programmatic dependent launch).
     """
     if name == "torch":
         return TorchAttention()
@@ -121,7 +130,7 @@ def select_backend(device: torch.device | str, name: str = "auto", fuse_rope: bo
             raise ValueError(
                 f"attention backend 'triton' needs a CUDA device or TRITON_INTERPRET=1, got device {device}"
             )
-        return TritonAttention(fuse_rope=fuse_rope)
+        return TritonAttention(fuse_rope=fuse_rope, pdl=pdl)
     if name == "auto":
-        return TritonAttention(fuse_rope=fuse_rope) if runs_triton(device) else TorchAttention()
+        return TritonAttention(fuse_rope=fuse_rope, pdl=pdl) if runs_triton(device) else TorchAttention()
     raise ValueError(f"unknown attention backend {name!r}: choose 'auto', 'triton' or 'torch'")

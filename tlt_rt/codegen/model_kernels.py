@@ -9,6 +9,8 @@ the engine hands its model this one (`engine_glue`), as it hands it an attention
     add_norm_linear, add_norm_linear_swiglu -> kernels.norm_linear: the residual add, RMSNorm and the projection
                   after it in one launch, with fused_norm=True, no gradients and at most norm_rows rows (a decode
                   step's q/k/v and gate/up at small batch); elsewhere the two-kernel reference
+With pdl=True these kernels are launched with programmatic dependent launch where the GPU has it (`kernels.pdl`),
+with prefetch=True each also pulling its weight slab into L2 while the kernel before it runs.
 Kernel modules are imported on first use, so importing this module never needs Triton.
 """
 
@@ -27,7 +29,14 @@ if TYPE_CHECKING:
 __all__ = ["KernelGlue", "engine_glue"]
 
 
-def _inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def _inference_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
+    min_weight: int | None = None,
+) -> torch.Tensor:
     """The skinny Triton matmul for few-row inference calls, F.linear when gradients are wanted or the
     shape is outside its domain."""
     if torch.is_grad_enabled():
@@ -35,7 +44,7 @@ def _inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     # local: the kernel imports Triton, a GPU-only dependency that the CPU paths must not need
     from tlt_rt.codegen.kernels.skinny_gemm import skinny_linear
 
-    return skinny_linear(x, weight, bias)
+    return skinny_linear(x, weight, bias, pdl=pdl, prefetch=prefetch, min_weight=min_weight)
 
 
 class KernelGlue(CompiledGlue):
@@ -46,7 +55,11 @@ class KernelGlue(CompiledGlue):
     residual add and RMSNorm inside its q/k/v and gate/up projections (`kernels.norm_linear`) for steps of at
     most norm_rows rows: one by default, where it pays on small weights (H200, `step_costs.py --compare`:
     Qwen2.5-Coder-0.5B batch 1 1.13x, 1.5B 1.00x); at 8 rows its CUDA-core products made the step 4-6x slower.
-    pieces: as CompiledGlue's (the functions of another glue, taken instead of compiling anew)."""
+    pdl, prefetch: those Triton matmuls launched with programmatic dependent launch, prefetching their weights
+    into L2 while the kernel before runs (`kernels.pdl`; the attention kernel's flag is its backend's).
+    skinny_min_weight: the smallest weight (elements) the skinny kernel takes (None: its MIN_WEIGHT; 0 for a step
+    of Triton kernels only, as PDL wants). pieces: as CompiledGlue's (the functions of another glue, taken instead
+    of compiling anew)."""
 
     def __init__(
         self,
@@ -55,12 +68,31 @@ class KernelGlue(CompiledGlue):
         pieces: Glue | None = None,
         fused_norm: bool = False,
         norm_rows: int = 1,
+        pdl: bool = False,
+        prefetch: bool = False,
+        skinny_min_weight: int | None = None,
     ) -> None:
         super().__init__(pieces)
         self.skinny, self.fused_rope = skinny, fused_rope
         self.fused_norm, self.norm_rows = fused_norm, norm_rows
+        self.pdl, self.prefetch, self.skinny_min_weight = pdl, prefetch, skinny_min_weight
         if skinny:
-            self.linear = _inference_linear
+            self.linear = self._skinny_linear
+
+    def chain_pdl(self, on: bool = True) -> None:
+        """Make a one-row decode step's layers a chain of Triton kernels launched with PDL, each prefetching its
+        weight: the add + norm inside q/k/v and gate/up (`fused_norm`), the skinny kernel for every other one-row
+        matmul (o, down, the head), pdl and prefetch on. (Attention joins through its backend's `pdl`.) on=False:
+        back to the defaults (no PDL, cuBLAS for the matmuls, fused_norm off)."""
+        self.fused_norm = self.skinny = self.pdl = self.prefetch = on
+        self.skinny_min_weight = 0 if on else None
+        if on:
+            self.linear = self._skinny_linear
+        else:
+            self.__dict__.pop("linear", None)  # the class's F.linear
+
+    def _skinny_linear(self, x, weight, bias=None):
+        return _inference_linear(x, weight, bias, self.pdl, self.prefetch, self.skinny_min_weight)
 
     def _norm_kernel(self, x, r, norm_weight, eps, weight, bias, swiglu: bool):
         """The one-launch add + norm + projection (`kernels.norm_linear`) where this glue takes it, else None."""
@@ -73,7 +105,7 @@ class KernelGlue(CompiledGlue):
 
         if not norm_linear_supported(x, r, norm_weight, weight, bias) or (swiglu and weight.shape[0] % 2):
             return None
-        return norm_linear(x, r, norm_weight, eps, weight, bias, swiglu=swiglu)
+        return norm_linear(x, r, norm_weight, eps, weight, bias, swiglu=swiglu, pdl=self.pdl, prefetch=self.prefetch)
 
     def add_norm_linear(self, x, r, norm_weight, eps, weight, bias=None):
         out = self._norm_kernel(x, r, norm_weight, eps, weight, bias, swiglu=False)
@@ -88,7 +120,8 @@ class KernelGlue(CompiledGlue):
             # local: Triton, as in _inference_linear
             from tlt_rt.codegen.kernels.skinny_gemm import skinny_swiglu
 
-            out = skinny_swiglu(x, weight, bias)  # one kernel with the activation as its epilogue, or None
+            # one kernel with the activation as its epilogue, or None
+            out = skinny_swiglu(x, weight, bias, self.pdl, self.prefetch, self.skinny_min_weight)
             if out is not None:
                 return out
         return super().linear_swiglu(x, weight, bias)

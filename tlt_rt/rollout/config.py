@@ -124,6 +124,13 @@ class EngineConfig:
         "kernel instead of a rotary kernel before it (1.03-1.05x a step on Qwen2.5-Coder-0.5B / 1.5B); false: "
         "the rotary kernel, then attention.",
     )
+    pdl: bool = option(
+        False,
+        help="CUDA, compute capability 9.0+: a one-row decode step runs as a chain of Triton kernels (add + norm "
+        "inside q/k/v and gate/up, the fused rotary attention, the matrix-vector kernel for o, down and the head) "
+        "launched with programmatic dependent launch, each placed while the kernel before runs and prefetching its "
+        "weight into L2 meanwhile (tlt_rt/codegen/kernels/pdl.py). Steps of more rows are as without it.",
+    )
     policy: PolicyConfig = option(factory=PolicyConfig, help="The SD policy: exploration and switching.")
 
     def __post_init__(self) -> None:

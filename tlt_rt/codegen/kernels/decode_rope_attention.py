@@ -41,6 +41,7 @@ from tlt_rt.codegen.kernels.paged import (
     num_sms,
     split_counters,
 )
+from tlt_rt.codegen.kernels.pdl import enter, launch_meta
 
 __all__ = ["decode_rope_attention"]
 
@@ -64,8 +65,9 @@ def _decode_rope_attention_kernel(
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HALF: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    enter(PDL)  # every input but inv_freq comes from the step's kernels before: nothing to do ahead of them
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = pid // n_kv_heads
@@ -182,11 +184,13 @@ def decode_rope_attention(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """One decode token per sequence: q [B, Hq, D], k / v [B, Hkv, D] before rotary (unit stride along D; views of
     a fused projection are fine), positions / slots [B] (slots resolved: no -1), caches [num_blocks, page, Hkv,
     D], block_tables [B, max_blocks] int32, seq_lens [B] int32 counting the new token -> [B, Hq, D] in q's dtype.
-    The rotated k and v land in the caches at `slots`. No host sync: graph-capturable."""
+    The rotated k and v land in the caches at `slots`. No host sync: graph-capturable. pdl: launched with
+    programmatic dependent launch where the device has it (`kernels.pdl`): placed while the kernel before runs."""
     check_paged_inputs(_decode_rope_attention_kernel, q, k_cache, v_cache, block_tables, seq_lens)
     b, n_heads, head_dim = q.shape
     nb, page, n_kv = k_cache.shape[:3]
@@ -231,7 +235,7 @@ def decode_rope_attention(
         GROUP=group, BLOCK_G=block_g, HALF=head_dim // 2, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
         MERGE=counters is not None, BLOCK_S=merge_block_s(block_g, num_splits, head_dim),
         DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot,
-        num_warps=meta["num_warps"], num_stages=meta["num_stages"],
+        num_warps=meta["num_warps"], num_stages=meta["num_stages"], **launch_meta(q.device, pdl),
     )  # fmt: skip
     if split and counters is None:
         from tlt_rt.codegen.kernels.decode_attention import combine_splits

@@ -23,7 +23,15 @@ import torch
 import triton
 import triton.language as tl
 
-from tlt_rt.codegen.kernels.skinny_gemm import MAX_ROWS, SKINNY_META, _bias_swiglu, _tile_products, supported
+from tlt_rt.codegen.kernels.pdl import enter, launch_meta
+from tlt_rt.codegen.kernels.skinny_gemm import (
+    MAX_ROWS,
+    SKINNY_META,
+    _bias_swiglu,
+    _prefetch_slab,
+    _tile_products,
+    supported,
+)
 
 __all__ = ["norm_linear", "norm_linear_supported"]
 
@@ -35,6 +43,7 @@ def _norm_linear_kernel(
     stride_xm, stride_rm, stride_sm, stride_wn, stride_ym,
     HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -42,6 +51,9 @@ def _norm_linear_kernel(
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m_ok = rm < M
+    if PREFETCH:  # as skinny_gemm's: this program's slab of W into L2 while the kernel before still runs
+        _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
+    enter(PDL)
     dtype = y_ptr.dtype.element_ty
     # pass 1: each row's mean square of s = x (+ r), s rounded to the model dtype as the reference's add rounds
     sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -108,10 +120,13 @@ def norm_linear(
     bias: torch.Tensor | None = None,
     swiglu: bool = False,
     meta: dict | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, y) for rows x [M, K] (M <= MAX_ROWS): s = x + residual (x itself when residual is None) and
     y = linear(rms_norm(s) * norm_weight, weight, bias) [M, N] in one launch; with swiglu, weight is a stacked
-    [gate; up] ([2I, K]) and y = silu(gate) * up [M, I]. ValueError outside `norm_linear_supported`."""
+    [gate; up] ([2I, K]) and y = silu(gate) * up [M, I]. pdl, prefetch: as `skinny_gemm.skinny_linear_triton`'s.
+    ValueError outside `norm_linear_supported`."""
     if not norm_linear_supported(x, residual, norm_weight, weight, bias):
         raise ValueError(
             f"norm_linear needs rows [M <= {MAX_ROWS}, K] with unit stride along K, a residual like them, a norm "
@@ -129,13 +144,15 @@ def norm_linear(
     cfg = meta or SKINNY_META[block_m]
     s = x if residual is None else torch.empty_like(x, memory_format=torch.contiguous_format)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_k = min(cfg["block_k"], triton.next_power_of_2(k))
     _norm_linear_kernel[(triton.cdiv(n, cfg["block_n"]),)](
         x, x if residual is None else residual, norm_weight, s, weight, bias if bias is not None else weight, y,
         m, n, k, float(eps),
         x.stride(0), x.stride(0) if residual is None else residual.stride(0), s.stride(0), weight.stride(0),
         y.stride(0),
         HAS_RES=residual is not None, HAS_BIAS=bias is not None, SWIGLU=swiglu,
-        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=min(cfg["block_k"], triton.next_power_of_2(k)),
+        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=block_k,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **launch_meta(x.device, pdl, weight.dtype, block_k, prefetch),
     )  # fmt: skip
     return s, y

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from tlt_rt.codegen.kernels.pdl import enter, launch_meta, prefetch_rows
+
 __all__ = [
     "MAX_ROWS",
     "MIN_WEIGHT",
@@ -61,6 +63,15 @@ def _tile_products(x, tile, w_mask, N, stride_wn, acc, acc_up, SWIGLU: tl.conste
 
 
 @triton.jit
+def _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr):
+    """This program's rows of W into L2 (`pdl.prefetch_rows`); with SWIGLU the up half's rows too."""
+    rows = tl.minimum(rn, N - 1)
+    prefetch_rows(w_ptr, rows, stride_wn, K, LINE, LINES)
+    if SWIGLU:
+        prefetch_rows(w_ptr + N * stride_wn, rows, stride_wn, K, LINE, LINES)
+
+
+@triton.jit
 def _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
     """The epilogue: the bias (both halves' with SWIGLU), then silu(gate) * up with gate and up rounded to the
     output's dtype first, as the unfused matmul + swiglu would."""
@@ -93,6 +104,10 @@ def _skinny_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    LINE: tl.constexpr,
+    LINES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -100,6 +115,9 @@ def _skinny_kernel(
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m_ok = rm < M
+    if PREFETCH:  # the slab of W (both halves with SWIGLU) into L2 while the kernel before still runs
+        _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
+    enter(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
     for k0 in range(0, K, BLOCK_K):
@@ -140,11 +158,15 @@ def skinny_linear_triton(
     bias: torch.Tensor | None = None,
     meta: dict | None = None,
     swiglu: bool = False,
+    pdl: bool = False,
+    prefetch: bool = False,
 ) -> torch.Tensor:
     """The kernel itself (no fallback): x [..., K] with <= MAX_ROWS rows, weight [N, K] -> [..., N].
 
     swiglu: weight is [gate; up] stacked ([2I, K], as a fused gate/up projection) and the result is
-    silu(x @ gate^T) * (x @ up^T), [..., I], without the [..., 2I] intermediate."""
+    silu(x @ gate^T) * (x @ up^T), [..., I], without the [..., 2I] intermediate.
+    pdl: launched with programmatic dependent launch (`kernels.pdl`) where the device has it; prefetch: with pdl,
+    the program's slab of W pulled into L2 before it waits for the kernel before."""
     if not supported(x, weight, bias):
         raise ValueError(
             f"skinny_linear_triton needs <= {MAX_ROWS} rows of {SUPPORTED_DTYPES}, a weight [N, K] with unit "
@@ -164,6 +186,7 @@ def skinny_linear_triton(
     cfg = meta or SKINNY_META[block_m]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, cfg["block_n"]),)
+    block_k = min(cfg["block_k"], triton.next_power_of_2(k))
     _skinny_kernel[grid](
         x2,
         weight,
@@ -179,28 +202,48 @@ def skinny_linear_triton(
         SWIGLU=swiglu,
         BLOCK_M=block_m,
         BLOCK_N=cfg["block_n"],
-        BLOCK_K=min(cfg["block_k"], triton.next_power_of_2(k)),
+        BLOCK_K=block_k,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        **launch_meta(x2.device, pdl, weight.dtype, block_k, prefetch),
     )
     return y.view(*x.shape[:-1], n)
 
 
-def preferred(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """True where the kernel beats cuBLAS as measured (module doc): one row, a large weight, `supported`."""
-    return x.numel() == x.shape[-1] and weight.numel() >= MIN_WEIGHT and supported(x, weight, bias)
+def preferred(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, min_weight: int | None = None
+) -> bool:
+    """True where the kernel beats cuBLAS as measured (module doc): one row, a weight of at least `min_weight`
+    elements (None: MIN_WEIGHT), `supported`."""
+    least = MIN_WEIGHT if min_weight is None else min_weight
+    return x.numel() == x.shape[-1] and weight.numel() >= least and supported(x, weight, bias)
 
 
-def skinny_swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+def skinny_swiglu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
+    min_weight: int | None = None,
+) -> torch.Tensor | None:
     """silu(gate) * up from a stacked [gate; up] weight in one kernel where it wins (`preferred`); None
-    elsewhere (the caller runs its matmul and activation)."""
-    if preferred(x, weight, bias) and weight.shape[0] % 2 == 0:
-        return skinny_linear_triton(x, weight, bias, swiglu=True)
+    elsewhere (the caller runs its matmul and activation). pdl, prefetch: as `skinny_linear_triton`'s."""
+    if preferred(x, weight, bias, min_weight) and weight.shape[0] % 2 == 0:
+        return skinny_linear_triton(x, weight, bias, swiglu=True, pdl=pdl, prefetch=prefetch)
     return None
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear with the skinny kernel where it wins (`preferred`), F.linear elsewhere."""
-    if preferred(x, weight, bias):
-        return skinny_linear_triton(x, weight, bias)
+def skinny_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
+    min_weight: int | None = None,
+) -> torch.Tensor:
+    """F.linear with the skinny kernel where it wins (`preferred`, weights from `min_weight` elements), F.linear
+    elsewhere. pdl, prefetch: as `skinny_linear_triton`'s."""
+    if preferred(x, weight, bias, min_weight):
+        return skinny_linear_triton(x, weight, bias, pdl=pdl, prefetch=prefetch)
     return F.linear(x, weight, bias)

@@ -1,0 +1,78 @@
+"""Programmatic dependent launch off the GPU: the flags fall away where PDL cannot run, so the kernels run as before,
+and `rollout.pdl` reaches the glue and the attention backend. (The PDL contract in the kernels' PTX is checked by
+tests/kernel_compile_check.py; their results with PDL on by tests/test_pdl_gpu.py.)"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tests.helpers.engine import PROMPTS, make_engine  # noqa: E402
+from tlt_rt.codegen.backend import TritonAttention, select_backend  # noqa: E402
+from tlt_rt.codegen.model_kernels import KernelGlue  # noqa: E402
+from tlt_rt.models.glue import Glue  # noqa: E402
+from tlt_rt.rollout import SamplingParams  # noqa: E402
+from tlt_rt.rollout.config import EngineConfig  # noqa: E402
+
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="what PDL does off the GPU")
+
+
+@CPU_ONLY
+def test_launch_meta_turns_pdl_off_where_it_cannot_run():
+    from tlt_rt.codegen.kernels.pdl import launch_meta, line_elems, pdl_supported
+
+    assert not pdl_supported("cpu")
+    assert launch_meta(torch.device("cpu"), True) == {"PDL": False, "launch_pdl": False}
+    meta = launch_meta(torch.device("cpu"), True, torch.bfloat16, 1024, prefetch=True)
+    assert meta == {"PDL": False, "launch_pdl": False, "PREFETCH": False, "LINE": 64, "LINES": 16}
+    assert line_elems(torch.float32) == 32 and launch_meta(torch.device("cpu"), False, torch.float32, 16)["LINES"] == 1
+
+
+@CPU_ONLY
+def test_kernels_asked_for_pdl_run_as_without_it_under_the_interpreter():
+    from tlt_rt.codegen.kernels.norm_linear import norm_linear
+    from tlt_rt.codegen.kernels.skinny_gemm import skinny_linear_triton
+
+    meta = {"block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 1}
+    g = torch.Generator().manual_seed(1)
+    x, r = torch.randn(1, 96, generator=g), torch.randn(1, 96, generator=g)
+    w, b, nw = torch.randn(130, 96, generator=g), torch.randn(130, generator=g), torch.rand(96, generator=g)
+    plain = skinny_linear_triton(x, w, b, meta=meta)
+    assert torch.equal(skinny_linear_triton(x, w, b, meta=meta, pdl=True, prefetch=True), plain)
+    torch.testing.assert_close(plain, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    s0, y0 = norm_linear(x, r, nw, 1e-6, w, b, meta=meta)
+    s1, y1 = norm_linear(x, r, nw, 1e-6, w, b, meta=meta, pdl=True, prefetch=True)
+    assert torch.equal(s0, s1) and torch.equal(y0, y1)
+
+
+def test_chain_pdl_sets_and_restores_the_glue():
+    glue = KernelGlue(pieces=Glue())
+    assert glue.linear is F.linear and not (glue.pdl or glue.skinny or glue.fused_norm)
+    glue.chain_pdl()
+    assert glue.pdl and glue.prefetch and glue.skinny and glue.fused_norm and glue.skinny_min_weight == 0
+    assert glue.linear == glue._skinny_linear
+    x, w = torch.randn(1, 16), torch.randn(8, 16)
+    torch.testing.assert_close(glue.linear(x, w), F.linear(x, w))  # on CPU: F.linear behind the kernel's choice
+    glue.chain_pdl(False)
+    assert glue.linear is F.linear and not (glue.pdl or glue.prefetch or glue.skinny or glue.fused_norm)
+    assert glue.skinny_min_weight is None
+
+
+def test_rollout_pdl_reaches_the_attention_backend_and_keeps_the_tokens():
+    assert EngineConfig().pdl is False and EngineConfig(pdl=True).pdl
+    attn = select_backend("cpu", "triton", fuse_rope=True, pdl=True)
+    assert isinstance(attn, TritonAttention) and attn.pdl and attn.eager().pdl
+    assert not select_backend("cpu", "triton").pdl
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12, stop_token_ids=[])
+    outs = []
+    for pdl in (False, True):
+        engine = make_engine(speculative="on", pdl=pdl)  # off the GPU: the torch kernels either way
+        assert engine.config.pdl is pdl and engine.glue is None
+        outs.append([o.token_ids for o in engine.generate(PROMPTS[:2], params)])
+    assert outs[0] == outs[1]

@@ -1,0 +1,94 @@
+"""Programmatic dependent launch on the GPU: a captured chain of dependent kernels launched with PDL (each placed
+while the one before runs, prefetching its weight) gives bit for bit what the chain gives without it, replay after
+replay; the engine with `rollout.pdl` keeps the eager torch engine's greedy tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.engine import PROMPTS
+from tests.test_engine_gpu import _pair
+from tlt_rt.rollout import Engine, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+
+def _chain(x, r, layers, pdl: bool):
+    """A decoder-like chain of one-row kernels, each reading the one before's output: per layer the add + norm +
+    projection (q/k/v-like, with bias), the skinny matmul back to the width, the add + norm + gate/up with SwiGLU,
+    the skinny down matmul."""
+    from tlt_rt.codegen.kernels.norm_linear import norm_linear
+    from tlt_rt.codegen.kernels.skinny_gemm import skinny_linear_triton
+
+    kw = {"pdl": pdl, "prefetch": pdl}
+    for nw, w_in, b_in, w_back, nw2, w_gu, w_down in layers:
+        x, h = norm_linear(x, r, nw, 1e-6, w_in, b_in, **kw)
+        r = skinny_linear_triton(h, w_back, **kw)
+        x, a = norm_linear(x, r, nw2, 1e-6, w_gu, swiglu=True, **kw)
+        r = skinny_linear_triton(a, w_down, **kw)
+    return x + r
+
+
+def test_a_graphed_pdl_chain_is_bit_identical_to_the_plain_one():
+    from tlt_rt.codegen.kernels.pdl import pdl_supported
+
+    if not pdl_supported("cuda"):
+        pytest.skip("PDL needs compute capability 9.0 or later")
+    torch.manual_seed(0)
+    dev, bf, width, inner, proj = "cuda", torch.bfloat16, 1536, 4096, 2048
+
+    def w(*shape):
+        return (torch.randn(*shape, device=dev) * shape[-1] ** -0.5).to(bf)
+
+    layers = [
+        (1 + w(width) / 4, w(proj, width), w(proj), w(width, proj), 1 + w(width) / 4, w(2 * inner, width),
+         w(width, inner))
+        for _ in range(6)
+    ]  # fmt: skip
+    x, r = w(1, width), w(1, width)
+    with torch.no_grad():
+        outs = {}
+        for pdl in (False, True):
+            _chain(x, r, layers, pdl)  # compiled before capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                outs[pdl] = _chain(x, r, layers, pdl)
+            for _ in range(20):
+                x.copy_(w(1, width))  # a new input each replay: a read before the wait would see a stale one
+                g.replay()
+                expect = _chain(x, r, layers, pdl=False)
+                torch.cuda.synchronize()
+                assert torch.equal(outs[pdl], expect), f"pdl={pdl}: a replay differs from the eager chain"
+
+
+@pytest.mark.parametrize("speculative", ["off", "on"])
+def test_engine_with_pdl_keeps_the_eager_tokens(speculative, monkeypatch):
+    """rollout.pdl on: one prompt, one sample (one-row steps, where the chain runs), greedy; the tokens are the eager
+    torch engine's, and the step's kernels ran with PDL asked for."""
+    from tlt_rt.codegen.kernels import decode_rope_attention, norm_linear, skinny_gemm
+
+    asked = {"norm": 0, "skinny": 0, "rope": 0}
+    for mod, name, key in (
+        (norm_linear, "norm_linear", "norm"),
+        (skinny_gemm, "skinny_linear_triton", "skinny"),
+        (decode_rope_attention, "decode_rope_attention", "rope"),
+    ):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _real=real, _key=key, **kw: asked.__setitem__(
+            _key, asked[_key] + bool(kw.get("pdl"))) or _real(*a, **kw))  # fmt: skip
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
+    prompts = PROMPTS[1:2]
+    target, drafter = _pair()
+    eager = Engine(target, drafter=drafter, block_size=16, enforce_eager=True, attn_backend="torch",
+                   speculative=speculative, strategies=("3_3_8", "4_2_6"))  # fmt: skip
+    target, drafter = _pair()
+    chained = Engine(target, drafter=drafter, block_size=16, speculative=speculative, strategies=("3_3_8", "4_2_6"),
+                     pdl=True)  # fmt: skip
+    assert chained.glue.pdl and chained.target.attn_backend.pdl
+    a, b = eager.generate(prompts, params), chained.generate(prompts, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert asked["skinny"] > 0, asked
+    if speculative == "off":
+        assert asked["norm"] > 0 and asked["rope"] > 0, asked

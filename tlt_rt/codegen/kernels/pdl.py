@@ -1,0 +1,96 @@
+"""Programmatic dependent launch (PDL) for the decode step's chain of Triton kernels, with the weights' L2 prefetch
+that makes the overlap pay.
+
+A small model's decode step at batch 1 is a chain of ~150 short kernels, each a few microseconds, most of which
+read one weight from HBM. Launched one after another, every kernel starts cold: its CTAs are placed only when the
+kernel before has drained, and its first weight bytes arrive a DRAM latency later. On Hopper and later a kernel
+launched with PDL (`launch_pdl=True`) is placed on the SMs while the kernel before it still runs, as soon as
+every program of that one has signalled (`griddepcontrol.launch_dependents`); it then waits
+(`griddepcontrol.wait`) until that kernel has finished and its writes are visible. What it does before the wait
+overlaps the kernel before: here, the L2 prefetch of its own weight slab (`prefetch_rows`), so that its loads
+after the wait hit L2 instead of HBM.
+
+The contract every kernel taking PDL keeps (`tests/test_pdl.py` checks it in the PTX of each):
+- before `enter` it reads nothing a kernel of the step writes and writes nothing: only L2 prefetches of weights
+  (constant within a step: the learner updates them between steps, outside any graph);
+- `enter` runs in every program, unconditionally: the wait first, then the signal, so the next kernel is placed
+  only once this one runs (a chain of waiting kernels never runs more than one kernel ahead, nor prefetches
+  weights an L2 cannot hold).
+The wait covers every earlier kernel: the one before this finished, and it had itself waited for its own.
+
+Off the GPU (the interpreter) and before Hopper the flags are off (`pdl_supported`): the kernels run as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["LINE_BYTES", "enter", "launch_meta", "line_elems", "pdl_supported", "prefetch_rows"]
+
+LINE_BYTES = 128  # one L2 prefetch per 128-byte line
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl_supported(device: torch.device | str) -> bool:
+    """True where a kernel may be launched with PDL: a CUDA device of compute capability 9.0 or later, outside
+    the interpreter."""
+    device = torch.device(device)
+    if device.type != "cuda" or _interpreting():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability(index)[0] >= 9
+
+
+def line_elems(dtype: torch.dtype) -> int:
+    """Elements of `dtype` in one prefetched line."""
+    return max(1, LINE_BYTES // torch.empty((), dtype=dtype).element_size())
+
+
+def launch_meta(
+    device: torch.device, pdl: bool, dtype: torch.dtype | None = None, block_k: int = 0, prefetch: bool = False
+) -> dict:
+    """The PDL keywords of a launch: the kernel's PDL flag and Triton's launch_pdl, both False where PDL cannot
+    run (`pdl_supported`); with a weight's dtype also PREFETCH (needs pdl) and the prefetch's LINE / LINES (lines
+    a BLOCK_K tile spans)."""
+    on = pdl and pdl_supported(device)
+    meta = {"PDL": on, "launch_pdl": on}
+    if dtype is not None:
+        line = line_elems(dtype)
+        meta.update(PREFETCH=on and prefetch, LINE=line, LINES=max(1, block_k // line))
+    return meta
+
+
+@triton.jit
+def enter(PDL: tl.constexpr):
+    """Wait for the kernel before (and so for every earlier one), then let the next kernel be placed. A no-op
+    without PDL."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_rows(base, rows, stride_row, K, LINE: tl.constexpr, LINES: tl.constexpr):
+    """Pull rows `rows` [R] (row indices already inside the matrix) of the row-major matrix at `base`, K elements
+    each, into L2: one prefetch per LINE elements, LINES lines of every row per round. Addresses past a row's end
+    are clamped to its last element, so only bytes of the matrix are named."""
+    offs = tl.arange(0, LINES) * LINE
+    row_start = base + rows.to(tl.int64)[:, None] * stride_row
+    for k0 in range(0, K, LINES * LINE):
+        cols = tl.minimum(k0 + offs, K - 1)
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; // $0", "=r,l", [row_start + cols[None, :]], dtype=tl.int32, is_pure=False, pack=1
+        )
