@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Programmatic dependent launch on one GPU: the PDL tests and the decode-chain kernels' GPU tests, then the decode
+# step of Qwen2.5-Coder-1.5B's and 0.5B's shapes (random bf16 weights, graphs) side by side: the engine's default
+# (base), the same one-row Triton kernels without PDL (fused+skinny, the skinny kernel for every one-row matmul),
+# with PDL (pdl) and with PDL and the weights' L2 prefetch (pdl+prefetch). Equal logits hashes say the variants
+# computed the same step.
+#   benchmarks/gpu_pdl.sh OUT          (logs and records in OUT; TESTS=0 leaves the tests out)
+set -u
+out=${1:?OUT}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if [ "${TESTS:-1}" = 1 ]; then
+  timeout 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl_gpu.py tests/test_kernel_skinny.py \
+      tests/test_kernel_norm_linear.py tests/test_kernel_decode_rope.py tests/test_engine_gpu.py \
+      > "$out/pdl_tests.log" 2>&1
+  tail -3 "$out/pdl_tests.log"
+fi
+variants=(base fused+skinny pdl pdl+prefetch)
+for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
+  timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch ${BATCHES:-1 8 32} \
+      --ctx 1024 --verify --compare "${variants[@]}" --skinny-min-weight 0 --rounds "${ROUNDS:-5}" \
+      --out "$out/pdl-$model.jsonl" > "$out/pdl-$model.log" 2>&1
+  grep -A20 "variants side by side" "$out/pdl-$model.log" || tail -20 "$out/pdl-$model.log"
+done
