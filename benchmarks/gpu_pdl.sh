@@ -5,6 +5,8 @@
 # with PDL (pdl) and with PDL and the weights' L2 prefetch (pdl+prefetch). Equal logits hashes say the variants
 # computed the same step.
 #   benchmarks/gpu_pdl.sh OUT          (logs and records in OUT; TESTS=0 leaves the tests out)
+# Settings: VARIANTS (step_costs.py --compare names, the first the baseline), BATCHES (1 8 32), ROUNDS (5), PROFILE
+# (0; 1: each variant's kernels at the first batch).
 set -u
 out=${1:?OUT}
 mkdir -p "$out"
@@ -15,10 +17,11 @@ if [ "${TESTS:-1}" = 1 ]; then
       > "$out/pdl_tests.log" 2>&1
   tail -3 "$out/pdl_tests.log"
 fi
-variants=(base fused+skinny pdl pdl+prefetch)
+read -r -a variants <<< "${VARIANTS:-base fused+skinny pdl pdl+prefetch}"
+profile=(); [ "${PROFILE:-0}" = 1 ] && profile=(--profile)
 for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
   timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch ${BATCHES:-1 8 32} \
-      --ctx 1024 --verify --compare "${variants[@]}" --skinny-min-weight 0 --rounds "${ROUNDS:-5}" \
+      --ctx 1024 --verify --compare "${variants[@]}" --skinny-min-weight 0 --rounds "${ROUNDS:-5}" "${profile[@]}" \
       --out "$out/pdl-$model.jsonl" > "$out/pdl-$model.log" 2>&1
   grep -A20 "variants side by side" "$out/pdl-$model.log" || tail -20 "$out/pdl-$model.log"
 done

@@ -26,6 +26,8 @@ to the first):
     pdl         fused+skinny with the skinny kernel for every one-row matmul, all of a one-row step's Triton kernels
                 launched with programmatic dependent launch (`kernels.pdl`)
     pdl+prefetch  pdl, each matmul pulling its weight slab into L2 before it waits for the kernel before
+    pdl-end, pdl-end+prefetch  the same with each kernel signalling the next at the end of its main loop, not at
+                its start
 With --profile, each variant's kernels for the first decode shape.
 """
 
@@ -260,6 +262,12 @@ VARIANTS = {
     "pdl+prefetch": (
         {**NORM, "skinny": True, "skinny_min_weight": 0, "pdl": True, "prefetch": True},
         {**ROPE, "pdl": True},
+    ),
+    # the same, each kernel's programs signalling the next at the end of their main loop (kernels.pdl.SIGNAL_AT_END)
+    "pdl-end": ({**NORM, "skinny": True, "skinny_min_weight": 0, "pdl": 2}, {**ROPE, "pdl": 2}),
+    "pdl-end+prefetch": (
+        {**NORM, "skinny": True, "skinny_min_weight": 0, "pdl": 2, "prefetch": True},
+        {**ROPE, "pdl": 2},
     ),
 }
 

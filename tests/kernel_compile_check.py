@@ -316,6 +316,7 @@ def pdl_cases():
     skinny_gemm.skinny_linear_triton(x, _t(1536, 1536, dtype=BF16), pdl=True, prefetch=True)  # o
     skinny_gemm.skinny_linear_triton(_t(1, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True, prefetch=True)
     skinny_gemm.skinny_linear_triton(x, _t(2 * 256, 1536, dtype=BF16), swiglu=True, pdl=True, prefetch=True)
+    skinny_gemm.skinny_linear_triton(x, _t(1536, 1536, dtype=BF16), pdl=pdl.SIGNAL_AT_END)  # signalling at its end
     qkv = _t(1, 16, 128, dtype=BF16)
     q, k, v = qkv.split([12, 2, 2], dim=1)
     cache = _t(2, 8, 16, 2, 128, dtype=BF16)

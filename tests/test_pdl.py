@@ -32,6 +32,9 @@ def test_launch_meta_turns_pdl_off_where_it_cannot_run():
     meta = launch_meta(torch.device("cpu"), True, torch.bfloat16, 1024, prefetch=True)
     assert meta == {"PDL": False, "launch_pdl": False, "PREFETCH": False, "LINE": 64, "LINES": 16}
     assert line_elems(torch.float32) == 32 and launch_meta(torch.device("cpu"), False, torch.float32, 16)["LINES"] == 1
+    assert launch_meta(torch.device("cpu"), 2)["PDL"] == 0
+    with pytest.raises(ValueError, match="pdl must be"):
+        launch_meta(torch.device("cpu"), 3)
 
 
 @CPU_ONLY

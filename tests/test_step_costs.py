@@ -153,7 +153,8 @@ def test_compare_names_its_variants_and_refuses_a_glue_flag_beside_them(capsys):
         chained = name.startswith("pdl")  # every one-row kernel Triton's, launched with PDL
         assert glue.fused_norm == (name.startswith("fused") or chained)
         assert glue.skinny == ("skinny" in name or chained) and (glue.skinny_min_weight == 0) == chained
-        assert glue.pdl == attn.pdl == chained and glue.prefetch == (name == "pdl+prefetch")
+        assert bool(glue.pdl) == bool(attn.pdl) == chained and glue.prefetch == name.endswith("+prefetch")
+        assert glue.pdl == attn.pdl == (2 if name.startswith("pdl-end") else chained)
         assert attn.fuse_rope == (name in ("rope-attn", "fused", "fused+skinny") or chained)
 
 

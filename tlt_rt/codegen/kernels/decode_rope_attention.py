@@ -41,7 +41,7 @@ from tlt_rt.codegen.kernels.paged import (
     num_sms,
     split_counters,
 )
-from tlt_rt.codegen.kernels.pdl import enter, launch_meta
+from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave
 
 __all__ = ["decode_rope_attention"]
 
@@ -149,6 +149,7 @@ def _decode_rope_attention_kernel(
         acc2 = acc2 * alpha[:, None] + p[:, None] * vf2[None, :]
         m_i = m_new
 
+    leave(PDL)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out_rows = b * stride_ob + heads * stride_oh
     if SPLIT:

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tlt_rt.codegen.kernels.pdl import enter, launch_meta
+from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave
 from tlt_rt.codegen.kernels.skinny_gemm import (
     MAX_ROWS,
     SKINNY_META,
@@ -85,6 +85,7 @@ def _norm_linear_kernel(
         h = (nw[None, :] * normed).to(dtype).to(tl.float32)[:, None, :]
         tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
         acc, acc_up = _tile_products(h, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
+    leave(PDL)
     acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 

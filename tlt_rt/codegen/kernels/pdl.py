@@ -13,9 +13,11 @@ after the wait hit L2 instead of HBM.
 The contract every kernel taking PDL keeps (`tests/test_pdl.py` checks it in the PTX of each):
 - before `enter` it reads nothing a kernel of the step writes and writes nothing: only L2 prefetches of weights
   (constant within a step: the learner updates them between steps, outside any graph);
-- `enter` runs in every program, unconditionally: the wait first, then the signal, so the next kernel is placed
+- `enter` (the wait) runs in every program, unconditionally, and the signal comes after it: right after
+  (SIGNAL_AT_START) or once the program's main loop is done (`leave`, SIGNAL_AT_END), so the next kernel is placed
   only once this one runs (a chain of waiting kernels never runs more than one kernel ahead, nor prefetches
-  weights an L2 cannot hold).
+  weights an L2 cannot hold). Placed early, the next kernel's programs go wherever there is room, which may
+  crowd them onto the SMs that freed first; placed at the end they spread as this kernel's programs finish.
 The wait covers every earlier kernel: the one before this finished, and it had itself waited for its own.
 
 Off the GPU (the interpreter) and before Hopper the flags are off (`pdl_supported`): the kernels run as before.
@@ -30,9 +32,22 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["LINE_BYTES", "enter", "launch_meta", "line_elems", "pdl_supported", "prefetch_rows"]
+__all__ = [
+    "LINE_BYTES",
+    "SIGNAL_AT_END",
+    "SIGNAL_AT_START",
+    "enter",
+    "launch_meta",
+    "leave",
+    "line_elems",
+    "pdl_supported",
+    "prefetch_rows",
+]
 
 LINE_BYTES = 128  # one L2 prefetch per 128-byte line
+# where a program signals that the next kernel may be placed (the kernels' PDL constexpr; 0 = no PDL)
+SIGNAL_AT_START = 1  # right after its wait: the next kernel's programs placed while this one runs
+SIGNAL_AT_END = 2  # once its main loop is done: placed as this kernel's programs finish
 
 
 def _interpreting() -> bool:
@@ -60,13 +75,16 @@ def line_elems(dtype: torch.dtype) -> int:
 
 
 def launch_meta(
-    device: torch.device, pdl: bool, dtype: torch.dtype | None = None, block_k: int = 0, prefetch: bool = False
+    device: torch.device, pdl: bool | int, dtype: torch.dtype | None = None, block_k: int = 0, prefetch: bool = False
 ) -> dict:
-    """The PDL keywords of a launch: the kernel's PDL flag and Triton's launch_pdl, both False where PDL cannot
-    run (`pdl_supported`); with a weight's dtype also PREFETCH (needs pdl) and the prefetch's LINE / LINES (lines
-    a BLOCK_K tile spans)."""
-    on = pdl and pdl_supported(device)
-    meta = {"PDL": on, "launch_pdl": on}
+    """The PDL keywords of a launch: the kernel's PDL mode (0, or where the programs signal: True is
+    SIGNAL_AT_START) and Triton's launch_pdl, both off where PDL cannot run (`pdl_supported`); with a weight's
+    dtype also PREFETCH (needs pdl) and the prefetch's LINE / LINES (lines a BLOCK_K tile spans)."""
+    if int(pdl) not in (0, SIGNAL_AT_START, SIGNAL_AT_END):
+        raise ValueError(f"pdl must be False, True / {SIGNAL_AT_START} or {SIGNAL_AT_END}, got {pdl!r}")
+    mode = int(pdl) if pdl and pdl_supported(device) else 0
+    on = mode != 0
+    meta = {"PDL": mode, "launch_pdl": on}
     if dtype is not None:
         line = line_elems(dtype)
         meta.update(PREFETCH=on and prefetch, LINE=line, LINES=max(1, block_k // line))
@@ -75,10 +93,18 @@ def launch_meta(
 
 @triton.jit
 def enter(PDL: tl.constexpr):
-    """Wait for the kernel before (and so for every earlier one), then let the next kernel be placed. A no-op
-    without PDL."""
-    if PDL:
+    """Wait for the kernel before (and so for every earlier one); with PDL == SIGNAL_AT_START also let the next
+    kernel be placed now. A no-op without PDL."""
+    if PDL != 0:
         tl.extra.cuda.gdc_wait()
+    if PDL == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def leave(PDL: tl.constexpr):
+    """With PDL == SIGNAL_AT_END, let the next kernel be placed: called where a program's main loop is done."""
+    if PDL == 2:
         tl.extra.cuda.gdc_launch_dependents()
 
 

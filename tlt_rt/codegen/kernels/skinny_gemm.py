@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tlt_rt.codegen.kernels.pdl import enter, launch_meta, prefetch_rows
+from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave, prefetch_rows
 
 __all__ = [
     "MAX_ROWS",
@@ -127,6 +127,7 @@ def _skinny_kernel(
         x = x.to(tl.float32)[:, None, :]
         tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
         acc, acc_up = _tile_products(x, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
+    leave(PDL)
     acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
