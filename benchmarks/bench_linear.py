@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shapes", nargs="*", default=None, help="subset of qkv o gate_up down lm_head")
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--tune-rows", type=int, nargs="*", default=[1, 4])
+    ap.add_argument("--tune-block-n", type=int, nargs="+", default=[8, 16, 32], help="--tune's BLOCK_N values")
+    ap.add_argument("--tune-block-k", type=int, nargs="+", default=[256, 512, 1024], help="--tune's BLOCK_K values")
+    ap.add_argument("--tune-warps", type=int, nargs="+", default=[4, 8], help="--tune's num_warps values")
+    ap.add_argument("--tune-stages", type=int, nargs="+", default=[2, 3, 4], help="--tune's num_stages values")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     bw = hbm_bandwidth()
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         shapes = {k: shapes[k] for k in a.shapes}
     grid = [
         {"block_n": bn, "block_k": bk, "num_warps": nw, "num_stages": ns}
-        for bn, bk, nw, ns in itertools.product([8, 16, 32], [256, 512, 1024], [4, 8], [2, 3, 4])
+        for bn, bk, nw, ns in itertools.product(a.tune_block_n, a.tune_block_k, a.tune_warps, a.tune_stages)
     ]
     rows = []
     for name, (n, k) in shapes.items():
