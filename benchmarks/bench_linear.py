@@ -22,7 +22,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_costs import append_jsonl, hbm_bandwidth, time_replays  # noqa: E402
 
-from tlt_rt.codegen.kernels.skinny_gemm import SKINNY_META, skinny_linear_triton  # noqa: E402
+from tlt_rt.codegen.kernels.skinny_gemm import NARROW_N, ONE_ROW_NARROW, SKINNY_META, skinny_linear_triton  # noqa: E402
 from tlt_rt.models.shapes import SHAPES  # noqa: E402
 
 
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         del weights
         torch.cuda.empty_cache()
     print(f"HBM copy bandwidth {bw / 1e9:.0f} GB/s on {torch.cuda.get_device_name()}; defaults {SKINNY_META}")
+    print(f"one row against a weight of fewer than {NARROW_N} rows: {ONE_ROW_NARROW}")
     print(f"{'shape':8} {'N':>7} {'K':>6} {'rows':>4} {'cuBLAS us':>9} {'%bw':>5} {'skinny us':>9} {'%bw':>5}  tuned")
     for r in rows:
         tuned = f"{r['tuned_us']:8.1f} {r['tuned_pct']:5.1f} {r['tuned']}" if "tuned" in r else ""

@@ -26,10 +26,10 @@ import triton.language as tl
 from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave
 from tlt_rt.codegen.kernels.skinny_gemm import (
     MAX_ROWS,
-    SKINNY_META,
     _bias_swiglu,
     _prefetch_slab,
     _tile_products,
+    skinny_meta,
     supported,
 )
 
@@ -142,7 +142,7 @@ def norm_linear(
             raise ValueError(f"swiglu needs a stacked [gate; up] weight with an even row count, got {n}")
         n //= 2
     block_m = triton.next_power_of_2(m)
-    cfg = meta or SKINNY_META[block_m]
+    cfg = meta or skinny_meta(m, weight.shape[0])
     s = x if residual is None else torch.empty_like(x, memory_format=torch.contiguous_format)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_k = min(cfg["block_k"], triton.next_power_of_2(k))

@@ -29,10 +29,12 @@ from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave, prefetch_rows
 __all__ = [
     "MAX_ROWS",
     "MIN_WEIGHT",
+    "NARROW_N",
     "SKINNY_META",
     "preferred",
     "skinny_linear",
     "skinny_linear_triton",
+    "skinny_meta",
     "skinny_swiglu",
     "supported",
 ]
@@ -41,13 +43,27 @@ MAX_ROWS = 8
 MIN_WEIGHT = 1 << 25  # elements (64 MB of bf16): smaller weights stay with cuBLAS, see the module doc
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Launch meta-parameters by row class (M rounded up to a power of two); `benchmarks/bench_linear.py --tune`
-# sweeps them on a GPU.
+# sweeps them on a GPU. One row: wide tiles for weights of many rows (gate/up, the head), but a program a row
+# where the weight has fewer than NARROW_N rows (q/k/v, o, down of Qwen2.5-Coder-0.5B / 1.5B): there a grid of
+# a few hundred 8-row programs cannot keep enough loads in flight (H200, --tune: 1.5B o 3.8 us against 5.0 with
+# 8-row programs and cuBLAS's 6.5, down 11.2 against 16.7 and 11.3, q/k/v 4.1 against 5.0 and 5.0).
 SKINNY_META = {
-    1: {"block_n": 8, "block_k": 1024, "num_warps": 4, "num_stages": 3},
+    1: {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3},
     2: {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
     4: {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
     8: {"block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 3},
 }
+
+
+NARROW_N = 8192
+ONE_ROW_NARROW = {"block_n": 1, "block_k": 2048, "num_warps": 2, "num_stages": 2}
+
+
+def skinny_meta(rows: int, weight_rows: int) -> dict:
+    """The launch meta-parameters for `rows` rows against a weight of `weight_rows` rows (a stacked [gate; up]
+    counted whole)."""
+    block_m = triton.next_power_of_2(rows)
+    return ONE_ROW_NARROW if block_m == 1 and weight_rows < NARROW_N else SKINNY_META[block_m]
 
 
 @triton.jit
@@ -184,7 +200,7 @@ def skinny_linear_triton(
         x2 = x2.contiguous()
     m = x2.shape[0]
     block_m = triton.next_power_of_2(m)
-    cfg = meta or SKINNY_META[block_m]
+    cfg = meta or skinny_meta(m, weight.shape[0])
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, cfg["block_n"]),)
     block_k = min(cfg["block_k"], triton.next_power_of_2(k))
