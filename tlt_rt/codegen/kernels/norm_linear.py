@@ -11,7 +11,9 @@ activation; at batch 1 on Qwen2.5-Coder-1.5B each costs ~1.3-1.8 us of a ~56 us 
 Here each program owns BLOCK_N output columns as in `skinny_gemm` (its [BLOCK_N, K] slab of W streamed in
 BLOCK_K tiles against every row at once), and first makes one pass over the rows' K elements (a few KB, from
 L2) for their sum of squares; program 0 also writes s. The rows are normalised tile by tile in the main loop,
-so nothing but s and y is written. Products run on CUDA cores, accumulating in float32.
+so nothing but s and y is written. Where a row fits one tile (K <= BLOCK_K: the hidden sizes of Qwen2.5-Coder-0.5B
+and 1.5B at the one-row tiles of 2,048), the rows and the slab of W are read once, all their loads issued
+together. Products run on CUDA cores, accumulating in float32.
 
 The reference is `tlt_rt.models.glue.Glue.add_norm_linear` / `add_norm_linear_swiglu` (the two-kernel path),
 which the caller (`tlt_rt.codegen.model_kernels.KernelGlue`) falls back to outside this kernel's domain.
@@ -43,7 +45,7 @@ def _norm_linear_kernel(
     stride_xm, stride_rm, stride_sm, stride_wn, stride_ym,
     HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, ONE_TILE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -55,6 +57,46 @@ def _norm_linear_kernel(
         _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
     enter(PDL)
     dtype = y_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
+    if ONE_TILE:  # K <= BLOCK_K: the rows and the slab of W read once, all loads issued together
+        k_ok = rk < K
+        mk = m_ok[:, None] & k_ok[None, :]
+        w_mask = n_ok[:, None] & k_ok[None, :]
+        tile = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+        w = tl.load(tile, mask=w_mask, other=0.0).to(tl.float32)
+        if SWIGLU:
+            w_up = tl.load(tile + N * stride_wn, mask=w_mask, other=0.0).to(tl.float32)
+        s = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mk, other=0.0)
+        if HAS_RES:
+            r = tl.load(r_ptr + rm[:, None] * stride_rm + rk[None, :], mask=mk, other=0.0)
+            s = (s.to(tl.float32) + r.to(tl.float32)).to(dtype)
+            if pid == 0:
+                tl.store(s_ptr + rm[:, None] * stride_sm + rk[None, :], s, mask=mk)
+        nw = tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+        sf = s.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=1) / K + eps)
+        normed = (sf * rstd[:, None]).to(dtype).to(tl.float32)
+        h = (nw[None, :] * normed).to(dtype).to(tl.float32)[:, None, :]
+        acc += tl.sum(h * w[None, :, :], axis=2)
+        if SWIGLU:
+            acc_up += tl.sum(h * w_up[None, :, :], axis=2)
+    else:
+        acc, acc_up = _two_passes(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, N, K, eps, stride_xm, stride_rm, stride_sm,
+                                  stride_wn, pid, rn, rm, rk, n_ok, m_ok, acc, acc_up, dtype, HAS_RES, SWIGLU,
+                                  BLOCK_M, BLOCK_K)  # fmt: skip
+    leave(PDL)
+    acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _two_passes(
+    x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, N, K, eps, stride_xm, stride_rm, stride_sm, stride_wn,
+    pid, rn, rm, rk, n_ok, m_ok, acc, acc_up, dtype: tl.constexpr,
+    HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Rows wider than a tile: a first pass for each row's mean square, then the projection tile by tile."""
     # pass 1: each row's mean square of s = x (+ r), s rounded to the model dtype as the reference's add rounds
     sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -70,8 +112,6 @@ def _norm_linear_kernel(
         sq += tl.sum(sf * sf, axis=1)
     rstd = 1.0 / tl.sqrt(sq / K + eps)
     # pass 2: the projection of h = w_norm * (s * rstd), each tile normalised as it is read
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         k_ok = kk < K
@@ -85,9 +125,7 @@ def _norm_linear_kernel(
         h = (nw[None, :] * normed).to(dtype).to(tl.float32)[:, None, :]
         tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
         acc, acc_up = _tile_products(h, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
-    leave(PDL)
-    acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
+    return acc, acc_up
 
 
 def norm_linear_supported(
@@ -152,7 +190,7 @@ def norm_linear(
         x.stride(0), x.stride(0) if residual is None else residual.stride(0), s.stride(0), weight.stride(0),
         y.stride(0),
         HAS_RES=residual is not None, HAS_BIAS=bias is not None, SWIGLU=swiglu,
-        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=block_k,
+        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=block_k, ONE_TILE=k <= block_k,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **launch_meta(x.device, pdl, weight.dtype, block_k, prefetch),
     )  # fmt: skip
