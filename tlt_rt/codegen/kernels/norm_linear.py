@@ -29,7 +29,9 @@ from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave
 from tlt_rt.codegen.kernels.skinny_gemm import (
     MAX_ROWS,
     _bias_swiglu,
+    _load_slab,
     _prefetch_slab,
+    _slab_products,
     _tile_products,
     skinny_meta,
     supported,
@@ -53,20 +55,14 @@ def _norm_linear_kernel(
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m_ok = rm < M
-    if PREFETCH:  # as skinny_gemm's: this program's slab of W into L2 while the kernel before still runs
-        _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
-    enter(PDL)
     dtype = y_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
-    if ONE_TILE:  # K <= BLOCK_K: the rows and the slab of W read once, all loads issued together
+    if ONE_TILE:  # K <= BLOCK_K: the rows and the slab of W read once, the slab before the wait (see kernels.pdl)
         k_ok = rk < K
         mk = m_ok[:, None] & k_ok[None, :]
-        w_mask = n_ok[:, None] & k_ok[None, :]
-        tile = w_ptr + rn[:, None] * stride_wn + rk[None, :]
-        w = tl.load(tile, mask=w_mask, other=0.0).to(tl.float32)
-        if SWIGLU:
-            w_up = tl.load(tile + N * stride_wn, mask=w_mask, other=0.0).to(tl.float32)
+        w, w_up = _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, SWIGLU)
+        enter(PDL)
         s = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mk, other=0.0)
         if HAS_RES:
             r = tl.load(r_ptr + rm[:, None] * stride_rm + rk[None, :], mask=mk, other=0.0)
@@ -78,10 +74,11 @@ def _norm_linear_kernel(
         rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=1) / K + eps)
         normed = (sf * rstd[:, None]).to(dtype).to(tl.float32)
         h = (nw[None, :] * normed).to(dtype).to(tl.float32)[:, None, :]
-        acc += tl.sum(h * w[None, :, :], axis=2)
-        if SWIGLU:
-            acc_up += tl.sum(h * w_up[None, :, :], axis=2)
+        acc, acc_up = _slab_products(h, w, w_up, acc, acc_up, SWIGLU)
     else:
+        if PREFETCH:  # as skinny_gemm's: this program's slab of W into L2 while the kernel before still runs
+            _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
+        enter(PDL)
         acc, acc_up = _two_passes(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, N, K, eps, stride_xm, stride_rm, stride_sm,
                                   stride_wn, pid, rn, rm, rk, n_ok, m_ok, acc, acc_up, dtype, HAS_RES, SWIGLU,
                                   BLOCK_M, BLOCK_K)  # fmt: skip

@@ -10,9 +10,10 @@ every program of that one has signalled (`griddepcontrol.launch_dependents`); it
 overlaps the kernel before: here, the L2 prefetch of its own weight slab (`prefetch_rows`), so that its loads
 after the wait hit L2 instead of HBM.
 
-The contract every kernel taking PDL keeps (`tests/test_pdl.py` checks it in the PTX of each):
-- before `enter` it reads nothing a kernel of the step writes and writes nothing: only L2 prefetches of weights
-  (constant within a step: the learner updates them between steps, outside any graph);
+The contract every kernel taking PDL keeps (tests/kernel_compile_check.py checks it in the PTX of each):
+- before `enter` it writes nothing and reads only weights (constant within a step: the learner updates them
+  between steps, outside any graph): L2 prefetches, or loads through `load_weight` (a one-tile matmul's whole
+  slab, in registers when the wait returns);
 - `enter` (the wait) runs in every program, unconditionally, and the signal comes after it: right after
   (SIGNAL_AT_START) or once the program's main loop is done (`leave`, SIGNAL_AT_END), so the next kernel is placed
   only once this one runs (a chain of waiting kernels never runs more than one kernel ahead, nor prefetches
@@ -34,6 +35,7 @@ import triton.language as tl
 
 __all__ = [
     "LINE_BYTES",
+    "load_weight",
     "SIGNAL_AT_END",
     "SIGNAL_AT_START",
     "enter",
@@ -106,6 +108,13 @@ def leave(PDL: tl.constexpr):
     """With PDL == SIGNAL_AT_END, let the next kernel be placed: called where a program's main loop is done."""
     if PDL == 2:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def load_weight(ptrs, mask):
+    """A load of weight elements (read once a step, constant within it), marked evict-first: the one kind of load a
+    kernel may issue before `enter` (the PTX check tells it by that mark)."""
+    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
 
 
 @triton.jit

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave, prefetch_rows
+from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave, load_weight, prefetch_rows
 
 __all__ = [
     "MAX_ROWS",
@@ -88,6 +88,28 @@ def _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU: tl.constexpr, LINE: tl.co
 
 
 @triton.jit
+def _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, SWIGLU: tl.constexpr):
+    """This program's [BLOCK_N, BLOCK_K] rows of W, fp32 (the up half's too with SWIGLU, else a copy of the first):
+    weight loads a kernel may issue before its PDL wait."""
+    tile = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+    mask = n_ok[:, None] & k_ok[None, :]
+    w = load_weight(tile, mask).to(tl.float32)
+    w_up = w
+    if SWIGLU:
+        w_up = load_weight(tile + N * stride_wn, mask).to(tl.float32)
+    return w, w_up
+
+
+@triton.jit
+def _slab_products(x, w, w_up, acc, acc_up, SWIGLU: tl.constexpr):
+    """acc += x . w for rows x [M, 1, BLOCK_K] (fp32) and a loaded slab w [BLOCK_N, BLOCK_K]; acc_up with w_up."""
+    acc += tl.sum(x * w[None, :, :], axis=2)
+    if SWIGLU:
+        acc_up += tl.sum(x * w_up[None, :, :], axis=2)
+    return acc, acc_up
+
+
+@triton.jit
 def _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
     """The epilogue: the bias (both halves' with SWIGLU), then silu(gate) * up with gate and up rounded to the
     output's dtype first, as the unfused matmul + swiglu would."""
@@ -124,6 +146,7 @@ def _skinny_kernel(
     PREFETCH: tl.constexpr,
     LINE: tl.constexpr,
     LINES: tl.constexpr,
+    ONE_TILE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -131,18 +154,25 @@ def _skinny_kernel(
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m_ok = rm < M
-    if PREFETCH:  # the slab of W (both halves with SWIGLU) into L2 while the kernel before still runs
-        _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
-    enter(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        k_ok = kk < K
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        x = x.to(tl.float32)[:, None, :]
-        tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
-        acc, acc_up = _tile_products(x, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
+    if ONE_TILE:  # K <= BLOCK_K: the whole slab of W in registers, loaded before the wait (see kernels.pdl)
+        k_ok = rk < K
+        w, w_up = _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, SWIGLU)
+        enter(PDL)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc, acc_up = _slab_products(x.to(tl.float32)[:, None, :], w, w_up, acc, acc_up, SWIGLU)
+    else:
+        if PREFETCH:  # the slab of W (both halves with SWIGLU) into L2 while the kernel before still runs
+            _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
+        enter(PDL)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < K
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            x = x.to(tl.float32)[:, None, :]
+            tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
+            acc, acc_up = _tile_products(x, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
     leave(PDL)
     acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
@@ -220,6 +250,7 @@ def skinny_linear_triton(
         BLOCK_M=block_m,
         BLOCK_N=cfg["block_n"],
         BLOCK_K=block_k,
+        ONE_TILE=k <= block_k,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **launch_meta(x2.device, pdl, weight.dtype, block_k, prefetch),
