@@ -54,28 +54,32 @@ def test_kernels_asked_for_pdl_run_as_without_it_under_the_interpreter():
     assert torch.equal(s0, s1) and torch.equal(y0, y1)
 
 
-def test_chain_pdl_sets_and_restores_the_glue():
+def test_decode_chain_sets_and_restores_the_glue():
     glue = KernelGlue(pieces=Glue())
     assert glue.linear is F.linear and not (glue.pdl or glue.skinny or glue.fused_norm)
-    glue.chain_pdl()
-    assert glue.pdl and glue.prefetch and glue.skinny and glue.fused_norm and glue.skinny_min_weight == 0
+    glue.decode_chain(pdl=True)
+    assert glue.pdl and not glue.prefetch and glue.skinny and glue.fused_norm and glue.skinny_min_weight == 0
     assert glue.linear == glue._skinny_linear
     x, w = torch.randn(1, 16), torch.randn(8, 16)
     torch.testing.assert_close(glue.linear(x, w), F.linear(x, w))  # on CPU: F.linear behind the kernel's choice
-    glue.chain_pdl(False)
+    glue.decode_chain(pdl=False)
+    assert glue.skinny and not glue.pdl
+    glue.decode_chain(False, pdl=True)
     assert glue.linear is F.linear and not (glue.pdl or glue.prefetch or glue.skinny or glue.fused_norm)
     assert glue.skinny_min_weight is None
 
 
-def test_rollout_pdl_reaches_the_attention_backend_and_keeps_the_tokens():
-    assert EngineConfig().pdl is False and EngineConfig(pdl=True).pdl
+def test_rollout_decode_chain_and_pdl_reach_the_kernels_and_keep_the_tokens():
+    assert EngineConfig().pdl is False and EngineConfig().decode_chain is False
+    with pytest.raises(ValueError, match="pdl: launches the decode chain"):
+        EngineConfig(pdl=True)
     attn = select_backend("cpu", "triton", fuse_rope=True, pdl=True)
     assert isinstance(attn, TritonAttention) and attn.pdl and attn.eager().pdl
     assert not select_backend("cpu", "triton").pdl
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12, stop_token_ids=[])
     outs = []
-    for pdl in (False, True):
-        engine = make_engine(speculative="on", pdl=pdl)  # off the GPU: the torch kernels either way
-        assert engine.config.pdl is pdl and engine.glue is None
+    for chain in (False, True):
+        engine = make_engine(speculative="on", decode_chain=chain, pdl=chain)  # off the GPU: the torch kernels
+        assert engine.config.pdl is chain and engine.glue is None
         outs.append([o.token_ids for o in engine.generate(PROMPTS[:2], params)])
     assert outs[0] == outs[1]

@@ -1,6 +1,6 @@
 """Programmatic dependent launch on the GPU: a captured chain of dependent kernels launched with PDL (each placed
 while the one before runs, prefetching its weight) gives bit for bit what the chain gives without it, replay after
-replay; the engine with `rollout.pdl` keeps the eager torch engine's greedy tokens."""
+replay; the engine with `rollout.decode_chain` and `rollout.pdl` keeps the eager torch engine's greedy tokens."""
 
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ def test_a_graphed_pdl_chain_is_bit_identical_to_the_plain_one():
 
 @pytest.mark.parametrize("speculative", ["off", "on"])
 def test_engine_with_pdl_keeps_the_eager_tokens(speculative, monkeypatch):
-    """rollout.pdl on: one prompt, one sample (one-row steps, where the chain runs), greedy; the tokens are the eager
-    torch engine's, and the step's kernels ran with PDL asked for."""
+    """rollout.decode_chain and pdl on: one prompt, one sample (one-row steps, where the chain runs), greedy; the
+    tokens are the eager torch engine's, and the step's kernels ran with PDL asked for."""
     from tlt_rt.codegen.kernels import decode_rope_attention, norm_linear, skinny_gemm
 
     asked = {"norm": 0, "skinny": 0, "rope": 0}
@@ -85,7 +85,7 @@ def test_engine_with_pdl_keeps_the_eager_tokens(speculative, monkeypatch):
                    speculative=speculative, strategies=("3_3_8", "4_2_6"))  # fmt: skip
     target, drafter = _pair()
     chained = Engine(target, drafter=drafter, block_size=16, speculative=speculative, strategies=("3_3_8", "4_2_6"),
-                     pdl=True)  # fmt: skip
+                     decode_chain=True, pdl=True)  # fmt: skip
     assert chained.glue.pdl and chained.target.attn_backend.pdl
     a, b = eager.generate(prompts, params), chained.generate(prompts, params)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]

@@ -10,7 +10,8 @@ the engine hands its model this one (`engine_glue`), as it hands it an attention
                   after it in one launch, with fused_norm=True, no gradients and at most norm_rows rows (a decode
                   step's q/k/v and gate/up at small batch); elsewhere the two-kernel reference
 With pdl=True these kernels are launched with programmatic dependent launch where the GPU has it (`kernels.pdl`),
-with prefetch=True each also pulling its weight slab into L2 while the kernel before it runs.
+with prefetch=True each also pulling its weight slab into L2 while the kernel before it runs. `decode_chain` sets
+a one-row step's kernels as `rollout.decode_chain` / `rollout.pdl` ask.
 Kernel modules are imported on first use, so importing this module never needs Triton.
 """
 
@@ -79,12 +80,13 @@ class KernelGlue(CompiledGlue):
         if skinny:
             self.linear = self._skinny_linear
 
-    def chain_pdl(self, on: bool = True) -> None:
-        """Make a one-row decode step's layers a chain of Triton kernels launched with PDL, each prefetching its
-        weight: the add + norm inside q/k/v and gate/up (`fused_norm`), the skinny kernel for every other one-row
-        matmul (o, down, the head), pdl and prefetch on. (Attention joins through its backend's `pdl`.) on=False:
-        back to the defaults (no PDL, cuBLAS for the matmuls, fused_norm off)."""
-        self.fused_norm = self.skinny = self.pdl = self.prefetch = on
+    def decode_chain(self, on: bool = True, pdl: bool = False) -> None:
+        """Make a one-row decode step's layers a chain of Triton kernels: the add + norm inside q/k/v and gate/up
+        (`fused_norm`), the skinny kernel for every other one-row matmul (o, down, the head); with pdl, launched
+        with programmatic dependent launch (the attention kernel joins through its backend's `fuse_rope` and
+        `pdl`). on=False: back to the defaults (cuBLAS for the matmuls, fused_norm off, no PDL)."""
+        self.fused_norm = self.skinny = on
+        self.pdl, self.prefetch = on and pdl, False
         self.skinny_min_weight = 0 if on else None
         if on:
             self.linear = self._skinny_linear

@@ -68,11 +68,13 @@ class Engine:
         self.strategies = [Strategy.parse(s) for s in strategies]
         # the engine chooses the kernels of the model it is given: attention backend, compiled glue, fused
         # projections (the learner sharing the model computes the same function through them)
-        target.attn_backend = select_backend(self.device, attn_backend, fuse_rope=cfg.fuse_rope, pdl=cfg.pdl)
+        target.attn_backend = select_backend(
+            self.device, attn_backend, fuse_rope=cfg.fuse_rope or cfg.decode_chain, pdl=cfg.pdl
+        )
         self.glue = engine_glue(target) if self.device.type == "cuda" and not enforce_eager else None
         if self.glue is not None:
-            self.glue.chain_pdl(cfg.pdl)
-            self.glue.fused_norm = cfg.fuse_norm or cfg.pdl
+            self.glue.decode_chain(cfg.decode_chain, pdl=cfg.pdl)
+            self.glue.fused_norm = cfg.fuse_norm or cfg.decode_chain
         target.fuse_projections()
         self.buckets = sorted({*cfg.graph_batches, max_batch}) if cfg.graph_batches else batch_buckets(max_batch)
         self.enforce_eager = enforce_eager
