@@ -123,7 +123,7 @@ def pdl_problem(label: str, report: dict) -> str | None:
 
 def compile_job(key: str) -> tuple[str, str | None, list[str], dict | None]:
     """Compile one queued specialization -> (label, error or None, the jit functions it generated code for, the
-    PDL report of a launch with PDL, else None)."""
+    PDL report of a launch with PDL, its "problem" the contract's breach or None; else None)."""
     fn, signature, constexprs, attrs, options, label = JOBS[key]
     generated = {kernel_name(fn)}
     call = CodeGenerator.call_JitFunction
@@ -141,6 +141,7 @@ def compile_job(key: str) -> tuple[str, str | None, list[str], dict | None]:
             error = f"OutOfResources: {kernel.metadata.shared} bytes of shared memory, sm_90 has {SM90_SHARED_MEMORY}"
         if options.get("launch_pdl"):
             pdl = pdl_report(kernel.asm["ptx"])
+            pdl["problem"] = pdl_problem(label, pdl)
     except Exception as e:
         error = _describe(e)
     finally:
@@ -351,9 +352,8 @@ def check() -> dict:
                 compiled[name] += error is None
         if report is not None:
             pdl[label] = report
-            problem = pdl_problem(label, report)
-            if problem:
-                problems.append(problem)
+            if report["problem"]:
+                problems.append(report["problem"])
     labels = [label for label, *_ in results]
     return {"compiled": compiled, "specializations": labels, "pdl": pdl, "problems": problems}
 

@@ -65,18 +65,23 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
     assert any("PDL=2" in label for label in report["pdl"]), list(report["pdl"])  # signalling at the end
 
 
-def test_a_loop_carried_type_clash_is_reported(tmp_path):
-    (tmp_path / "clash.py").write_text(CLASH)
+def _check_module(tmp_path, source: str) -> tuple[list, list]:
+    """(cases that raised, results) of kernel_compile_check.run_cases over `source`'s `launch`, in a subprocess."""
+    (tmp_path / "case_module.py").write_text(source)
     code = (
         f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(tmp_path)!r}]\n"
-        "import json, clash, kernel_compile_check as check\n"
-        "raised, results = check.run_cases([clash.launch])\n"
+        "import json, case_module, kernel_compile_check as check\n"
+        "raised, results = check.run_cases([case_module.launch])\n"
         "print(json.dumps([raised, results]))\n"
     )
     proc = _python(["-c", code], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    raised, [(label, error, _, pdl)] = json.loads(proc.stdout.splitlines()[-1])
-    assert not raised and label.startswith("clash.clash_kernel[")
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_a_loop_carried_type_clash_is_reported(tmp_path):
+    raised, [(label, error, _, pdl)] = _check_module(tmp_path, CLASH)
+    assert not raised and label.startswith("case_module.clash_kernel[")
     assert error is not None and "Loop-carried variable v" in error, error
     assert pdl is None
 
@@ -103,16 +108,8 @@ def launch():
 
 
 def test_a_read_before_the_pdl_wait_is_reported(tmp_path):
-    (tmp_path / "early.py").write_text(EARLY_READ)
-    code = (
-        f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(tmp_path)!r}]\n"
-        "import json, early, kernel_compile_check as check\n"
-        "raised, [(label, error, _, report)] = check.run_cases([early.launch])\n"
-        "print(json.dumps([raised, label, error, report, check.pdl_problem(label, report)]))\n"
-    )
-    proc = _python(["-c", code], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    raised, label, error, report, problem = json.loads(proc.stdout.splitlines()[-1])
+    raised, [(label, error, _, report)] = _check_module(tmp_path, EARLY_READ)
+    problem = report["problem"]
     assert not raised and error is None and "launch_pdl" in label
     assert report["waits"] == 1 and report["signal_after_wait"]
     assert report["global_before_wait"] and "ld.global" in report["global_before_wait"][0], report
