@@ -177,6 +177,17 @@ def _t(*shape, dtype=torch.float32):
     return torch.zeros(shape, dtype=dtype)
 
 
+def _unguard(mod, sms: bool = True) -> None:
+    """Let `mod`'s paged-attention launcher take CPU tensors for a compiled kernel (its one CPU-specific check
+    refuses them, as a launch would crash; every other check stays) and, with sms, choose its split-K as on an
+    H100 (132 SMs). Idempotent."""
+    from tlt_rt.codegen.kernels import paged
+
+    mod.check_paged_inputs = lambda kernel, *a: paged.check_paged_inputs(None, *a)
+    if sms:
+        mod.num_sms = lambda device: 132
+
+
 def _paged(b, n_kv, head_dim, page=16, max_blocks=64):
     kv = _t(2, b * max_blocks, page, n_kv, head_dim, dtype=BF16)
     tables = torch.arange(b * max_blocks, dtype=torch.int32).view(b, max_blocks)
@@ -188,9 +199,7 @@ def attention_cases():
     from tlt_rt.codegen.kernels import tree_attention as tree
 
     for mod in (dec, tree):
-        # the one CPU-specific check refuses compiled kernels on CPU tensors, as a launch would crash
-        mod.check_paged_inputs = lambda kernel, *a, check=mod.check_paged_inputs: check(None, *a)
-        mod.num_sms = lambda device: 132  # an H100's: split-K chooses the splits it would on the GPU
+        _unguard(mod)
     for n_heads, n_kv, head_dim in ((28, 4, 128), (9, 3, 64)):  # Qwen2.5-7B, SmolLM2
         k, v, tables, lens = _paged(2, n_kv, head_dim)
         dec.paged_decode_attention(_t(2, n_heads, head_dim, dtype=BF16), k, v, tables, lens, 0.1)
@@ -210,7 +219,7 @@ def attention_cases():
         dec.split_counters = counters
     from tlt_rt.codegen.kernels import prefill_attention as pre
 
-    pre.check_paged_inputs = lambda kernel, *a, check=pre.check_paged_inputs: check(None, *a)
+    _unguard(pre, sms=False)
     for n_heads, n_kv, head_dim, dtype in ((12, 2, 128, BF16), (9, 3, 64, BF16), (28, 4, 128, torch.float32)):
         k, v, tables, lens = _paged(2, n_kv, head_dim)  # Qwen2.5-Coder-1.5B, SmolLM2; fp32 as the tests run it
         cu = torch.tensor([0, 80, 200], dtype=torch.int32)
@@ -293,8 +302,7 @@ def layer_cases():
     # decode attention with the rotary and K/V write fused in: Qwen2.5-Coder-1.5B's heads (split) and 0.5B's (one)
     from tlt_rt.codegen.kernels import decode_rope_attention as rope_dec
 
-    rope_dec.check_paged_inputs = lambda kernel, *a, check=rope_dec.check_paged_inputs: check(None, *a)
-    rope_dec.num_sms = lambda device: 132
+    _unguard(rope_dec)
     for b, n_heads, head_dim, splits in ((1, 12, 128, None), (4, 14, 64, 1)):
         qkv = _t(b, n_heads + 4, head_dim, dtype=BF16)
         q, k, v = qkv.split([n_heads, 2, 2], dim=1)
@@ -313,9 +321,8 @@ def pdl_cases():
     from tlt_rt.codegen.kernels import norm_linear, pdl, skinny_gemm
 
     pdl.pdl_supported = lambda device: True  # as on an sm_90 GPU
-    skinny_gemm._interpreting = lambda: True
-    rope_dec.check_paged_inputs = lambda kernel, *a, check=rope_dec.check_paged_inputs: check(None, *a)
-    rope_dec.num_sms = lambda device: 132
+    skinny_gemm._interpreting = lambda: True  # lifts `supported`'s CPU guard
+    _unguard(rope_dec)
     x, r, nw = _t(1, 1536, dtype=BF16), _t(1, 1536, dtype=BF16), _t(1536, dtype=BF16)
     norm_linear.norm_linear(x, r, nw, 1e-6, _t(2048, 1536, dtype=BF16), _t(2048, dtype=BF16), pdl=True, prefetch=True)
     norm_linear.norm_linear(x, r, nw, 1e-6, _t(2 * 8960, 1536, dtype=BF16), swiglu=True, pdl=True, prefetch=True)
@@ -368,7 +375,7 @@ def eager_table_variants() -> dict[str, int]:
     from tlt_rt.codegen.kernels import prefill_attention as pre
 
     for mod in (dec, pre):
-        mod.check_paged_inputs = lambda kernel, *a, check=mod.check_paged_inputs: check(None, *a)
+        _unguard(mod, sms=False)
     JOBS.clear()
     run, JITFunction.run = JITFunction.run, record
     try:
