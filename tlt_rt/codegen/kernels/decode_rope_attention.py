@@ -67,7 +67,8 @@ def _decode_rope_attention_kernel(
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    enter(PDL)  # every input but inv_freq comes from the step's kernels before: nothing to do ahead of them
+    enter(PDL)  # nothing loaded ahead of the wait (only q / k / v come from the kernel before; the tables and the
+    # cache's earlier positions could be read ahead, not yet done)
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = pid // n_kv_heads

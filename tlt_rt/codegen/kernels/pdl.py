@@ -1,5 +1,5 @@
-"""Programmatic dependent launch (PDL) for the decode step's chain of Triton kernels, with the weights' L2 prefetch
-that makes the overlap pay.
+"""Programmatic dependent launch (PDL) for the decode step's chain of Triton kernels, each loading its weight slab
+while the kernel before still runs.
 
 A small model's decode step at batch 1 is a chain of ~150 short kernels, each a few microseconds, most of which
 read one weight from HBM. Launched one after another, every kernel starts cold: its CTAs are placed only when the
@@ -7,8 +7,10 @@ kernel before has drained, and its first weight bytes arrive a DRAM latency late
 launched with PDL (`launch_pdl=True`) is placed on the SMs while the kernel before it still runs, as soon as
 every program of that one has signalled (`griddepcontrol.launch_dependents`); it then waits
 (`griddepcontrol.wait`) until that kernel has finished and its writes are visible. What it does before the wait
-overlaps the kernel before: here, the L2 prefetch of its own weight slab (`prefetch_rows`), so that its loads
-after the wait hit L2 instead of HBM.
+overlaps the kernel before: here a one-tile matmul loads its whole weight slab into registers (`load_weight`).
+Measured on an H200 (benchmarks/RESULTS.md): that pays on Qwen2.5-Coder-0.5B's step (1.07x over the same kernels
+without PDL) and is even on the 1.5B's; prefetching the slab into L2 instead (`prefetch_rows`, the kernels'
+PREFETCH) was slower, and signalling at the start with nothing to load early slower still.
 
 The contract every kernel taking PDL keeps (tests/kernel_compile_check.py checks it in the PTX of each):
 - before `enter` it writes nothing and reads only weights (constant within a step: the learner updates them
