@@ -44,9 +44,9 @@ def setup(shape: str, batch: int, ctx: int, table: int, layers: int):
     return q, k, v, pos, inv, caches, slots, tables, lens, d**-0.5
 
 
-def time_setting(args, splits, meta) -> float:
-    q, k, v, pos, inv, caches, slots, tables, lens, scale = setup(args.shape, args.batch, args.ctx, args.table,
-                                                                 args.layers)  # fmt: skip
+def time_setting(args, inputs, splits, meta) -> float:
+    """Seconds of one launch under `splits` (None: the default choice) and `meta`, over `setup`'s inputs."""
+    q, k, v, pos, inv, caches, slots, tables, lens, scale = inputs
     saved = dict(decode_attention.DECODE_META)
     decode_rope_attention.DECODE_META.update(meta)  # the same dict object both modules read
     try:
@@ -82,11 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.table = args.table or args.ctx + 1
+    inputs = setup(args.shape, args.batch, args.ctx, args.table, args.layers)  # the same for every setting
     rows = []
     for splits, bn, nw, ns in itertools.product(args.splits, args.block_n, args.warps, args.stages):
         meta = {"block_n": bn, "num_warps": nw, "num_stages": ns}
         try:
-            us = time_setting(args, splits or None, meta) * 1e6
+            us = time_setting(args, inputs, splits or None, meta) * 1e6
         except Exception as e:  # noqa: BLE001 - a setting that does not compile or fit is reported and skipped
             print(f"splits {splits} {meta}: {type(e).__name__}: {str(e)[:100]}")
             continue
