@@ -5,6 +5,7 @@
     python benchmarks/tp_throughput.py --shape llama3-70b --scale 0.25     # 20 of the 80 layers
     python benchmarks/tp_throughput.py --smoke [--tp 4]                    # tiny shape, CPU, gloo, seconds
     python benchmarks/tp_throughput.py --batch 1 --profile tp-profile      # also where each row's time went
+    python benchmarks/tp_throughput.py --batch 1 32 --allreduce oneshot fused --chain --pdl   # fused sums, PDL
 
 N processes (torch.multiprocessing spawn) form one group: NCCL on GPUs (NVLink multicast off), gloo on
 CPU. Rank 0 first runs the unsharded model alone (TP=1: `--scale` keeps as many layers as one GPU holds);
@@ -190,7 +191,8 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
     try:
         dtype = getattr(torch, args.dtype) if cuda else torch.float32
         arch = arch_for(args)
-        kw = dict(speculative="off", max_batch=max(args.batch), block_size=16, enforce_eager=args.eager)
+        kw = dict(speculative="off", max_batch=max(args.batch), block_size=16, enforce_eager=args.eager,
+                  decode_chain=args.chain, pdl=args.pdl)  # fmt: skip
         sd = dict(kw, speculative="on", strategies=(args.sd,)) if args.sd else None
         rows = []
         model = build(arch, dtype, device)
@@ -215,7 +217,12 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         if cuda:
             torch.cuda.empty_cache()
         for kind in args.allreduce:  # the same shard, its sums through each all-reduce in turn (steps captured anew)
-            use_allreduce(shard, kind)
+            if kind == "fused":
+                from tlt_rt.codegen.kernels.tp_sum import use_fused_sums  # local: Triton, for GPU runs only
+
+                use_fused_sums(shard, pdl=args.pdl)
+            else:
+                use_allreduce(shard, kind)
             label = f"{args.tp}" if kind == "nccl" else f"{args.tp} {kind}"
             engine = lockstep_engine(shard, None, **kw)
             note(rank, t_rank, f"TP={label} plain engine built")
@@ -252,8 +259,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs / compiled glue (enforce_eager)")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU over gloo, a few tokens")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (one GPU each)")
-    ap.add_argument("--allreduce", nargs="+", default=["nccl"], choices=ALLREDUCE_KINDS,
-                    help="the TP=N engine's sums: NCCL and/or a one-shot sum over symmetric memory (GPUs)")  # fmt: skip
+    ap.add_argument("--allreduce", nargs="+", default=["nccl"], choices=(*ALLREDUCE_KINDS, "fused"),
+                    help="the TP=N engine's sums: NCCL, a one-shot sum over symmetric memory, and/or that sum with "
+                    "the o and down projections of decode steps one kernel each, summing inside (fused)")  # fmt: skip
+    ap.add_argument("--chain", action="store_true",
+                    help="every engine (TP=1 too) with rollout.decode_chain: a one-row step's matmuls, norms and "
+                    "attention as the chain of Triton kernels")  # fmt: skip
+    ap.add_argument(
+        "--pdl",
+        action="store_true",
+        help="with --chain: its kernels (and the fused sum's) launched with programmatic dependent launch",
+    )
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="after each timed row, profile one more generate of it on rank 0 into DIR (kernels by "
                     "kind: matmul, collectives, ...; the wall time's busy share; host waits by caller)")  # fmt: skip
@@ -267,8 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--tp must be >= 2 (TP=1 is the baseline every run measures), got {args.tp}")
     if args.smoke:
         args.batch, args.max_new_tokens, args.prompt_len = [1, 4], 8, 8
-    if "oneshot" in args.allreduce and (args.smoke or not torch.cuda.is_available()):
-        ap.error("--allreduce oneshot needs CUDA devices (symmetric memory over NVLink)")
+    gpu_sums = [k for k in args.allreduce if k != "nccl"]
+    if gpu_sums and (args.smoke or not torch.cuda.is_available()):
+        ap.error(f"--allreduce {' '.join(gpu_sums)} needs CUDA devices (symmetric memory over NVLink)")
+    elif args.pdl and not args.chain:
+        ap.error("--pdl needs --chain (the decode chain's kernels are what PDL launches)")
     elif not 0 < args.scale <= 1:
         ap.error("--scale must be in (0, 1]")
     if not args.smoke and torch.cuda.is_available() and torch.cuda.device_count() < args.tp:

@@ -339,7 +339,20 @@ def pdl_cases():
     )  # fmt: skip
 
 
-CASES = (attention_cases, accept_cases, commit_cases, draft_cases, layer_cases, pdl_cases)
+def tp_sum_cases():
+    """The row-parallel matmul summing over two ranks inside (`kernels.tp_sum`) on Qwen2.5-7B's TP=2 shapes: o and
+    down at one row (down with PDL, as `use_fused_sums(model, pdl=True)` launches it) and down at 8 rows."""
+    from tlt_rt.codegen.kernels import pdl, tp_sum
+
+    pdl.pdl_supported = lambda device: True  # as on an sm_90 GPU
+    tp_sum._interpreting = lambda: True  # lifts `sum_supported`'s CPU guard
+    bufs = tp_sum.SumBuffers(torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int32), 8 * 3584, 1, 2)
+    tp_sum.row_parallel_sum(_t(1, 1792, dtype=BF16), _t(3584, 1792, dtype=BF16), bufs, 0)  # o
+    tp_sum.row_parallel_sum(_t(1, 9472, dtype=BF16), _t(3584, 9472, dtype=BF16), bufs, 1, pdl=True)  # down
+    tp_sum.row_parallel_sum(_t(8, 9472, dtype=BF16), _t(3584, 9472, dtype=BF16), bufs, 1)
+
+
+CASES = (attention_cases, accept_cases, commit_cases, draft_cases, layer_cases, pdl_cases, tp_sum_cases)
 
 
 # -------------------------------------------------------------------------------------------------- main

@@ -255,6 +255,44 @@ def check_direct_allreduce(case: str, rank: int) -> None:
     assert fast.taken == len(steps), fast.taken  # the embedding's sums
 
 
+class RowSums(DirectSums):
+    """DirectSums that also takes a row-parallel layer's matmul and sum as one call (`row_parallel`, as the fused
+    kernel of `use_allreduce(model, "fused")` does) for at most `rows` rows, recording each call's slot."""
+
+    def __init__(self, most: int, rows: int):
+        super().__init__(most)
+        self.rows, self.slots = rows, []
+
+    def row_parallel(self, x: torch.Tensor, weight: torch.Tensor, slot: int) -> torch.Tensor | None:
+        if x.shape[0] > self.rows:
+            return None
+        self.slots.append(slot)
+        y = x @ weight.t()
+        dist.all_reduce(y)
+        return y
+
+
+def check_row_parallel_slots(case: str, rank: int) -> None:
+    """A fast sum with `row_parallel` takes every row-parallel matmul of few rows before `linear`: attention's
+    sums in slot 0, the MLP's in slot 1, so consecutive sums alternate across layers and steps (the fused kernel's
+    condition); more rows go to `linear`; the logits are unchanged."""
+    full, tp = _pair(case)
+    a = CASES[case]
+    fast = RowSums(most=13 * a.hidden_size, rows=4)
+    set_fast_allreduce(tp, fast)
+    steps, num_blocks = _paged_script(a.vocab_size, 4)
+    cf, ct = full.make_cache(num_blocks, 4), tp.make_cache(num_blocks, 4)
+    fused_steps = 0
+    with torch.no_grad():
+        for n, (ids, pos, meta) in enumerate(steps):
+            want, got = full.forward_paged(ids, pos, cf, meta), tp.forward_paged(ids, pos, ct, meta)
+            _close(got.logits, want.logits, f"step {n} ({meta.mode}) logits")
+            fused_steps += ids.numel() <= 4
+    assert 0 < fused_steps < len(steps), "the script must hold steps on both sides of the row limit"
+    assert fast.slots == [0, 1] * a.num_hidden_layers * fused_steps, fast.slots
+    assert fast.direct == 2 * a.num_hidden_layers * (len(steps) - fused_steps)
+
+
 def check_fused_shards(case: str, rank: int) -> None:
     """The engine fuses each rank's column-parallel q/k/v and gate/up slices into one matmul each (as on one GPU),
     and its greedy tokens stay those of the unsharded model."""
@@ -301,7 +339,8 @@ def check_fast_allreduce(case: str, rank: int) -> None:
 
 CHECKS = {"dense": check_dense, "dense_grad": check_dense_grad, "paged": check_paged, "engine": check_engine,
           "lockstep": check_lockstep, "fast_allreduce": check_fast_allreduce,
-          "direct_allreduce": check_direct_allreduce, "fused_shards": check_fused_shards}  # fmt: skip
+          "direct_allreduce": check_direct_allreduce, "fused_shards": check_fused_shards,
+          "row_parallel_slots": check_row_parallel_slots}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- harness

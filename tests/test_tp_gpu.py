@@ -17,12 +17,18 @@ LIMIT_S = 900
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
-def test_tp2_gives_tp1_greedy_tokens_in_fp32_with_graphs(tmp_path):
-    cmd = [sys.executable, "benchmarks/tp_throughput.py", "--shape", "qwen2.5-7b", "--scale", "0.25", "--tp", "2",
-           "--dtype", "float32", "--batch", "1", "8", "--max-new-tokens", "32", "--sd", "6_2_12"]  # fmt: skip
+TWO_GPUS = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices"
+)
+BASE = ["benchmarks/tp_throughput.py", "--shape", "qwen2.5-7b", "--scale", "0.25", "--tp", "2", "--dtype", "float32",
+        "--batch", "1", "8", "--max-new-tokens", "32", "--sd", "6_2_12"]  # fmt: skip
+
+
+def run_tp(tmp_path, extra: list[str]) -> str:
+    """tp_throughput.py's output (progress lines and its table), failing the test past LIMIT_S or on a non-zero exit."""
     log = tmp_path / "tp.log"
     with open(log, "w") as f:
+        cmd = [sys.executable, *BASE, *extra]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True)
         try:
             rc = proc.wait(timeout=LIMIT_S)
@@ -37,5 +43,20 @@ def test_tp2_gives_tp1_greedy_tokens_in_fp32_with_graphs(tmp_path):
     out = log.read_text()
     print(out[-3000:])  # the progress lines (where the seconds went) in the test's report
     assert rc == 0, out[-6000:]
+    return out
+
+
+@TWO_GPUS
+def test_tp2_gives_tp1_greedy_tokens_in_fp32_with_graphs(tmp_path):
+    out = run_tp(tmp_path, [])
     rows = [line for line in out.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 4 and all(line.rstrip().endswith("| yes |") for line in rows), out[-2000:]
+
+
+@TWO_GPUS
+def test_tp2_with_sums_inside_the_row_parallel_kernel_gives_tp1_tokens(tmp_path):
+    """`--allreduce fused`: every o and down projection of the plain steps (1 and 8 rows) is the Triton kernel that
+    sums over the ranks inside (`kernels.tp_sum`), the speculative steps' verify rows the one-shot sum."""
+    out = run_tp(tmp_path, ["--allreduce", "fused"])
+    rows = [line for line in out.splitlines() if line.startswith("| 2 fused |")]
     assert len(rows) == 4 and all(line.rstrip().endswith("| yes |") for line in rows), out[-2000:]

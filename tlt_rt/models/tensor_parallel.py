@@ -16,7 +16,9 @@ counts, so `make_cache` holds [L, blocks, bs, n_kv/world, D] and the engine size
 
 Collectives are autograd-aware (identity/all-reduce pairs), so the dense forward also trains; under
 no_grad the all-reduce works in place, through NCCL or (`use_allreduce(model, "oneshot")`, CUDA only) a one-shot
-all-reduce over symmetric memory for the small sums of decode steps.
+all-reduce over symmetric memory for the small sums of decode steps. A fast sum that also has `row_parallel(x,
+weight, slot)` takes a row-parallel layer's matmul and sum as one call first (`codegen.kernels.tp_sum.use_fused_sums`:
+one Triton kernel summing over the ranks inside, for the o and down projections of decode steps).
 """
 
 from __future__ import annotations
@@ -68,15 +70,6 @@ class OneShotAllReduce:
             enable(self.group_name)
         self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buffer, self.group_name)
-
-    def __call__(self, x: torch.Tensor) -> bool:
-        n = x.numel()
-        if x.dtype != self.dtype or n > self.buffer.numel() or not x.is_contiguous():
-            return False
-        staged = self.buffer[:n]
-        staged.copy_(x.view(-1))
-        x.view(-1).copy_(torch.ops.symm_mem.one_shot_all_reduce(staged, "sum", self.group_name))
-        return True
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
         """The sum over the ranks of x [M, K] @ weight^T with the matmul writing straight into the symmetric buffer
@@ -192,20 +185,25 @@ class ColumnParallelLinear(nn.Module):
 
 class RowParallelLinear(nn.Module):
     """Input columns [start, end) of a Linear: sharded input -> full output after one all-reduce; the bias
-    (replicated) is added after the sum so it counts once."""
+    (replicated) is added after the sum so it counts once. `slot`: which of the fused sum's two slots this layer's
+    sums use (0 attention's, 1 the MLP's: consecutive sums alternate, as `kernels.tp_sum` needs)."""
 
-    def __init__(self, full: nn.Linear, start: int, end: int, tp: TPInfo):
+    def __init__(self, full: nn.Linear, start: int, end: int, tp: TPInfo, slot: int = 0):
         super().__init__()
         rg = full.weight.requires_grad
         self.weight = _param(full.weight[:, start:end], rg)
         self.bias = None if full.bias is None else _param(full.bias, rg)
         self.tp = tp
+        self.slot = slot
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = None
-        direct = getattr(self.tp.fast, "linear", None)  # the one-shot sum: the matmul writes into its buffer
-        if direct is not None and not torch.is_grad_enabled() and x.dim() == 2:
-            y = direct(x, self.weight)
+        if self.tp.fast is not None and not torch.is_grad_enabled() and x.dim() == 2:
+            fused = getattr(self.tp.fast, "row_parallel", None)  # matmul and sum in one kernel
+            y = fused(x, self.weight, self.slot) if fused is not None else None
+            direct = getattr(self.tp.fast, "linear", None)  # the one-shot sum: the matmul writes into its buffer
+            if y is None and direct is not None:
+                y = direct(x, self.weight)
         if y is None:
             y = reduce_from_tp(F.linear(x, self.weight), self.tp.group, self.tp.fast)
         return y if self.bias is None else y + self.bias
@@ -286,12 +284,12 @@ def shard_for_tp(model: CausalLM, group=None, rank: int | None = None, world: in
         at.q_proj = ColumnParallelLinear(at.q_proj, rank * hq * d, (rank + 1) * hq * d, tp)
         at.k_proj = ColumnParallelLinear(at.k_proj, rank * hkv * d, (rank + 1) * hkv * d, tp)
         at.v_proj = ColumnParallelLinear(at.v_proj, rank * hkv * d, (rank + 1) * hkv * d, tp)
-        at.o_proj = RowParallelLinear(at.o_proj, rank * hq * d, (rank + 1) * hq * d, tp)
+        at.o_proj = RowParallelLinear(at.o_proj, rank * hq * d, (rank + 1) * hq * d, tp, slot=0)
         at.n_heads, at.n_kv = hq, hkv
         mlp = layer.mlp
         mlp.gate_proj = ColumnParallelLinear(mlp.gate_proj, rank * inter, (rank + 1) * inter, tp)
         mlp.up_proj = ColumnParallelLinear(mlp.up_proj, rank * inter, (rank + 1) * inter, tp)
-        mlp.down_proj = RowParallelLinear(mlp.down_proj, rank * inter, (rank + 1) * inter, tp)
+        mlp.down_proj = RowParallelLinear(mlp.down_proj, rank * inter, (rank + 1) * inter, tp, slot=1)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     emb = VocabParallelEmbedding(model.model.embed_tokens, tp)
     head = emb.weight if tied else vocab_shard(model.lm_head.weight, tp)[0]

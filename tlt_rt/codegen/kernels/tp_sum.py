@@ -1,0 +1,295 @@
+"""A row-parallel matmul of a few rows with its tensor-parallel sum inside: y = sum over ranks of x_r @ W_r^T, one
+kernel a rank.
+
+Under tensor parallelism every o and down projection ends in a sum over the ranks. At decode it is a few KB, and a
+separate all-reduce (NCCL, or the one-shot sum over symmetric memory) costs a launch and a barrier of its own for
+each: 56 a step on a 28-layer model, ~7 us each on two H200s. Here the sum rides on the matmul's own launch:
+
+1. every program computes its [rows, BLOCK_N] tile of this rank's partial product (the skinny matrix-vector loop of
+   `kernels.skinny_gemm`) and stores it, in fp32, into this rank's slot of a buffer every rank can read (symmetric
+   memory over NVLink);
+2. it counts itself in (an atomic on a local counter); the program that arrives last knows the whole partial is in
+   the slot, so it alone meets the other ranks' last programs: it raises a flag in every other rank's buffer and
+   waits for theirs in its own (each flag set 0 -> 1 by its sender and taken back 1 -> 0 by its receiver, so a
+   barrier leaves every flag as it found it and a captured graph replays it as is);
+3. it reads every rank's slot in rank order, sums in fp32 and writes y in its dtype, then zeroes the counter.
+Every rank adds the same fp32 partials in the same order, so y is bitwise the same on every rank. Only one program
+a rank waits on another GPU, so the kernel never depends on which of its programs are resident at once.
+
+Two slots alternate (the caller passes 0 for attention's sum, 1 for the MLP's): a rank overwrites a slot only two
+sums later, and between the two it has met every other rank in the sum between, which those enter only after
+finishing the kernel that read the slot. Off the GPU the interpreter runs the same kernel over plain tensors standing
+in for the other ranks' buffers (tests/test_tp_sum.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave
+from tlt_rt.codegen.kernels.skinny_gemm import (
+    MAX_ROWS,
+    SUPPORTED_DTYPES,
+    _load_slab,
+    _slab_products,
+    _tile_products,
+    skinny_meta,
+)
+
+__all__ = ["FLAG_WORDS", "SLOTS", "FusedSums", "SumBuffers", "row_parallel_sum", "sum_supported", "use_fused_sums"]
+
+SLOTS = 2
+FLAG_WORDS = 64  # int32 flags after the slots: one per sending rank (64 ranks at most)
+TAIL_ELEMS = 4096  # elements of a row the last program sums at once
+
+
+@triton.jit
+def _peer(ptrs, rank):
+    """Rank `rank`'s buffer (an fp32 pointer) from the table of every rank's buffer address."""
+    return tl.load(ptrs + rank).to(tl.pointer_type(tl.float32))
+
+
+@triton.jit
+def _meet(ptrs, flag_base, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Raise this rank's flag in every other rank's buffer (waiting while the last one is still up), then take down
+    every other rank's flag in this one's as it comes: a barrier between the ranks' last programs that releases
+    this rank's slot to them and acquires theirs (system scope: the flags cross NVLink)."""
+    for src in tl.static_range(WORLD):
+        if src != RANK:
+            flag = _peer(ptrs, src).to(tl.pointer_type(tl.int32)) + flag_base + RANK
+            while tl.atomic_cas(flag, 0, 1, sem="release", scope="sys") != 0:
+                pass
+    mine = _peer(ptrs, RANK).to(tl.pointer_type(tl.int32)) + flag_base
+    for src in tl.static_range(WORLD):
+        if src != RANK:
+            while tl.atomic_cas(mine + src, 1, 0, sem="acquire", scope="sys") != 1:
+                pass
+
+
+@triton.jit
+def _row_parallel_sum_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    ptrs,
+    count_ptr,
+    slot_base,
+    flag_base,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    TAIL_N: tl.constexpr,
+    ONE_TILE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    m_ok = rm < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    unused = acc  # the up half of skinny_gemm's helpers (no SWIGLU here)
+    if ONE_TILE:  # K <= BLOCK_K: the whole slab of W loaded before the PDL wait, as in skinny_gemm
+        k_ok = rk < K
+        w, w_up = _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, False)
+        enter(PDL)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc, unused = _slab_products(x.to(tl.float32)[:, None, :], w, w_up, acc, unused, False)
+    else:
+        enter(PDL)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < K
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
+            acc, unused = _tile_products(
+                x.to(tl.float32)[:, None, :], tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, unused, False
+            )
+    leave(PDL)
+    # 1. this program's tile of the partial into this rank's slot
+    slot = _peer(ptrs, RANK) + slot_base
+    tl.store(slot + rm[:, None] * N + rn[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
+    tl.debug_barrier()  # every thread's stores before the count (the release below covers them)
+    # 2. count in; the last program meets the other ranks
+    if tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        if WORLD > 1:
+            _meet(ptrs, flag_base, RANK, WORLD)
+        tl.debug_barrier()
+        # 3. the sum of every rank's slot, in rank order, into y
+        for m in range(0, M):
+            for c0 in range(0, N, TAIL_N):
+                cols = c0 + tl.arange(0, TAIL_N)
+                c_ok = cols < N
+                total = tl.zeros((TAIL_N,), dtype=tl.float32)
+                for src in tl.static_range(WORLD):
+                    part = _peer(ptrs, src) + slot_base + m * N
+                    total += tl.load(part + cols, mask=c_ok, other=0.0, cache_modifier=".cv")
+                tl.store(y_ptr + m * stride_ym + cols, total.to(y_ptr.dtype.element_ty), mask=c_ok)
+        tl.store(count_ptr, 0)
+
+
+class SumBuffers:
+    """What the kernel sums through, on one rank: every rank's buffer address (`ptrs`, int64 on the device), this
+    rank's counters (one per slot) and the layout of a buffer: SLOTS slots of `slot_elems` fp32 elements each, then
+    FLAG_WORDS int32 flags. `rank` / `world`: this rank's place in the group.
+
+    `SumBuffers.symmetric(group, device, n)` allocates it over symmetric memory (collective); tests build one over
+    plain tensors (`SumBuffers(ptrs, counters, slot_elems, rank, world)`), whose buffers stand in for the ranks'."""
+
+    def __init__(self, ptrs: torch.Tensor, counts: torch.Tensor, slot_elems: int, rank: int, world: int, keep=None):
+        if ptrs.dtype != torch.int64 or ptrs.numel() != world:
+            raise ValueError(f"ptrs must hold {world} int64 addresses, got {ptrs.numel()} {ptrs.dtype}")
+        if not 0 <= rank < world <= FLAG_WORDS:
+            raise ValueError(f"rank {rank} of {world}: needs 0 <= rank < world <= {FLAG_WORDS}")
+        if counts.dtype != torch.int32 or counts.numel() < SLOTS:
+            raise ValueError(f"counts must be {SLOTS} int32 counters, got {counts.numel()} {counts.dtype}")
+        self.ptrs, self.counts, self.slot_elems = ptrs, counts, slot_elems
+        self.rank, self.world = rank, world
+        self.keep = keep  # what owns the memory behind ptrs (the symmetric tensor and its handle)
+
+    @staticmethod
+    def buffer_elems(slot_elems: int) -> int:
+        """fp32 elements of one rank's buffer: the slots and the flags."""
+        return SLOTS * slot_elems + FLAG_WORDS
+
+    @classmethod
+    def symmetric(cls, group, device: torch.device, slot_elems: int) -> SumBuffers:
+        """One buffer a rank over symmetric memory (zeroed, so every flag is down), collective over `group`."""
+        # local: symmetric memory is CUDA-only and its module may be missing from CPU builds
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group = group if group is not None else dist.group.WORLD
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)  # needed by older releases, a no-op later
+        if enable is not None:
+            enable(group.group_name)
+        buf = symm_mem.empty(cls.buffer_elems(slot_elems), dtype=torch.float32, device=device)
+        buf.zero_()
+        handle = symm_mem.rendezvous(buf, group.group_name)
+        torch.cuda.synchronize(device)
+        dist.barrier(group=group)  # no rank raises a flag before every buffer is zeroed
+        ptrs = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
+        counts = torch.zeros(SLOTS, dtype=torch.int32, device=device)
+        return cls(ptrs, counts, slot_elems, handle.rank, handle.world_size, keep=(buf, handle))
+
+    def fits(self, rows: int, n: int) -> bool:
+        return rows * n <= self.slot_elems
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def sum_supported(x: torch.Tensor, weight: torch.Tensor, buffers: SumBuffers) -> bool:
+    """True where `row_parallel_sum` applies: x [M, K] with M <= MAX_ROWS rows, weight [N, K] row-contiguous of x's
+    dtype on x's device, M x N within a slot, a Triton device."""
+    return (
+        (x.is_cuda or _interpreting())
+        and x.dim() == 2
+        and 0 < x.shape[0] <= MAX_ROWS
+        and x.dtype in SUPPORTED_DTYPES
+        and weight.dtype == x.dtype
+        and weight.dim() == 2
+        and weight.stride(1) == 1
+        and x.shape[1] == weight.shape[1]
+        and x.device == weight.device
+        and buffers.fits(x.shape[0], weight.shape[0])
+    )
+
+
+def row_parallel_sum(
+    x: torch.Tensor, weight: torch.Tensor, buffers: SumBuffers, slot: int, pdl: bool = False, meta: dict | None = None
+) -> torch.Tensor:
+    """sum over the ranks of x @ weight^T ([M, N], x's dtype): every rank of the group calls it with its own x and
+    weight of the same shapes, in the same order of calls, alternating `slot` (0, 1) from one call to the next."""
+    if not sum_supported(x, weight, buffers):
+        raise ValueError(
+            f"row_parallel_sum needs x [M <= {MAX_ROWS}, K] of {SUPPORTED_DTYPES}, a weight [N, K] of its dtype with "
+            f"unit stride along K, M x N <= {buffers.slot_elems}; got x {tuple(x.shape)} {x.dtype}, weight "
+            f"{tuple(weight.shape)} {weight.dtype} stride {weight.stride()}"
+        )
+    if slot not in range(SLOTS):
+        raise ValueError(f"slot must be in range({SLOTS}), got {slot}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    n = weight.shape[0]
+    cfg = meta or skinny_meta(m, n)
+    block_k = min(cfg["block_k"], triton.next_power_of_2(k))
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(n, cfg["block_n"]),)
+    _row_parallel_sum_kernel[grid](
+        x,
+        weight,
+        y,
+        buffers.ptrs,
+        buffers.counts[slot:],
+        slot * buffers.slot_elems,
+        SLOTS * buffers.slot_elems,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        RANK=buffers.rank,
+        WORLD=buffers.world,
+        BLOCK_M=triton.next_power_of_2(m),
+        BLOCK_N=cfg["block_n"],
+        BLOCK_K=block_k,
+        TAIL_N=min(TAIL_ELEMS, triton.next_power_of_2(n)),
+        ONE_TILE=k <= block_k,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+        **launch_meta(x.device, pdl),
+    )
+    return y
+
+
+class FusedSums:
+    """A tensor-parallel shard's fast sum (`models.tensor_parallel.set_fast_allreduce`) whose `row_parallel` runs a
+    row-parallel layer's matmul and sum as `row_parallel_sum` where it applies; everything else (and the layers it
+    declines) goes to `inner`, the one-shot sum over symmetric memory. pdl: the kernel launched with PDL."""
+
+    def __init__(self, inner, buffers: SumBuffers, pdl: bool = False) -> None:
+        self.inner, self.buffers, self.pdl = inner, buffers, pdl
+
+    def __call__(self, x: torch.Tensor) -> bool:
+        return self.inner(x)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        return self.inner.linear(x, weight)
+
+    def row_parallel(self, x: torch.Tensor, weight: torch.Tensor, slot: int) -> torch.Tensor | None:
+        if not sum_supported(x, weight, self.buffers):
+            return None
+        return row_parallel_sum(x, weight, self.buffers, slot, pdl=self.pdl)
+
+
+def use_fused_sums(model, pdl: bool = False):
+    """The sums of the tensor-parallel shard `model` through `FusedSums`: its o and down projections of up to
+    MAX_ROWS rows each one kernel with the sum inside, the rest through the one-shot sum (`use_allreduce(model,
+    "oneshot")`). Collective (every rank of the group calls it); capture steps after it. Returns the model."""
+    # local: models must not import codegen at module level either way round; this keeps the two apart
+    from tlt_rt.models.tensor_parallel import set_fast_allreduce, use_allreduce
+
+    use_allreduce(model, "oneshot")
+    inner = model.tp.fast
+    buffers = getattr(model, "_row_sums", None)
+    if buffers is None:
+        buffers = SumBuffers.symmetric(model.tp.group, inner.buffer.device, MAX_ROWS * model.tp.full_arch.hidden_size)
+        model._row_sums = buffers  # one set of buffers per model, kept across switches
+    return set_fast_allreduce(model, FusedSums(inner, buffers, pdl))
