@@ -71,6 +71,15 @@ class OneShotAllReduce:
         self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buffer, self.group_name)
 
+    def __call__(self, x: torch.Tensor) -> bool:
+        n = x.numel()
+        if x.dtype != self.dtype or n > self.buffer.numel() or not x.is_contiguous():
+            return False
+        staged = self.buffer[:n]
+        staged.copy_(x.view(-1))
+        x.view(-1).copy_(torch.ops.symm_mem.one_shot_all_reduce(staged, "sum", self.group_name))
+        return True
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
         """The sum over the ranks of x [M, K] @ weight^T with the matmul writing straight into the symmetric buffer
         and the sum into a fresh tensor: no copy in or out (a row-parallel layer's partial sums; two copies a
