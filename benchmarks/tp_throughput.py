@@ -171,6 +171,37 @@ def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: in
                 print("  " + "\n  ".join(path.read_text().splitlines()[1:3]), flush=True)  # wall and kernels by kind
 
 
+FUSED_KEYS = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages"}
+
+
+def fused_settings(kind: str) -> tuple[dict | None, int | None]:
+    """The launch of `--allreduce fused[:bn=4,bk=2048,w=4,s=3,tail=1024]` (None, None: the kernel's own)."""
+    _, _, spec = kind.partition(":")
+    meta, tail = {}, None
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        if key == "tail":
+            tail = int(value)
+        elif key in FUSED_KEYS:
+            meta[FUSED_KEYS[key]] = int(value)
+        else:
+            raise ValueError(f"--allreduce {kind}: unknown setting {key!r} (bn, bk, w, s, tail)")
+    return meta or None, tail
+
+
+def allreduce_kind(text: str) -> str:
+    """argparse type of --allreduce: nccl, oneshot, or fused with optional launch settings."""
+    if text in ALLREDUCE_KINDS or text == "fused":
+        return text
+    if text.startswith("fused:"):
+        try:
+            fused_settings(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: one of {ALLREDUCE_KINDS}, fused or fused:bn=..,bk=..,w=..,s=..,tail=..")
+
+
 def note(rank: int, t0: float, what: str) -> None:
     """A progress line from rank 0 with the seconds since its start (where a run past its limit spent them)."""
     if rank == 0:
@@ -217,10 +248,11 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         if cuda:
             torch.cuda.empty_cache()
         for kind in args.allreduce:  # the same shard, its sums through each all-reduce in turn (steps captured anew)
-            if kind == "fused":
+            if kind.startswith("fused"):
                 from tlt_rt.codegen.kernels.tp_sum import use_fused_sums  # local: Triton, for GPU runs only
 
-                use_fused_sums(shard, pdl=args.pdl)
+                meta, tail = fused_settings(kind)
+                use_fused_sums(shard, pdl=args.pdl, meta=meta, tail=tail)
             else:
                 use_allreduce(shard, kind)
             label = f"{args.tp}" if kind == "nccl" else f"{args.tp} {kind}"
@@ -259,9 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs / compiled glue (enforce_eager)")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU over gloo, a few tokens")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (one GPU each)")
-    ap.add_argument("--allreduce", nargs="+", default=["nccl"], choices=(*ALLREDUCE_KINDS, "fused"),
+    ap.add_argument("--allreduce", nargs="+", default=["nccl"], type=allreduce_kind,
                     help="the TP=N engine's sums: NCCL, a one-shot sum over symmetric memory, and/or that sum with "
-                    "the o and down projections of decode steps one kernel each, summing inside (fused)")  # fmt: skip
+                    "the o and down projections of decode steps one kernel each, summing inside (fused; fused:bn=4,w=4,tail=1024 sets its launch)")  # fmt: skip
     ap.add_argument("--chain", action="store_true",
                     help="every engine (TP=1 too) with rollout.decode_chain: a one-row step's matmuls, norms and "
                     "attention as the chain of Triton kernels")  # fmt: skip

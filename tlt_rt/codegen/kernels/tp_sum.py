@@ -211,10 +211,18 @@ def sum_supported(x: torch.Tensor, weight: torch.Tensor, buffers: SumBuffers) ->
 
 
 def row_parallel_sum(
-    x: torch.Tensor, weight: torch.Tensor, buffers: SumBuffers, slot: int, pdl: bool = False, meta: dict | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    buffers: SumBuffers,
+    slot: int,
+    pdl: bool = False,
+    meta: dict | None = None,
+    tail: int | None = None,
 ) -> torch.Tensor:
     """sum over the ranks of x @ weight^T ([M, N], x's dtype): every rank of the group calls it with its own x and
-    weight of the same shapes, in the same order of calls, alternating `slot` (0, 1) from one call to the next."""
+    weight of the same shapes, in the same order of calls, alternating `slot` (0, 1) from one call to the next.
+    meta: the matrix-vector loop's launch (skinny_gemm's keys; None: `skinny_meta`'s); tail: columns the last
+    program sums at once (None: TAIL_ELEMS)."""
     if not sum_supported(x, weight, buffers):
         raise ValueError(
             f"row_parallel_sum needs x [M <= {MAX_ROWS}, K] of {SUPPORTED_DTYPES}, a weight [N, K] of its dtype with "
@@ -250,7 +258,7 @@ def row_parallel_sum(
         BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=cfg["block_n"],
         BLOCK_K=block_k,
-        TAIL_N=min(TAIL_ELEMS, triton.next_power_of_2(n)),
+        TAIL_N=min(tail or TAIL_ELEMS, triton.next_power_of_2(n)),
         ONE_TILE=k <= block_k,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
@@ -264,8 +272,8 @@ class FusedSums:
     row-parallel layer's matmul and sum as `row_parallel_sum` where it applies; everything else (and the layers it
     declines) goes to `inner`, the one-shot sum over symmetric memory. pdl: the kernel launched with PDL."""
 
-    def __init__(self, inner, buffers: SumBuffers, pdl: bool = False) -> None:
-        self.inner, self.buffers, self.pdl = inner, buffers, pdl
+    def __init__(self, inner, buffers: SumBuffers, pdl: bool = False, meta: dict | None = None, tail=None) -> None:
+        self.inner, self.buffers, self.pdl, self.meta, self.tail = inner, buffers, pdl, meta, tail
 
     def __call__(self, x: torch.Tensor) -> bool:
         return self.inner(x)
@@ -276,13 +284,15 @@ class FusedSums:
     def row_parallel(self, x: torch.Tensor, weight: torch.Tensor, slot: int) -> torch.Tensor | None:
         if not sum_supported(x, weight, self.buffers):
             return None
-        return row_parallel_sum(x, weight, self.buffers, slot, pdl=self.pdl)
+        meta = None if self.meta is None else {**skinny_meta(x.shape[0], weight.shape[0]), **self.meta}
+        return row_parallel_sum(x, weight, self.buffers, slot, pdl=self.pdl, meta=meta, tail=self.tail)
 
 
-def use_fused_sums(model, pdl: bool = False):
+def use_fused_sums(model, pdl: bool = False, meta: dict | None = None, tail: int | None = None):
     """The sums of the tensor-parallel shard `model` through `FusedSums`: its o and down projections of up to
     MAX_ROWS rows each one kernel with the sum inside, the rest through the one-shot sum (`use_allreduce(model,
-    "oneshot")`). Collective (every rank of the group calls it); capture steps after it. Returns the model."""
+    "oneshot")`). meta (keys over `skinny_meta`'s), tail: as `row_parallel_sum`'s. Collective (every rank of the
+    group calls it); capture steps after it. Returns the model."""
     # local: models must not import codegen at module level either way round; this keeps the two apart
     from tlt_rt.models.tensor_parallel import set_fast_allreduce, use_allreduce
 
@@ -292,4 +302,4 @@ def use_fused_sums(model, pdl: bool = False):
     if buffers is None:
         buffers = SumBuffers.symmetric(model.tp.group, inner.buffer.device, MAX_ROWS * model.tp.full_arch.hidden_size)
         model._row_sums = buffers  # one set of buffers per model, kept across switches
-    return set_fast_allreduce(model, FusedSums(inner, buffers, pdl))
+    return set_fast_allreduce(model, FusedSums(inner, buffers, pdl, meta, tail))
