@@ -199,7 +199,7 @@ def allreduce_kind(text: str) -> str:
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
         return text
-    raise argparse.ArgumentTypeError(f"{text!r}: one of {ALLREDUCE_KINDS}, fused or fused:bn=..,bk=..,w=..,s=..,tail=..")
+    raise argparse.ArgumentTypeError(f"{text!r}: one of {ALLREDUCE_KINDS}, fused or fused:bn=..,w=..,s=..,tail=..")
 
 
 def note(rank: int, t0: float, what: str) -> None:
@@ -293,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (one GPU each)")
     ap.add_argument("--allreduce", nargs="+", default=["nccl"], type=allreduce_kind,
                     help="the TP=N engine's sums: NCCL, a one-shot sum over symmetric memory, and/or that sum with "
-                    "the o and down projections of decode steps one kernel each, summing inside (fused; fused:bn=4,w=4,tail=1024 sets its launch)")  # fmt: skip
+                    "the o and down projections of decode steps one kernel each, summing inside (fused; "
+                    "fused:bn=4,w=4,tail=1024 sets its launch)")  # fmt: skip
     ap.add_argument("--chain", action="store_true",
                     help="every engine (TP=1 too) with rollout.decode_chain: a one-row step's matmuls, norms and "
                     "attention as the chain of Triton kernels")  # fmt: skip
