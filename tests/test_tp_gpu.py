@@ -55,8 +55,8 @@ def test_tp2_gives_tp1_greedy_tokens_in_fp32_with_graphs(tmp_path):
 
 @TWO_GPUS
 def test_tp2_with_fused_sums_inside_the_row_parallel_kernel_gives_tp1_tokens(tmp_path):
-    """`--allreduce fused`: every o and down projection of the plain steps (1 and 8 rows) is the Triton kernel that
-    sums over the ranks inside (`kernels.tp_sum`), the speculative steps' verify rows the one-shot sum."""
+    """`--allreduce fused`: every o and down projection of the one-row plain steps is the Triton kernel that sums
+    over the ranks inside (`kernels.tp_sum`); 8-row steps and the speculative steps' verify rows the one-shot sum."""
     out = run_tp(tmp_path, ["--allreduce", "fused"])
     rows = [line for line in out.splitlines() if line.startswith("| 2 fused |")]
     assert len(rows) == 4 and all(line.rstrip().endswith("| yes |") for line in rows), out[-2000:]

@@ -148,3 +148,29 @@ def test_what_it_refuses():
     with pytest.raises(ValueError, match="int32 counters"):
         SumBuffers(torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int32), 8, 0, 2)
     assert FLAG_WORDS >= 8
+
+
+def test_fused_sums_take_one_row_and_pass_the_rest_on():
+    """`FusedSums` runs the kernel for one-row products and declines more rows (cuBLAS's tensor cores win there),
+    leaving them to the one-shot sum it wraps; plain sums always go to that."""
+    from tlt_rt.codegen.kernels.tp_sum import FusedSums
+
+    class Inner:
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, x):
+            self.calls.append("sum")
+            return True
+
+        def linear(self, x, w):
+            self.calls.append("linear")
+            return None
+
+    inner, ranks = Inner(), Ranks(slot_elems=64, world=1)
+    fused = FusedSums(inner, ranks.views[0], meta=WIDE)
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(1, 16, generator=g), torch.randn(24, 16, generator=g)
+    torch.testing.assert_close(fused.row_parallel(x, w, 0), partial(x, w), rtol=1e-5, atol=1e-5)
+    assert fused.row_parallel(torch.randn(2, 16), w, 1) is None  # two rows: declined
+    assert fused(x) and fused.linear(x, w) is None and inner.calls == ["sum", "linear"]
