@@ -55,9 +55,15 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
     assert not report["problems"], "\n\n".join(report["problems"])
     uncovered = [name for name, n in report["compiled"].items() if n == 0]
     assert not uncovered, f"no case in tests/kernel_compile_check.py launches {uncovered}: add one"
-    # the decode chain with PDL: every kernel of it checked, each matmul prefetching its weight before its wait
+    # the decode chain with PDL: every kernel of it checked (and the row-parallel matmul with the TP sum inside, which
+    # joins the chain under TP), each matmul prefetching its weight before its wait
     chained = {label.split("[")[0].rsplit(".", 1)[1]: r for label, r in report["pdl"].items()}
-    assert set(chained) == {"_norm_linear_kernel", "_skinny_kernel", "_decode_rope_attention_kernel"}, chained
+    assert set(chained) == {
+        "_norm_linear_kernel",
+        "_skinny_kernel",
+        "_decode_rope_attention_kernel",
+        "_row_parallel_sum_kernel",
+    }, chained
     # every matmul gets its weight moving before its wait: loaded whole (rows within one tile) or prefetched
     early = [r["prefetch_before_wait"] + r["weight_loads_before_wait"] > 0 for label, r in report["pdl"].items()
              if "PREFETCH=True" in label or "ONE_TILE=True" in label]  # fmt: skip
