@@ -126,6 +126,38 @@ def _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS: tl.constexpr,
 
 
 @triton.jit
+def _row_products(
+    x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
+    LINES: tl.constexpr, ONE_TILE: tl.constexpr,
+):  # fmt: skip
+    """(acc, acc_up): rows rm of x times rows rn of W (and rows N + rn, the up half, with SWIGLU), fp32, for a program
+    of a matrix-vector kernel, with its PDL wait (`enter`) and signal (`leave`) around the loads of x."""
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
+    if ONE_TILE:  # K <= BLOCK_K: the whole slab of W in registers, loaded before the wait (see kernels.pdl)
+        k_ok = rk < K
+        w, w_up = _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, SWIGLU)
+        enter(PDL)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc, acc_up = _slab_products(x.to(tl.float32)[:, None, :], w, w_up, acc, acc_up, SWIGLU)
+    else:
+        if PREFETCH:  # the slab of W (both halves with SWIGLU) into L2 while the kernel before still runs
+            _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
+        enter(PDL)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < K
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            x = x.to(tl.float32)[:, None, :]
+            tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
+            acc, acc_up = _tile_products(x, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
+    leave(PDL)
+    return acc, acc_up
+
+
+@triton.jit
 def _skinny_kernel(
     x_ptr,
     w_ptr,
@@ -151,29 +183,10 @@ def _skinny_kernel(
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m_ok = rm < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
-    if ONE_TILE:  # K <= BLOCK_K: the whole slab of W in registers, loaded before the wait (see kernels.pdl)
-        k_ok = rk < K
-        w, w_up = _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, SWIGLU)
-        enter(PDL)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        acc, acc_up = _slab_products(x.to(tl.float32)[:, None, :], w, w_up, acc, acc_up, SWIGLU)
-    else:
-        if PREFETCH:  # the slab of W (both halves with SWIGLU) into L2 while the kernel before still runs
-            _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
-        enter(PDL)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + rk
-            k_ok = kk < K
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            x = x.to(tl.float32)[:, None, :]
-            tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
-            acc, acc_up = _tile_products(x, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
-    leave(PDL)
+    acc, acc_up = _row_products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU, BLOCK_M,
+                                BLOCK_N, BLOCK_K, PDL, PREFETCH, LINE, LINES, ONE_TILE)  # fmt: skip
     acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

@@ -30,15 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave
-from tlt_rt.codegen.kernels.skinny_gemm import (
-    MAX_ROWS,
-    SUPPORTED_DTYPES,
-    _load_slab,
-    _slab_products,
-    _tile_products,
-    skinny_meta,
-)
+from tlt_rt.codegen.kernels.pdl import launch_meta
+from tlt_rt.codegen.kernels.skinny_gemm import MAX_ROWS, SUPPORTED_DTYPES, _row_products, skinny_meta
 
 __all__ = ["FLAG_WORDS", "SLOTS", "FusedSums", "SumBuffers", "row_parallel_sum", "sum_supported", "use_fused_sums"]
 
@@ -102,28 +95,10 @@ def _row_parallel_sum_kernel(
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m_ok = rm < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    unused = acc  # the up half of skinny_gemm's helpers (no SWIGLU here)
-    if ONE_TILE:  # K <= BLOCK_K: the whole slab of W loaded before the PDL wait, as in skinny_gemm
-        k_ok = rk < K
-        w, w_up = _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, False)
-        enter(PDL)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        acc, unused = _slab_products(x.to(tl.float32)[:, None, :], w, w_up, acc, unused, False)
-    else:
-        enter(PDL)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + rk
-            k_ok = kk < K
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
-            acc, unused = _tile_products(
-                x.to(tl.float32)[:, None, :], tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, unused, False
-            )
-    leave(PDL)
+    acc, _ = _row_products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, False, BLOCK_M, BLOCK_N,
+                           BLOCK_K, PDL, False, 1, 1, ONE_TILE)  # fmt: skip
     # 1. this program's tile of the partial into this rank's slot
     slot = _peer(ptrs, RANK) + slot_base
     tl.store(slot + rm[:, None] * N + rn[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
