@@ -41,6 +41,31 @@ __all__ = ["norm_linear", "norm_linear_supported"]
 
 
 @triton.jit
+def _residual_sum(
+    x_ptr, r_ptr, s_ptr, rm, kk, mk, stride_xm, stride_rm, stride_sm, write, dtype: tl.constexpr,
+    HAS_RES: tl.constexpr,
+):  # fmt: skip
+    """s = x (+ r) over columns kk of rows rm (mask mk), rounded to the model dtype as the reference's add rounds;
+    where `write` (program 0, once) s also goes out to s_ptr, the residual stream after the add."""
+    s = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=mk, other=0.0)
+    if HAS_RES:
+        r = tl.load(r_ptr + rm[:, None] * stride_rm + kk[None, :], mask=mk, other=0.0)
+        s = (s.to(tl.float32) + r.to(tl.float32)).to(dtype)
+        if write:
+            tl.store(s_ptr + rm[:, None] * stride_sm + kk[None, :], s, mask=mk)
+    return s
+
+
+@triton.jit
+def _normed(s, rstd, nw_ptr, kk, k_ok, dtype: tl.constexpr):
+    """h = w_norm * (s * rstd) over columns kk, rounded as the reference's two steps round, fp32 [M, 1, BLOCK_K]
+    (ready for the slab / tile products)."""
+    nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+    normed = (s.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
+    return (nw[None, :] * normed).to(dtype).to(tl.float32)[:, None, :]
+
+
+@triton.jit
 def _norm_linear_kernel(
     x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr,
     M, N, K, eps,
@@ -63,17 +88,10 @@ def _norm_linear_kernel(
         mk = m_ok[:, None] & k_ok[None, :]
         w, w_up = _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, SWIGLU)
         enter(PDL)
-        s = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mk, other=0.0)
-        if HAS_RES:
-            r = tl.load(r_ptr + rm[:, None] * stride_rm + rk[None, :], mask=mk, other=0.0)
-            s = (s.to(tl.float32) + r.to(tl.float32)).to(dtype)
-            if pid == 0:
-                tl.store(s_ptr + rm[:, None] * stride_sm + rk[None, :], s, mask=mk)
-        nw = tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+        s = _residual_sum(x_ptr, r_ptr, s_ptr, rm, rk, mk, stride_xm, stride_rm, stride_sm, pid == 0, dtype, HAS_RES)
         sf = s.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=1) / K + eps)
-        normed = (sf * rstd[:, None]).to(dtype).to(tl.float32)
-        h = (nw[None, :] * normed).to(dtype).to(tl.float32)[:, None, :]
+        h = _normed(s, rstd, nw_ptr, rk, k_ok, dtype)
         acc, acc_up = _slab_products(h, w, w_up, acc, acc_up, SWIGLU)
     else:
         if PREFETCH:  # as skinny_gemm's: this program's slab of W into L2 while the kernel before still runs
@@ -99,12 +117,7 @@ def _two_passes(
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         mk = m_ok[:, None] & (kk < K)[None, :]
-        s = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=mk, other=0.0)
-        if HAS_RES:
-            r = tl.load(r_ptr + rm[:, None] * stride_rm + kk[None, :], mask=mk, other=0.0)
-            s = (s.to(tl.float32) + r.to(tl.float32)).to(dtype)
-            if pid == 0:
-                tl.store(s_ptr + rm[:, None] * stride_sm + kk[None, :], s, mask=mk)
+        s = _residual_sum(x_ptr, r_ptr, s_ptr, rm, kk, mk, stride_xm, stride_rm, stride_sm, pid == 0, dtype, HAS_RES)
         sf = s.to(tl.float32)
         sq += tl.sum(sf * sf, axis=1)
     rstd = 1.0 / tl.sqrt(sq / K + eps)
@@ -113,13 +126,8 @@ def _two_passes(
         kk = k0 + rk
         k_ok = kk < K
         mk = m_ok[:, None] & k_ok[None, :]
-        s = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=mk, other=0.0)
-        if HAS_RES:
-            r = tl.load(r_ptr + rm[:, None] * stride_rm + kk[None, :], mask=mk, other=0.0)
-            s = (s.to(tl.float32) + r.to(tl.float32)).to(dtype)
-        nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-        normed = (s.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
-        h = (nw[None, :] * normed).to(dtype).to(tl.float32)[:, None, :]
+        s = _residual_sum(x_ptr, r_ptr, s_ptr, rm, kk, mk, stride_xm, stride_rm, stride_sm, False, dtype, HAS_RES)
+        h = _normed(s, rstd, nw_ptr, kk, k_ok, dtype)
         tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
         acc, acc_up = _tile_products(h, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
     return acc, acc_up
