@@ -289,7 +289,7 @@ def layer_cases():
         cache = _t(2, 8, 16, n_kv, head_dim, dtype=BF16)
         positions = slots = torch.tensor([5, 9])
         rope_cache.rope_write_kv(q, k, v, positions, _t(head_dim // 2), cache[0], cache[1], slots)
-    skinny_gemm._interpreting = lambda: True  # lifts `supported`'s CPU guard
+    skinny_gemm.interpreting = lambda: True  # lifts `supported`'s CPU guard
     for rows, swiglu, bias in ((1, False, False), (1, True, False), (8, True, False), (3, False, True)):
         x, w = _t(rows, 4096, dtype=BF16), _t(256, 4096, dtype=BF16)
         skinny_gemm.skinny_linear_triton(x, w, _t(256, dtype=BF16) if bias else None, swiglu=swiglu)
@@ -321,7 +321,7 @@ def pdl_cases():
     from tlt_rt.codegen.kernels import norm_linear, pdl, skinny_gemm
 
     pdl.pdl_supported = lambda device: True  # as on an sm_90 GPU
-    skinny_gemm._interpreting = lambda: True  # lifts `supported`'s CPU guard
+    skinny_gemm.interpreting = lambda: True  # lifts `supported`'s CPU guard
     _unguard(rope_dec)
     x, r, nw = _t(1, 1536, dtype=BF16), _t(1, 1536, dtype=BF16), _t(1536, dtype=BF16)
     norm_linear.norm_linear(x, r, nw, 1e-6, _t(2048, 1536, dtype=BF16), _t(2048, dtype=BF16), pdl=True, prefetch=True)
@@ -345,7 +345,7 @@ def tp_sum_cases():
     from tlt_rt.codegen.kernels import pdl, tp_sum
 
     pdl.pdl_supported = lambda device: True  # as on an sm_90 GPU
-    tp_sum._interpreting = lambda: True  # lifts `sum_supported`'s CPU guard
+    tp_sum.interpreting = lambda: True  # lifts `sum_supported`'s CPU guard
     bufs = tp_sum.SumBuffers(torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int32), 8 * 3584, 1, 2)
     tp_sum.row_parallel_sum(_t(1, 1792, dtype=BF16), _t(3584, 1792, dtype=BF16), bufs, 0)  # o
     tp_sum.row_parallel_sum(_t(1, 9472, dtype=BF16), _t(3584, 9472, dtype=BF16), bufs, 1, pdl=True)  # down

@@ -41,6 +41,7 @@ __all__ = [
     "SIGNAL_AT_END",
     "SIGNAL_AT_START",
     "enter",
+    "interpreting",
     "launch_meta",
     "leave",
     "line_elems",
@@ -54,7 +55,8 @@ SIGNAL_AT_START = 1  # right after its wait: the next kernel's programs placed w
 SIGNAL_AT_END = 2  # once its main loop is done: placed as this kernel's programs finish
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """True under Triton's interpreter (TRITON_INTERPRET=1): kernels run on CPU tensors."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -67,7 +69,7 @@ def pdl_supported(device: torch.device | str) -> bool:
     """True where a kernel may be launched with PDL: a CUDA device of compute capability 9.0 or later, outside
     the interpreter."""
     device = torch.device(device)
-    if device.type != "cuda" or _interpreting():
+    if device.type != "cuda" or interpreting():
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _capability(index)[0] >= 9

@@ -17,14 +17,12 @@ when asked (`model_kernels.KernelGlue(skinny=True)`, `benchmarks/step_costs.py -
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave, load_weight, prefetch_rows
+from tlt_rt.codegen.kernels.pdl import enter, interpreting, launch_meta, leave, load_weight, prefetch_rows
 
 __all__ = [
     "MAX_ROWS",
@@ -192,15 +190,11 @@ def _skinny_kernel(
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """True where the kernel applies: <= MAX_ROWS rows, a row-contiguous weight, one dtype, a Triton device."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (
-        (x.is_cuda or _interpreting())
+        (x.is_cuda or interpreting())
         and 0 < rows <= MAX_ROWS
         and x.dtype in SUPPORTED_DTYPES
         and weight.dtype == x.dtype

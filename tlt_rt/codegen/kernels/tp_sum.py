@@ -24,13 +24,11 @@ in for the other ranks' buffers (tests/test_tp_sum.py).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from tlt_rt.codegen.kernels.pdl import launch_meta
+from tlt_rt.codegen.kernels.pdl import interpreting, launch_meta
 from tlt_rt.codegen.kernels.skinny_gemm import MAX_ROWS, SUPPORTED_DTYPES, _row_products, skinny_meta
 
 __all__ = ["FLAG_WORDS", "SLOTS", "FusedSums", "SumBuffers", "row_parallel_sum", "sum_supported", "use_fused_sums"]
@@ -169,15 +167,11 @@ class SumBuffers:
         return rows * n <= self.slot_elems
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def sum_supported(x: torch.Tensor, weight: torch.Tensor, buffers: SumBuffers) -> bool:
     """True where `row_parallel_sum` applies: x [M, K] with M <= MAX_ROWS rows, weight [N, K] row-contiguous of x's
     dtype on x's device, M x N within a slot, a Triton device."""
     return (
-        (x.is_cuda or _interpreting())
+        (x.is_cuda or interpreting())
         and x.dim() == 2
         and 0 < x.shape[0] <= MAX_ROWS
         and x.dtype in SUPPORTED_DTYPES
