@@ -77,7 +77,7 @@ def pdl_supported(device: torch.device | str) -> bool:
 
 def line_elems(dtype: torch.dtype) -> int:
     """Elements of `dtype` in one prefetched line."""
-    return max(1, LINE_BYTES // torch.empty((), dtype=dtype).element_size())
+    return max(1, LINE_BYTES // dtype.itemsize)
 
 
 def launch_meta(
