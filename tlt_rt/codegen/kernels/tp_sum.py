@@ -30,6 +30,7 @@ import triton.language as tl
 
 from tlt_rt.codegen.kernels.pdl import interpreting, launch_meta
 from tlt_rt.codegen.kernels.skinny_gemm import MAX_ROWS, SUPPORTED_DTYPES, _row_products, skinny_meta
+from tlt_rt.models.tensor_parallel import set_fast_allreduce, use_allreduce
 
 __all__ = ["FLAG_WORDS", "SLOTS", "FusedSums", "SumBuffers", "row_parallel_sum", "sum_supported", "use_fused_sums"]
 
@@ -195,8 +196,8 @@ def row_parallel_sum(
 ) -> torch.Tensor:
     """sum over the ranks of x @ weight^T ([M, N], x's dtype): every rank of the group calls it with its own x and
     weight of the same shapes, in the same order of calls, alternating `slot` (0, 1) from one call to the next.
-    meta: the matrix-vector loop's launch (skinny_gemm's keys; None: ONE_ROW_META for one row, else `skinny_meta`'s);
-    tail: columns the last program sums at once (None: TAIL_ELEMS)."""
+    meta: keys of the matrix-vector loop's launch (skinny_gemm's) over the default (ONE_ROW_META for one row, else
+    `skinny_meta`'s); tail: columns the last program sums at once (None: TAIL_ELEMS)."""
     if not sum_supported(x, weight, buffers):
         raise ValueError(
             f"row_parallel_sum needs x [M <= {MAX_ROWS}, K] of {SUPPORTED_DTYPES}, a weight [N, K] of its dtype with "
@@ -209,7 +210,7 @@ def row_parallel_sum(
         x = x.contiguous()
     m, k = x.shape
     n = weight.shape[0]
-    cfg = meta or (ONE_ROW_META if m == 1 else skinny_meta(m, n))
+    cfg = {**(ONE_ROW_META if m == 1 else skinny_meta(m, n)), **(meta or {})}
     block_k = min(cfg["block_k"], triton.next_power_of_2(k))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, cfg["block_n"]),)
@@ -263,20 +264,14 @@ class FusedSums:
     def row_parallel(self, x: torch.Tensor, weight: torch.Tensor, slot: int) -> torch.Tensor | None:
         if x.dim() != 2 or x.shape[0] > self.rows or not sum_supported(x, weight, self.buffers):
             return None
-        rows = x.shape[0]
-        base = ONE_ROW_META if rows == 1 else skinny_meta(rows, weight.shape[0])
-        meta = None if self.meta is None else {**base, **self.meta}
-        return row_parallel_sum(x, weight, self.buffers, slot, pdl=self.pdl, meta=meta, tail=self.tail)
+        return row_parallel_sum(x, weight, self.buffers, slot, pdl=self.pdl, meta=self.meta, tail=self.tail)
 
 
 def use_fused_sums(model, pdl: bool = False, meta: dict | None = None, tail: int | None = None):
     """The sums of the tensor-parallel shard `model` through `FusedSums`: its o and down projections of one row
     (a decode step at batch 1) each one kernel with the sum inside, the rest through the one-shot sum
-    (`use_allreduce(model, "oneshot")`). meta (keys over `skinny_meta`'s), tail: as `row_parallel_sum`'s.
+    (`use_allreduce(model, "oneshot")`). meta, tail: as `row_parallel_sum`'s.
     Collective (every rank of the group calls it); capture steps after it. Returns the model."""
-    # local: models must not import codegen at module level either way round; this keeps the two apart
-    from tlt_rt.models.tensor_parallel import set_fast_allreduce, use_allreduce
-
     use_allreduce(model, "oneshot")
     inner = model.tp.fast
     buffers = getattr(model, "_row_sums", None)
