@@ -48,6 +48,20 @@ ALLREDUCE_KINDS = ("nccl", "oneshot")
 ONESHOT_MAX_BYTES = 8 << 20  # a verify step of 32 x 32 tokens on a 3,584-wide model in bf16 is 7.3 MB
 
 
+def symmetric_empty(group, numel: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, Any]:
+    """(buffer, handle): `numel` elements of symmetric memory on this rank, every rank's mapped for the others
+    (`handle.buffer_ptrs`); collective over `group` (None: the default group). CUDA only."""
+    # local: symmetric memory is CUDA-only and its module may be missing from CPU builds
+    import torch.distributed._symmetric_memory as symm_mem
+
+    name = (group if group is not None else dist.group.WORLD).group_name
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)  # needed by older releases, a no-op later
+    if enable is not None:
+        enable(name)
+    buffer = symm_mem.empty(numel, dtype=dtype, device=device)
+    return buffer, symm_mem.rendezvous(buffer, name)
+
+
 class OneShotAllReduce:
     """Sum over the ranks of `group` through symmetric memory: each rank copies its tensor into a buffer every
     other rank of the node can read over NVLink, then one kernel on each rank reads all copies and adds them
@@ -59,17 +73,9 @@ class OneShotAllReduce:
     """
 
     def __init__(self, group, device: torch.device, dtype: torch.dtype, max_bytes: int = ONESHOT_MAX_BYTES):
-        # local: symmetric memory is CUDA-only and its module may be missing from CPU builds
-        import torch.distributed._symmetric_memory as symm_mem
-
-        group = group if group is not None else dist.group.WORLD
-        self.group_name = group.group_name
+        self.group_name = (group if group is not None else dist.group.WORLD).group_name
         self.dtype = dtype
-        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)  # needed by older releases, a no-op later
-        if enable is not None:
-            enable(self.group_name)
-        self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
-        symm_mem.rendezvous(self.buffer, self.group_name)
+        self.buffer, _ = symmetric_empty(group, max_bytes // dtype.itemsize, dtype, device)
 
     def __call__(self, x: torch.Tensor) -> bool:
         n = x.numel()

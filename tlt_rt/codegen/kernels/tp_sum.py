@@ -25,12 +25,13 @@ in for the other ranks' buffers (tests/test_tp_sum.py).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import triton
 import triton.language as tl
 
 from tlt_rt.codegen.kernels.pdl import interpreting, launch_meta
 from tlt_rt.codegen.kernels.skinny_gemm import MAX_ROWS, SUPPORTED_DTYPES, _row_products, skinny_meta
-from tlt_rt.models.tensor_parallel import set_fast_allreduce, use_allreduce
+from tlt_rt.models.tensor_parallel import set_fast_allreduce, symmetric_empty, use_allreduce
 
 __all__ = ["FLAG_WORDS", "SLOTS", "FusedSums", "SumBuffers", "row_parallel_sum", "sum_supported", "use_fused_sums"]
 
@@ -147,17 +148,8 @@ class SumBuffers:
     @classmethod
     def symmetric(cls, group, device: torch.device, slot_elems: int) -> SumBuffers:
         """One buffer a rank over symmetric memory (zeroed, so every flag is down), collective over `group`."""
-        # local: symmetric memory is CUDA-only and its module may be missing from CPU builds
-        import torch.distributed as dist
-        import torch.distributed._symmetric_memory as symm_mem
-
-        group = group if group is not None else dist.group.WORLD
-        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)  # needed by older releases, a no-op later
-        if enable is not None:
-            enable(group.group_name)
-        buf = symm_mem.empty(cls.buffer_elems(slot_elems), dtype=torch.float32, device=device)
+        buf, handle = symmetric_empty(group, cls.buffer_elems(slot_elems), torch.float32, device)
         buf.zero_()
-        handle = symm_mem.rendezvous(buf, group.group_name)
         torch.cuda.synchronize(device)
         dist.barrier(group=group)  # no rank raises a flag before every buffer is zeroed
         ptrs = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
