@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.helpers.engine import PROMPTS, TINY
+from tests.helpers.engine import PROMPTS, TINY, count_calls
 from tlt_rt.models.drafter import Drafter
 from tlt_rt.models.llama import CausalLM
 from tlt_rt.rollout import Engine, SamplingParams
@@ -55,14 +55,8 @@ def test_fused_decode_kernels_keep_the_eager_tokens(speculative, monkeypatch):
     inside decode attention)."""
     from tlt_rt.codegen.kernels import decode_rope_attention, norm_linear
 
-    used = {"norm": 0, "rope": 0}
-    for mod, name, key in (
-        (norm_linear, "norm_linear", "norm"),
-        (decode_rope_attention, "decode_rope_attention", "rope"),
-    ):
-        real = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, _real=real, _key=key, **kw: used.__setitem__(_key, used[_key] + 1)
-                            or _real(*a, **kw))  # fmt: skip
+    targets = ((norm_linear, "norm_linear", "norm"), (decode_rope_attention, "decode_rope_attention", "rope"))
+    used = count_calls(monkeypatch, targets)
     # at most 8 rows a step (the norm kernel's limit): two prompts x 3 samples
     params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
     prompts = PROMPTS[:2]

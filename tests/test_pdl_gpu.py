@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.engine import PROMPTS
+from tests.helpers.engine import PROMPTS, count_calls
 from tests.test_engine_gpu import _pair
 from tlt_rt.rollout import Engine, SamplingParams
 
@@ -69,15 +69,12 @@ def test_engine_with_pdl_keeps_the_eager_tokens(speculative, monkeypatch):
     tokens are the eager torch engine's, and the step's kernels ran with PDL asked for."""
     from tlt_rt.codegen.kernels import decode_rope_attention, norm_linear, skinny_gemm
 
-    asked = {"norm": 0, "skinny": 0, "rope": 0}
-    for mod, name, key in (
+    targets = (
         (norm_linear, "norm_linear", "norm"),
         (skinny_gemm, "skinny_linear_triton", "skinny"),
         (decode_rope_attention, "decode_rope_attention", "rope"),
-    ):
-        real = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, _real=real, _key=key, **kw: asked.__setitem__(
-            _key, asked[_key] + bool(kw.get("pdl"))) or _real(*a, **kw))  # fmt: skip
+    )
+    asked = count_calls(monkeypatch, targets, lambda kwargs: int(bool(kwargs.get("pdl"))))  # launches asking for PDL
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=40, stop_token_ids=[])
     prompts = PROMPTS[1:2]
     target, drafter = _pair()

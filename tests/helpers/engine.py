@@ -45,3 +45,18 @@ def make_engine(speculative="on", strategies=("3_3_8", "4_2_6"), seed=0, **kw):
 
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 1], [3], [2, 2, 2, 2, 2]]
+
+
+def count_calls(monkeypatch, targets, counts=lambda kwargs: 1) -> dict:
+    """Wrap each (module, function name, key) of `targets` so that every call adds counts(its keyword arguments)
+    to the returned dict's entry `key`, then runs the real function: which kernels a run went through."""
+    seen = dict.fromkeys((key for _, _, key in targets), 0)
+    for mod, name, key in targets:
+        real = getattr(mod, name)
+
+        def counted(*args, _real=real, _key=key, **kwargs):
+            seen[_key] += counts(kwargs)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(mod, name, counted)
+    return seen
