@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import statistics
 import time
@@ -49,7 +50,7 @@ from tlt_rt.models.default import DEFAULT_NAME, fetched_gguf, not_fetched
 from tlt_rt.models.llama import CausalLM, Rotary
 from tlt_rt.models.registry import MODELS
 from tlt_rt.models.shapes import SHAPES
-from tlt_rt.train.profile import kernel_rows
+from tlt_rt.train.profile import exposed_rows, kernel_rows
 
 
 def model_source(name: str) -> str:
@@ -217,6 +218,11 @@ def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, to
     rows = kernel_table(prof, replays)
     print_kernel_table(rows, f"kernel breakdown, batch {batch} ctx {ctx}, per step", top)
     print(step_summary(rows, model.arch.num_hidden_layers, replay_s))
+    exposed = [(name, ex / replays, busy / replays, n / replays) for name, ex, busy, n in exposed_rows(prof.events())]
+    total = sum(r[1] for r in exposed)
+    print(f"exposed kernel time (what each adds to the step's timeline, overlaps counted once): {total / 1e3:.3f} ms")
+    for name, ex, busy, n in exposed[:top]:
+        print(f"  {ex:9.1f} us exposed {busy:9.1f} us busy {n:6.1f}x  {name[:90]}")
     del g, cache
     torch.cuda.empty_cache()
 
@@ -270,6 +276,14 @@ VARIANTS = {
         {**ROPE, "pdl": 2},
     ),
 }
+SKINNY, ROPE_ATTN = "tlt_rt.codegen.kernels.skinny_gemm", "tlt_rt.codegen.kernels.decode_rope_attention"
+PADDED = {(SKINNY, "MAX_PIECES"): 1, (SKINNY, "WHOLE_ELEMS"): 0}  # rows in one padded tile, else streamed
+LATE_KV = {(ROPE_ATTN, "EARLY_LOADS"): False}  # attention reads nothing before its wait
+# pdl with one of the chain's kernel settings as it was before: name -> (module, attribute) -> value, set while
+# the variant's graphs are captured (the launches' constexprs are fixed there)
+KNOBS = {"pdl-padded": PADDED, "pdl-late-kv": LATE_KV, "pdl-before": {**PADDED, **LATE_KV}}
+for _name in KNOBS:
+    VARIANTS[_name] = VARIANTS["pdl"]
 
 
 def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
@@ -282,9 +296,14 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
     glues = {name: KernelGlue(pieces=base, **VARIANTS[name][0]) for name in args.compare}
     backends = {name: TritonAttention(**VARIANTS[name][1]) for name in args.compare}
 
+    knobs = {key for name in args.compare for key in KNOBS.get(name, {})}
+    defaults = {key: getattr(importlib.import_module(key[0]), key[1]) for key in knobs}
+
     def use(name: str) -> None:
         set_glue(model, glues[name])
         model.attn_backend = backends[name]
+        for key, default in defaults.items():
+            setattr(importlib.import_module(key[0]), key[1], KNOBS.get(name, {}).get(key, default))
 
     if args.profile:
         for name in glues:
@@ -318,6 +337,8 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
                 torch.cuda.empty_cache()
     set_glue(model, base)
     model.attn_backend = TritonAttention()
+    for key, default in defaults.items():
+        setattr(importlib.import_module(key[0]), key[1], default)
     return rows
 
 

@@ -62,9 +62,9 @@ def discover() -> dict[str, JITFunction]:
 
 JOBS: dict[str, tuple] = {}  # one per distinct specialization, in launch order
 # a global-memory access in PTX (an L2 prefetch is none: it reads nothing into the kernel and writes nothing), and
-# the weight loads a PDL kernel may issue before its wait (`kernels.pdl.load_weight`: evict-first)
+# the loads a PDL kernel may issue before its wait (`kernels.pdl.load_early`, of weights and step inputs: evict-first)
 GLOBAL_ACCESS = re.compile(r"\b(ld|st|atom|red)\.global\b|\bcp\.async\.(?!bulk\.prefetch)")
-WEIGHT_LOAD = re.compile(r"\bld\.global\.L1::evict_first\b")
+EARLY_LOAD = re.compile(r"\bld\.global\.L1::evict_first\b")
 _binders: dict[JITFunction, Callable] = {}
 
 
@@ -93,8 +93,9 @@ def _describe(e: BaseException) -> str:
 
 def pdl_report(ptx: str) -> dict:
     """What the PDL contract asks of a kernel's PTX: `griddepcontrol.wait` present, no global store or atomic and
-    no load but weight loads before the first one in the text (code before the wait in any path comes before it
-    there), the signal (`launch_dependents`) after it; and the L2 prefetches and weight loads before it."""
+    no load but early loads (`kernels.pdl.load_early`) before the first one in the text (code before the wait in
+    any path comes before it there), the signal (`launch_dependents`) after it; and the L2 prefetches and early
+    loads before it."""
     lines = [ln.strip() for ln in ptx.splitlines()]
     waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
     signals = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch_dependents")]
@@ -102,11 +103,11 @@ def pdl_report(ptx: str) -> dict:
     return {
         "waits": len(waits),
         "signal_after_wait": bool(waits and signals) and min(signals) > first,
-        "global_before_wait": [ln for ln in lines[:first] if GLOBAL_ACCESS.search(ln) and not WEIGHT_LOAD.search(ln)][
+        "global_before_wait": [ln for ln in lines[:first] if GLOBAL_ACCESS.search(ln) and not EARLY_LOAD.search(ln)][
             :5
         ],
         "prefetch_before_wait": sum(ln.startswith("prefetch.global.L2") for ln in lines[:first]),
-        "weight_loads_before_wait": sum(bool(WEIGHT_LOAD.search(ln)) for ln in lines[:first]),
+        "early_loads_before_wait": sum(bool(EARLY_LOAD.search(ln)) for ln in lines[:first]),
     }
 
 

@@ -88,6 +88,25 @@ def test_matches_rotary_write_then_attention(lens, shape, splits, seed):
     torch.testing.assert_close(v_cache, want_v, atol=0, rtol=0)
 
 
+def test_reading_ahead_of_the_wait_changes_nothing(monkeypatch):
+    """The lengths, tables and first cache tile read before the PDL wait (EARLY_LOADS) or after it: the same output
+    and cache, bit for bit (chunks of one tile and of several, an empty split)."""
+    import tlt_rt.codegen.kernels.decode_rope_attention as mod
+
+    outs = []
+    for early in (True, False):
+        monkeypatch.setattr(mod, "EARLY_LOADS", early)
+        (q, k, v, positions, slots, k_cache, v_cache), meta = _case([3, 70, 140], 6, 2, 32, torch.float32, 5)
+        inv_freq = rope_inv_freq_of(32, 10000.0).to(DEVICE)
+        for splits in (1, 3, 8):
+            got = decode_rope_attention(q, k, v, positions, inv_freq, k_cache, v_cache, slots, meta.block_tables,
+                                        meta.seq_lens, 0.2, num_splits=splits)  # fmt: skip
+            outs.append((got, k_cache.clone(), v_cache.clone()))
+    for a, b in zip(outs[:3], outs[3:], strict=True):
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x, y, atol=0, rtol=0)
+
+
 def test_bf16_within_rounding_of_the_two_kernels():
     (q, k, v, positions, slots, k_cache, v_cache), meta = _case([1, 40, 100], 6, 2, 64, torch.bfloat16, 3)
     inv_freq = rope_inv_freq_of(64, 1e6).to(DEVICE)

@@ -25,6 +25,8 @@ from hypothesis import strategies as st  # noqa: E402
 from tlt_rt.codegen.kernels.skinny_gemm import (  # noqa: E402
     MAX_ROWS,
     preferred,
+    row_pieces,
+    row_tiles,
     skinny_linear,
     skinny_linear_triton,
     supported,
@@ -67,6 +69,32 @@ def test_swiglu_epilogue_matches_matmul_then_activation(m, inter, k, bias, seed)
     got = skinny_linear_triton(x, w, b, meta=META, swiglu=True)
     assert got.shape == (m, inter)
     torch.testing.assert_close(got, F.silu(gate) * up, atol=1e-4 * k**0.5, rtol=1e-4)
+
+
+def test_row_pieces_cover_k_in_at_most_four_powers_of_two():
+    assert row_pieces(1536) == [1024, 512] and row_pieces(8960) == [8192, 512, 256] and row_pieces(64) == [64]
+    for k in range(1, 3000):
+        parts = row_pieces(k)
+        assert len(parts) <= 4 and all(p & (p - 1) == 0 for p in parts) and parts == sorted(parts, reverse=True)
+        assert sum(parts[:-1]) < k <= sum(parts) < 2 * k  # the last piece reaches past K by less than K
+
+
+@pytest.mark.parametrize("k", [48, 150, 203, 256])  # pieces exact (150 = 128 + 16 + 4 + 2) or the last masked (203)
+@pytest.mark.parametrize("whole", [0, 512])  # 0: rows wider than BLOCK_K streamed in tiles
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_whole_rows_and_streamed_tiles_match_linear(k, whole, swiglu):
+    g = torch.Generator().manual_seed(k + whole)
+    x = torch.randn(1, k, generator=g).to(DEVICE)
+    w = torch.randn(2 * 40, k, generator=g).to(DEVICE)
+    meta = {**META, "whole": whole}
+    tiles = row_tiles(k, meta, meta["block_n"] * (2 if swiglu else 1))
+    assert tiles["ONE_TILE"] == (k <= META["block_k"] or whole > 0)
+    got = skinny_linear_triton(x, w, meta=meta, swiglu=swiglu)
+    want = F.linear(x, w)
+    if swiglu:
+        gate, up = want.chunk(2, dim=-1)
+        want = F.silu(gate) * up
+    torch.testing.assert_close(got, want, atol=1e-4 * k**0.5, rtol=1e-4)
 
 
 def test_row_views_of_a_wider_weight():

@@ -64,10 +64,13 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
         "_decode_rope_attention_kernel",
         "_row_parallel_sum_kernel",
     }, chained
-    # every matmul gets its weight moving before its wait: loaded whole (rows within one tile) or prefetched
-    early = [r["prefetch_before_wait"] + r["weight_loads_before_wait"] > 0 for label, r in report["pdl"].items()
+    # every matmul gets its weight moving before its wait: loaded whole (`skinny_gemm.row_tiles`) or prefetched
+    early = [r["prefetch_before_wait"] + r["early_loads_before_wait"] > 0 for label, r in report["pdl"].items()
              if "PREFETCH=True" in label or "ONE_TILE=True" in label]  # fmt: skip
     assert len(early) >= 4 and all(early), report["pdl"]
+    # decode attention reads its lengths, tables and first tile of the cache before its wait
+    attention = [r for label, r in report["pdl"].items() if "_decode_rope_attention_kernel" in label]
+    assert attention and all(r["early_loads_before_wait"] >= 4 for r in attention), attention
     assert any("PDL=2" in label for label in report["pdl"]), list(report["pdl"])  # signalling at the end
 
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from tlt_rt.train.profile import caller_rows, kernel_kinds, kernel_rows, profiled, summary
+from tlt_rt.train.profile import caller_rows, exposed_rows, kernel_kinds, kernel_rows, profiled, summary
 
 
 def test_profiled_writes_the_host_operators_of_the_block(tmp_path):
@@ -37,6 +37,26 @@ def test_kernel_rows_sum_by_name_and_kinds_group_them():
     assert kinds["matmul"] == 500.0 and kinds["other"] == 10.0
     text = summary("t", 0.002, rows, kernel_rows(ev, device=False))
     assert "kernels 0.001 s in 6 launches (35% of the wall time busy)" in text and "aten::mm" in text
+
+
+def test_exposed_rows_count_overlapping_kernels_once():
+    """Kernels placed while the one before runs (PDL) add only what reaches past it; a gap before a kernel is not
+    its time; host events are left out."""
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(name, start, end, device=cuda):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [
+        ev("matmul", 0.0, 10.0),
+        ev("attention", 6.0, 13.0),  # placed early: 3 of its 7 us exposed
+        ev("matmul", 20.0, 30.0),  # after a 7 us gap: its 10 us
+        ev("tiny", 22.0, 25.0),  # wholly inside the matmul: nothing exposed
+        ev("aten::mm", 0.0, 100.0, cpu),
+    ]
+    rows = exposed_rows(events)
+    assert rows == [("matmul", 20.0, 20.0, 2), ("attention", 3.0, 7.0, 1), ("tiny", 0.0, 3.0, 1)]
+    assert sum(r[1] for r in rows) == 23.0  # the device's busy span, the gap left out
 
 
 def _three_cats(x: torch.Tensor) -> torch.Tensor:

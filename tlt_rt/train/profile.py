@@ -41,6 +41,28 @@ def kernel_rows(events, device: bool = True) -> list[tuple[str, float, int]]:
     return sorted(((k, us, int(n)) for k, (us, n) in rows.items()), key=lambda r: -r[1])
 
 
+def exposed_rows(events) -> list[tuple[str, float, float, int]]:
+    """(name, exposed us, busy us, count) by kernel name over a finished profiler's device kernels, largest exposed
+    first. A kernel's exposed time is how far it moves the device timeline's end: its end minus the later of its
+    start and every earlier kernel's end. Kernels that overlap (programmatic dependent launch places one while
+    the one before runs) count only what they add; summed over a step, exposed times give the step's kernel
+    time without the overlaps, and a kernel's own time (busy) includes what it spent placed but waiting."""
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in events
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    rows: dict[str, list[float]] = {}
+    frontier = float("-inf")
+    for start, end, name in kernels:
+        r = rows.setdefault(name, [0.0, 0.0, 0])
+        r[0] += max(0.0, end - max(frontier, start))
+        r[1] += end - start
+        r[2] += 1
+        frontier = max(frontier, end)
+    return sorted(((k, ex, busy, int(n)) for k, (ex, busy, n) in rows.items()), key=lambda r: -r[1])
+
+
 def kernel_kinds(rows: list[tuple[str, float, int]]) -> dict[str, float]:
     """Microseconds by kind (KINDS; the rest 'other'), largest first."""
     out: dict[str, float] = {}

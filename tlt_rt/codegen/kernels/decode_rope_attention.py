@@ -41,15 +41,58 @@ from tlt_rt.codegen.kernels.paged import (
     num_sms,
     split_counters,
 )
-from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave
+from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave, load_early
 
-__all__ = ["decode_rope_attention"]
+__all__ = ["EARLY_LOADS", "decode_rope_attention"]
+
+# Under PDL, each program reads the step's lengths, positions and tables and its chunk's first tile of the cache
+# before its wait (`kernels.pdl`), while the q/k/v projection before it still runs; False waits first (kept so
+# that `benchmarks/step_costs.py --compare` can measure what the early reads buy).
+EARLY_LOADS = True
 
 
 @triton.jit
 def _rotate(x1, x2, c, s, dtype):
     """rot((x1, x2)) in float32, rounded to `dtype` and widened again: the halves as the cache / q hold them."""
     return (x1 * c - x2 * s).to(dtype).to(tl.float32), (x2 * c + x1 * s).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _kv_tile(
+    K_CACHE, V_CACHE, bt_row, n0, lim, kvh, stride_cs, stride_ch, d, HALF: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+):  # fmt: skip
+    """Cache positions n0 .. n0 + BLOCK_N (those before `lim`) of KV head kvh: K as two [HALF, BLOCK_N] halves, V as
+    two [BLOCK_N, HALF] ones, and the positions' mask. Loads `kernels.pdl` allows before the wait: the positions
+    before the new token's were written by earlier steps, the block table before the step's first kernel."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    ok = pos < lim
+    blk = load_early(bt_row + pos // PAGE_SIZE, ok, 0).to(tl.int64)
+    row = (blk * PAGE_SIZE + pos % PAGE_SIZE) * stride_cs + kvh * stride_ch
+    ka = load_early(K_CACHE + row[None, :] + d[:, None], ok[None, :], 0.0)
+    kb = load_early(K_CACHE + row[None, :] + HALF + d[:, None], ok[None, :], 0.0)
+    va = load_early(V_CACHE + row[:, None] + d[None, :], ok[:, None], 0.0)
+    vb = load_early(V_CACHE + row[:, None] + HALF + d[None, :], ok[:, None], 0.0)
+    if DOT_FP32:
+        ka, kb, va, vb = ka.to(tl.float32), kb.to(tl.float32), va.to(tl.float32), vb.to(tl.float32)
+    return ka, kb, va, vb, ok
+
+
+@triton.jit
+def _attend_tile(
+    qa, qb, ka, kb, va, vb, ok, m_i, l_i, acc1, acc2, qk_scale, p_dtype: tl.constexpr, DOT_PRECISION: tl.constexpr
+):  # fmt: skip
+    """One tile of the online softmax: (m_i, l_i, acc1, acc2) after the positions `ok` of a `_kv_tile`."""
+    sc = tl.dot(qa, ka, input_precision=DOT_PRECISION) + tl.dot(qb, kb, input_precision=DOT_PRECISION)
+    sc = tl.where(ok[None, :], sc * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p = p.to(p_dtype).to(va.dtype)  # rounded as `_attend_tile` of decode_attention rounds it
+    acc1 = acc1 * alpha[:, None] + tl.dot(p, va, input_precision=DOT_PRECISION)
+    acc2 = acc2 * alpha[:, None] + tl.dot(p, vb, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc1, acc2
 
 
 @triton.jit(do_not_specialize=TABLE_STRIDE)
@@ -65,22 +108,29 @@ def _decode_rope_attention_kernel(
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HALF: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
 ):  # fmt: skip
-    enter(PDL)  # nothing loaded ahead of the wait (only q / k / v come from the kernel before; the tables and the
-    # cache's earlier positions could be read ahead, not yet done)
+    if not EARLY:
+        enter(PDL)
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = pid // n_kv_heads
     kvh = pid % n_kv_heads
-    seq_len = tl.load(SEQ_LENS + b)
+    # With EARLY, ahead of the wait (kernels.pdl), what the kernel before (this step's q/k/v projection) does not
+    # write: the step's lengths, positions and tables, and the chunk's first tile of the cache's earlier positions.
+    seq_len = load_early(SEQ_LENS + b, True, 0)
     chunk_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk_len
     end = tl.minimum(start + chunk_len, seq_len)
     last = seq_len - 1  # the new token's position: from registers, never from the cache
-
+    lim = tl.minimum(end, last)
     d = tl.arange(0, HALF)
-    ang = tl.load(POS + b).to(tl.float32) * tl.load(INV_FREQ + d)
+    bt_row = BLOCK_TABLES + b * stride_btb
+    ka, kb, va, vb, ok = _kv_tile(K_CACHE, V_CACHE, bt_row, start, lim, kvh, stride_cs, stride_ch, d, HALF, PAGE_SIZE,
+                                  BLOCK_N, DOT_FP32)  # fmt: skip
+    ang = load_early(POS + b, True, 0).to(tl.float32) * load_early(INV_FREQ + d, True, 0.0)
+    if EARLY:
+        enter(PDL)
     c = tl.cos(ang)
     s = tl.sin(ang)
     offs_g = tl.arange(0, BLOCK_G)
@@ -112,29 +162,14 @@ def _decode_rope_attention_kernel(
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_G, HALF], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_G, HALF], dtype=tl.float32)
-    offs_n = tl.arange(0, BLOCK_N)
-    bt_row = BLOCK_TABLES + b * stride_btb
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + offs_n
-        ok = pos < tl.minimum(end, last)
-        blk = tl.load(bt_row + pos // PAGE_SIZE, mask=ok, other=0).to(tl.int64)
-        row = (blk * PAGE_SIZE + pos % PAGE_SIZE) * stride_cs + kvh * stride_ch
-        ka = tl.load(K_CACHE + row[None, :] + d[:, None], mask=ok[None, :], other=0.0)
-        kb = tl.load(K_CACHE + row[None, :] + HALF + d[:, None], mask=ok[None, :], other=0.0)
-        va = tl.load(V_CACHE + row[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        vb = tl.load(V_CACHE + row[:, None] + HALF + d[None, :], mask=ok[:, None], other=0.0)
-        if DOT_FP32:
-            ka, kb, va, vb = ka.to(tl.float32), kb.to(tl.float32), va.to(tl.float32), vb.to(tl.float32)
-        sc = tl.dot(qa, ka, input_precision=DOT_PRECISION) + tl.dot(qb, kb, input_precision=DOT_PRECISION)
-        sc = tl.where(ok[None, :], sc * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        p = p.to(V_CACHE.dtype.element_ty).to(va.dtype)  # rounded as `_attend_tile` rounds it
-        acc1 = acc1 * alpha[:, None] + tl.dot(p, va, input_precision=DOT_PRECISION)
-        acc2 = acc2 * alpha[:, None] + tl.dot(p, vb, input_precision=DOT_PRECISION)
-        m_i = m_new
+    pdt = V_CACHE.dtype.element_ty
+    # the first tile (loaded ahead; all masked where the chunk is empty: a no-op on the running sums), then the rest
+    m_i, l_i, acc1, acc2 = _attend_tile(qa, qb, ka, kb, va, vb, ok, m_i, l_i, acc1, acc2, qk_scale, pdt, DOT_PRECISION)
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):
+        ka, kb, va, vb, ok = _kv_tile(K_CACHE, V_CACHE, bt_row, n0, lim, kvh, stride_cs, stride_ch, d, HALF,
+                                      PAGE_SIZE, BLOCK_N, DOT_FP32)  # fmt: skip
+        m_i, l_i, acc1, acc2 = _attend_tile(qa, qb, ka, kb, va, vb, ok, m_i, l_i, acc1, acc2, qk_scale, pdt,
+                                            DOT_PRECISION)  # fmt: skip
     if (start <= last) & (last < end):  # this split's chunk holds the new token
         kf1 = k1.to(cdt).to(tl.float32)
         kf2 = k2.to(cdt).to(tl.float32)
@@ -236,7 +271,7 @@ def decode_rope_attention(
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         GROUP=group, BLOCK_G=block_g, HALF=head_dim // 2, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
         MERGE=counters is not None, BLOCK_S=merge_block_s(block_g, num_splits, head_dim),
-        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot,
+        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EARLY=EARLY_LOADS,
         num_warps=meta["num_warps"], num_stages=meta["num_stages"], **launch_meta(q.device, pdl),
     )  # fmt: skip
     if split and counters is None:

@@ -13,9 +13,13 @@ without PDL) and is even on the 1.5B's; prefetching the slab into L2 instead (`p
 PREFETCH) was slower, and signalling at the start with nothing to load early slower still.
 
 The contract every kernel taking PDL keeps (tests/kernel_compile_check.py checks it in the PTX of each):
-- before `enter` it writes nothing and reads only weights (constant within a step: the learner updates them
-  between steps, outside any graph): L2 prefetches, or loads through `load_weight` (a one-tile matmul's whole
-  slab, in registers when the wait returns);
+- before `enter` it writes nothing and reads only what no kernel of the step before it writes (`load_early`):
+  weights (constant within a step: the learner updates them between steps, outside any graph), as L2 prefetches or
+  loads through `load_weight` (a one-tile matmul's whole slab, in registers when the wait returns); and in decode
+  attention the step's lengths, positions and block tables (filled before the step's first kernel) and the first
+  tile of the cache's earlier positions (written by earlier steps; the kernel before, the q/k/v projection, writes
+  no cache). That holds because a waiting kernel is placed only once the kernel before has passed its own wait:
+  everything before that one has finished;
 - `enter` (the wait) runs in every program, unconditionally, and the signal comes after it: right after
   (SIGNAL_AT_START) or once the program's main loop is done (`leave`, SIGNAL_AT_END), so the next kernel is placed
   only once this one runs (a chain of waiting kernels never runs more than one kernel ahead, nor prefetches
@@ -37,6 +41,7 @@ import triton.language as tl
 
 __all__ = [
     "LINE_BYTES",
+    "load_early",
     "load_weight",
     "SIGNAL_AT_END",
     "SIGNAL_AT_START",
@@ -115,10 +120,17 @@ def leave(PDL: tl.constexpr):
 
 
 @triton.jit
+def load_early(ptrs, mask, other):
+    """A load a kernel may issue before `enter`: of what no kernel of the step before it writes (weights; a decode
+    attention's lengths, positions, block tables and the cache's earlier positions), marked evict-first, the mark
+    the PTX check tells such loads by."""
+    return tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
+
+
+@triton.jit
 def load_weight(ptrs, mask):
-    """A load of weight elements (read once a step, constant within it), marked evict-first: the one kind of load a
-    kernel may issue before `enter` (the PTX check tells it by that mark)."""
-    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    """A load of weight elements (read once a step, constant within it) before `enter` (`load_early`)."""
+    return load_early(ptrs, mask, 0.0)
 
 
 @triton.jit

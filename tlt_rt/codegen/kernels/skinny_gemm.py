@@ -30,6 +30,8 @@ __all__ = [
     "NARROW_N",
     "SKINNY_META",
     "preferred",
+    "row_pieces",
+    "row_tiles",
     "skinny_linear",
     "skinny_linear_triton",
     "skinny_meta",
@@ -62,6 +64,36 @@ def skinny_meta(rows: int, weight_rows: int) -> dict:
     counted whole)."""
     block_m = triton.next_power_of_2(rows)
     return ONE_ROW_NARROW if block_m == 1 and weight_rows < NARROW_N else SKINNY_META[block_m]
+
+
+# Most weight elements a thread holds when its program loads its rows whole (meta key "whole"; 0: only rows
+# within one BLOCK_K tile): the one-row tiles' level (4 rows of gate and of up, 2,048 wide, over 128 threads).
+WHOLE_ELEMS = 128
+MAX_PIECES = 4  # a whole row is loaded as at most this many power-of-two pieces
+
+
+def row_pieces(k: int) -> list[int]:
+    """K as at most MAX_PIECES power-of-two widths, widest first, covering it: its binary digits (1,536 -> 1,024 +
+    512; 8,960 -> 8,192 + 512 + 256), the last piece rounded up where K has more digits (its tail masked)."""
+    parts = [1 << b for b in range(k.bit_length() - 1, -1, -1) if k >> b & 1]
+    if len(parts) > MAX_PIECES:
+        head = parts[: MAX_PIECES - 1]
+        parts = [*head, triton.next_power_of_2(k - sum(head))]
+    return parts
+
+
+def row_tiles(k: int, cfg: dict, slab_rows: int) -> dict:
+    """A launch's K tiling (BLOCK_K, K1, K2, K3, ONE_TILE) for rows of K elements and a program holding
+    `slab_rows` rows of W (BLOCK_N, twice that with SwiGLU's two halves). Rows loaded whole (ONE_TILE) in the
+    pieces of `row_pieces`, all issued at once and before the PDL wait, where K fits one BLOCK_K tile or the
+    slab fits cfg["whole"] (WHOLE_ELEMS) elements a thread; else streamed in BLOCK_K tiles."""
+    pieces = row_pieces(k)
+    block_k = min(cfg["block_k"], triton.next_power_of_2(k))
+    budget = cfg.get("whole", WHOLE_ELEMS) * 32 * cfg["num_warps"]
+    if k <= block_k or slab_rows * sum(pieces) <= budget:
+        pieces += [0] * (MAX_PIECES - len(pieces))
+        return {"BLOCK_K": pieces[0], "K1": pieces[1], "K2": pieces[2], "K3": pieces[3], "ONE_TILE": True}
+    return {"BLOCK_K": block_k, "K1": 0, "K2": 0, "K3": 0, "ONE_TILE": False}
 
 
 @triton.jit
@@ -99,6 +131,32 @@ def _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, SWIGLU: tl.constexpr):
 
 
 @triton.jit
+def _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, START: tl.constexpr, SIZE: tl.constexpr, SWIGLU: tl.constexpr):
+    """Columns START .. START + SIZE of this program's rows of W (`_load_slab`, masked at K); (0.0, 0.0) for an
+    absent piece (SIZE 0)."""
+    if SIZE > 0:
+        rk = START + tl.arange(0, SIZE)
+        w, w_up = _load_slab(w_ptr, rn, rk, n_ok, rk < K, N, stride_wn, SWIGLU)
+    else:
+        w = 0.0
+        w_up = 0.0
+    return w, w_up
+
+
+@triton.jit
+def _piece_products(
+    x_ptr, rm, m_ok, K, stride_xm, w, w_up, acc, acc_up, START: tl.constexpr, SIZE: tl.constexpr,
+    SWIGLU: tl.constexpr,
+):  # fmt: skip
+    """acc (acc_up) += rows rm of x, columns START .. START + SIZE, times a loaded piece of W (`_load_piece`)."""
+    if SIZE > 0:
+        rk = START + tl.arange(0, SIZE)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
+        acc, acc_up = _slab_products(x.to(tl.float32)[:, None, :], w, w_up, acc, acc_up, SWIGLU)
+    return acc, acc_up
+
+
+@triton.jit
 def _slab_products(x, w, w_up, acc, acc_up, SWIGLU: tl.constexpr):
     """acc += x . w for rows x [M, 1, BLOCK_K] (fp32) and a loaded slab w [BLOCK_N, BLOCK_K]; acc_up with w_up."""
     acc += tl.sum(x * w[None, :, :], axis=2)
@@ -127,19 +185,25 @@ def _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS: tl.constexpr,
 def _row_products(
     x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
-    LINES: tl.constexpr, ONE_TILE: tl.constexpr,
+    LINES: tl.constexpr, ONE_TILE: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr,
 ):  # fmt: skip
     """(acc, acc_up): rows rm of x times rows rn of W (and rows N + rn, the up half, with SWIGLU), fp32, for a program
-    of a matrix-vector kernel, with its PDL wait (`enter`) and signal (`leave`) around the loads of x."""
+    of a matrix-vector kernel, with its PDL wait (`enter`) and signal (`leave`) around the loads of x. ONE_TILE: rows
+    in pieces of BLOCK_K, K1, K2, K3 columns (`row_tiles`), loaded at once; else streamed in BLOCK_K tiles."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
-    if ONE_TILE:  # K <= BLOCK_K: the whole slab of W in registers, loaded before the wait (see kernels.pdl)
-        k_ok = rk < K
-        w, w_up = _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, SWIGLU)
+    if ONE_TILE:  # the whole slab of W in registers (`row_tiles`' pieces), loaded before the wait (kernels.pdl)
+        w0, u0 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, 0, BLOCK_K, SWIGLU)
+        w1, u1 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K, K1, SWIGLU)
+        w2, u2 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K + K1, K2, SWIGLU)
+        w3, u3 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K + K1 + K2, K3, SWIGLU)
         enter(PDL)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        acc, acc_up = _slab_products(x.to(tl.float32)[:, None, :], w, w_up, acc, acc_up, SWIGLU)
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w0, u0, acc, acc_up, 0, BLOCK_K, SWIGLU)
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w1, u1, acc, acc_up, BLOCK_K, K1, SWIGLU)
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w2, u2, acc, acc_up, BLOCK_K + K1, K2, SWIGLU)
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w3, u3, acc, acc_up, BLOCK_K + K1 + K2, K3,
+                                      SWIGLU)  # fmt: skip
     else:
         if PREFETCH:  # the slab of W (both halves with SWIGLU) into L2 while the kernel before still runs
             _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
@@ -177,6 +241,9 @@ def _skinny_kernel(
     LINE: tl.constexpr,
     LINES: tl.constexpr,
     ONE_TILE: tl.constexpr,
+    K1: tl.constexpr,
+    K2: tl.constexpr,
+    K3: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -184,7 +251,7 @@ def _skinny_kernel(
     n_ok = rn < N
     m_ok = rm < M
     acc, acc_up = _row_products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU, BLOCK_M,
-                                BLOCK_N, BLOCK_K, PDL, PREFETCH, LINE, LINES, ONE_TILE)  # fmt: skip
+                                BLOCK_N, BLOCK_K, PDL, PREFETCH, LINE, LINES, ONE_TILE, K1, K2, K3)  # fmt: skip
     acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -240,7 +307,7 @@ def skinny_linear_triton(
     cfg = meta or skinny_meta(m, weight.shape[0])
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, cfg["block_n"]),)
-    block_k = min(cfg["block_k"], triton.next_power_of_2(k))
+    tiles = row_tiles(k, cfg, cfg["block_n"] * (2 if swiglu else 1))
     _skinny_kernel[grid](
         x2,
         weight,
@@ -256,11 +323,10 @@ def skinny_linear_triton(
         SWIGLU=swiglu,
         BLOCK_M=block_m,
         BLOCK_N=cfg["block_n"],
-        BLOCK_K=block_k,
-        ONE_TILE=k <= block_k,
+        **tiles,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
-        **launch_meta(x2.device, pdl, weight.dtype, block_k, prefetch),
+        **launch_meta(x2.device, pdl, weight.dtype, tiles["BLOCK_K"], prefetch),
     )
     return y.view(*x.shape[:-1], n)
 

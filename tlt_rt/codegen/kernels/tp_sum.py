@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from tlt_rt.codegen.kernels.pdl import interpreting, launch_meta
-from tlt_rt.codegen.kernels.skinny_gemm import MAX_ROWS, SUPPORTED_DTYPES, _row_products, skinny_meta
+from tlt_rt.codegen.kernels.skinny_gemm import MAX_ROWS, SUPPORTED_DTYPES, _row_products, row_tiles, skinny_meta
 from tlt_rt.models.tensor_parallel import set_fast_allreduce, symmetric_empty, use_allreduce
 
 __all__ = ["FLAG_WORDS", "SLOTS", "FusedSums", "SumBuffers", "row_parallel_sum", "sum_supported", "use_fused_sums"]
@@ -90,6 +90,9 @@ def _row_parallel_sum_kernel(
     BLOCK_K: tl.constexpr,
     TAIL_N: tl.constexpr,
     ONE_TILE: tl.constexpr,
+    K1: tl.constexpr,
+    K2: tl.constexpr,
+    K3: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -98,7 +101,7 @@ def _row_parallel_sum_kernel(
     n_ok = rn < N
     m_ok = rm < M
     acc, _ = _row_products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, False, BLOCK_M, BLOCK_N,
-                           BLOCK_K, PDL, False, 1, 1, ONE_TILE)  # fmt: skip
+                           BLOCK_K, PDL, False, 1, 1, ONE_TILE, K1, K2, K3)  # fmt: skip
     # 1. this program's tile of the partial into this rank's slot
     slot = _peer(ptrs, RANK) + slot_base
     tl.store(slot + rm[:, None] * N + rn[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
@@ -203,7 +206,7 @@ def row_parallel_sum(
     m, k = x.shape
     n = weight.shape[0]
     cfg = {**(ONE_ROW_META if m == 1 else skinny_meta(m, n)), **(meta or {})}
-    block_k = min(cfg["block_k"], triton.next_power_of_2(k))
+    tiles = row_tiles(k, cfg, cfg["block_n"])
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, cfg["block_n"]),)
     _row_parallel_sum_kernel[grid](
@@ -224,9 +227,8 @@ def row_parallel_sum(
         WORLD=buffers.world,
         BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=cfg["block_n"],
-        BLOCK_K=block_k,
         TAIL_N=min(tail or TAIL_ELEMS, triton.next_power_of_2(n)),
-        ONE_TILE=k <= block_k,
+        **tiles,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **launch_meta(x.device, pdl),
