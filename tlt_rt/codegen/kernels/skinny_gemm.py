@@ -69,7 +69,7 @@ def skinny_meta(rows: int, weight_rows: int) -> dict:
 # Most weight elements a thread holds when its program loads its rows whole (meta key "whole"; 0: only rows
 # within one BLOCK_K tile): the one-row tiles' level (4 rows of gate and of up, 2,048 wide, over 128 threads).
 WHOLE_ELEMS = 128
-MAX_PIECES = 4  # a whole row is loaded as at most this many power-of-two pieces
+MAX_PIECES = 4  # a whole row is loaded as at most this many power-of-two pieces (the kernels take four)
 
 
 def row_pieces(k: int) -> list[int]:
@@ -91,7 +91,7 @@ def row_tiles(k: int, cfg: dict, slab_rows: int) -> dict:
     block_k = min(cfg["block_k"], triton.next_power_of_2(k))
     budget = cfg.get("whole", WHOLE_ELEMS) * 32 * cfg["num_warps"]
     if k <= block_k or slab_rows * sum(pieces) <= budget:
-        pieces += [0] * (MAX_PIECES - len(pieces))
+        pieces += [0] * (4 - len(pieces))  # the kernels' four piece widths, unused ones 0
         return {"BLOCK_K": pieces[0], "K1": pieces[1], "K2": pieces[2], "K3": pieces[3], "ONE_TILE": True}
     return {"BLOCK_K": block_k, "K1": 0, "K2": 0, "K3": 0, "ONE_TILE": False}
 
