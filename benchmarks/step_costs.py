@@ -277,16 +277,11 @@ VARIANTS = {
     ),
 }
 SKINNY, ROPE_ATTN = "tlt_rt.codegen.kernels.skinny_gemm", "tlt_rt.codegen.kernels.decode_rope_attention"
-PADDED = {(SKINNY, "MAX_PIECES"): 1, (SKINNY, "WHOLE_ELEMS"): 0}  # rows in one padded tile, else streamed
+STREAMED = {(SKINNY, "WHOLE_ELEMS"): 0}  # rows wider than one tile streamed in tiles, not loaded whole
 LATE_KV = {(ROPE_ATTN, "EARLY_LOADS"): False}  # attention reads nothing before its wait
-# pdl with one of the chain's kernel settings as it was before: name -> (module, attribute) -> value, set while
+# pdl with some of the chain's kernel settings as they were before: name -> (module, attribute) -> value, set while
 # the variant's graphs are captured (the launches' constexprs are fixed there)
-KNOBS = {
-    "pdl-padded": PADDED,
-    "pdl-late-kv": LATE_KV,
-    "pdl-before": {**PADDED, **LATE_KV},
-    "pdl-whole192": {(SKINNY, "WHOLE_ELEMS"): 192},  # rows loaded whole up to 192 elements a thread (1.5B's down)
-}
+KNOBS = {"pdl-streamed": STREAMED, "pdl-late-kv": LATE_KV, "pdl-before": {**STREAMED, **LATE_KV}}
 for _name in KNOBS:
     VARIANTS[_name] = VARIANTS["pdl"]
 

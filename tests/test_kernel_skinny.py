@@ -79,7 +79,7 @@ def test_row_pieces_cover_k_in_at_most_four_powers_of_two():
         assert sum(parts[:-1]) < k <= sum(parts) < 2 * k  # the last piece reaches past K by less than K
 
 
-@pytest.mark.parametrize("k", [48, 150, 203, 256])  # pieces exact (150 = 128 + 16 + 4 + 2) or the last masked (203)
+@pytest.mark.parametrize("k", [48, 150, 203, 256])  # one tile; pieces exact (150), the last masked (203)
 @pytest.mark.parametrize("whole", [0, 512])  # 0: rows wider than BLOCK_K streamed in tiles
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_whole_rows_and_streamed_tiles_match_linear(k, whole, swiglu):

@@ -66,9 +66,10 @@ def skinny_meta(rows: int, weight_rows: int) -> dict:
     return ONE_ROW_NARROW if block_m == 1 and weight_rows < NARROW_N else SKINNY_META[block_m]
 
 
-# Most weight elements a thread holds when its program loads its rows whole (meta key "whole"; 0: only rows
-# within one BLOCK_K tile): the one-row tiles' level (4 rows of gate and of up, 2,048 wide, over 128 threads).
-WHOLE_ELEMS = 128
+# Most weight elements a thread holds when its program loads rows wider than BLOCK_K whole (meta key "whole"; 0:
+# streamed in tiles): 192 takes Qwen2.5-Coder-1.5B's down projection (8,960 over 64 threads), which streamed in
+# five tiles cost 0.11 ms more a step (H200, step_costs.py --compare; benchmarks/RESULTS.md).
+WHOLE_ELEMS = 192
 MAX_PIECES = 4  # a whole row is loaded as at most this many power-of-two pieces (the kernels take four)
 
 
@@ -84,13 +85,16 @@ def row_pieces(k: int) -> list[int]:
 
 def row_tiles(k: int, cfg: dict, slab_rows: int) -> dict:
     """A launch's K tiling (BLOCK_K, K1, K2, K3, ONE_TILE) for rows of K elements and a program holding
-    `slab_rows` rows of W (BLOCK_N, twice that with SwiGLU's two halves). Rows loaded whole (ONE_TILE) in the
-    pieces of `row_pieces`, all issued at once and before the PDL wait, where K fits one BLOCK_K tile or the
-    slab fits cfg["whole"] (WHOLE_ELEMS) elements a thread; else streamed in BLOCK_K tiles."""
-    pieces = row_pieces(k)
+    `slab_rows` rows of W (BLOCK_N, twice that with SwiGLU's two halves); the rows are read before the PDL wait
+    where ONE_TILE. K within one BLOCK_K tile: one tile, padded to a power of two (pieces of it measured slower:
+    each is a reduction across the program's threads of its own); wider rows whole, in the pieces of
+    `row_pieces` all issued at once, where the slab fits cfg["whole"] (WHOLE_ELEMS) elements a thread; else
+    streamed in BLOCK_K tiles."""
     block_k = min(cfg["block_k"], triton.next_power_of_2(k))
-    budget = cfg.get("whole", WHOLE_ELEMS) * 32 * cfg["num_warps"]
-    if k <= block_k or slab_rows * sum(pieces) <= budget:
+    if k <= block_k:
+        return {"BLOCK_K": block_k, "K1": 0, "K2": 0, "K3": 0, "ONE_TILE": True}
+    pieces = row_pieces(k)
+    if slab_rows * sum(pieces) <= cfg.get("whole", WHOLE_ELEMS) * 32 * cfg["num_warps"]:
         pieces += [0] * (4 - len(pieces))  # the kernels' four piece widths, unused ones 0
         return {"BLOCK_K": pieces[0], "K1": pieces[1], "K2": pieces[2], "K3": pieces[3], "ONE_TILE": True}
     return {"BLOCK_K": block_k, "K1": 0, "K2": 0, "K3": 0, "ONE_TILE": False}
