@@ -286,6 +286,26 @@ for _name in KNOBS:
     VARIANTS[_name] = VARIANTS["pdl"]
 
 
+def wide_variant(name: str) -> bool:
+    """`pdl:bn=..,bk=..,w=..,s=..`: pdl with the one-row launch meta for weights of many rows (gate/up, the head;
+    `skinny_gemm.SKINNY_META[1]`) set from the name, keys left out kept. Registers the variant; False for other
+    names."""
+    if not name.startswith("pdl:"):
+        return False
+    from tlt_rt.codegen.kernels.skinny_gemm import SKINNY_META
+
+    keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages"}
+    meta = dict(SKINNY_META[1])
+    for item in name[4:].split(","):
+        key, _, value = item.partition("=")
+        if key not in keys or not value.isdigit():
+            raise ValueError(f"{name}: expected pdl:bn=..,bk=..,w=..,s=.. (any of them), got {item!r}")
+        meta[keys[key]] = int(value)
+    KNOBS[name] = {(SKINNY, "SKINNY_META"): {**SKINNY_META, 1: meta}}
+    VARIANTS[name] = VARIANTS["pdl"]
+    return True
+
+
 def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
     """`--compare`: every shape captured under each variant's glue, then replays in interleaved rounds."""
     from tlt_rt.codegen.backend import TritonAttention
@@ -387,10 +407,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--decode-meta", default=None, help="JSON file of decode attention meta-parameters to use")
     ap.add_argument("--profile", action="store_true", help="kernels of the first decode shape: time, count, gaps")
     ap.add_argument("--label", default="", help="tag written into each row (variant under test)")
-    ap.add_argument("--compare", nargs="+", default=None, choices=sorted(VARIANTS), metavar="VARIANT",
-                    help=f"glue variants side by side, the first the baseline ({', '.join(VARIANTS)})")  # fmt: skip
+    ap.add_argument("--compare", nargs="+", default=None, metavar="VARIANT",
+                    help=f"glue variants side by side, the first the baseline ({', '.join(VARIANTS)}; "
+                         "pdl:bn=..,bk=..,w=..,s=.. for pdl with another one-row meta for wide weights)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=5, help="with --compare: interleaved rounds of --iters replays")
     args = ap.parse_args(argv)
+    for name in args.compare or []:
+        try:
+            if not (name in VARIANTS or wide_variant(name)):
+                ap.error(f"--compare: unknown variant {name!r}; one of {', '.join(VARIANTS)} or pdl:bn=..,w=..")
+        except ValueError as e:
+            ap.error(str(e))
     if args.compare and (args.eager_glue or args.skinny or args.no_fused_rope):
         ap.error("--compare builds each variant's glue itself: leave out --eager-glue, --skinny, --no-fused-rope")
     try:
