@@ -281,27 +281,36 @@ STREAMED = {(SKINNY, "WHOLE_ELEMS"): 0}  # rows wider than one tile streamed in 
 LATE_KV = {(ROPE_ATTN, "EARLY_LOADS"): False}  # attention reads nothing before its wait
 # pdl with some of the chain's kernel settings as they were before: name -> (module, attribute) -> value, set while
 # the variant's graphs are captured (the launches' constexprs are fixed there)
-KNOBS = {"pdl-streamed": STREAMED, "pdl-late-kv": LATE_KV, "pdl-before": {**STREAMED, **LATE_KV}}
+FOUR_ROWS = {(SKINNY, "ONE_ROW_WIDE"): {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3}}
+KNOBS = {
+    "pdl-streamed": STREAMED,
+    "pdl-late-kv": LATE_KV,
+    "pdl-four-rows": FOUR_ROWS,  # gate/up and the head in programs of 4 rows (SKINNY_META[1]), not 8
+    "pdl-before": {**STREAMED, **LATE_KV, **FOUR_ROWS},
+}
 for _name in KNOBS:
     VARIANTS[_name] = VARIANTS["pdl"]
 
 
 def wide_variant(name: str) -> bool:
-    """`pdl:bn=..,bk=..,w=..,s=..`: pdl with the one-row launch meta for weights of many rows (gate/up, the head;
-    `skinny_gemm.SKINNY_META[1]`) set from the name, keys left out kept. Registers the variant; False for other
-    names."""
+    """`pdl:bn=..,bk=..,w=..,s=..`: pdl with the one-row launch meta for weights of many rows whose rows fit one tile
+    (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept; `pdl:narrow:bn=..`
+    the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`). Registers the variant;
+    False for other names."""
     if not name.startswith("pdl:"):
         return False
-    from tlt_rt.codegen.kernels.skinny_gemm import SKINNY_META
+    from tlt_rt.codegen.kernels import skinny_gemm
 
     keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages"}
-    meta = dict(SKINNY_META[1])
-    for item in name[4:].split(","):
+    narrow = name.startswith("pdl:narrow:")
+    attr = "ONE_ROW_NARROW" if narrow else "ONE_ROW_WIDE"
+    meta = dict(getattr(skinny_gemm, attr))
+    for item in name[len("pdl:narrow:") if narrow else 4 :].split(","):
         key, _, value = item.partition("=")
         if key not in keys or not value.isdigit():
             raise ValueError(f"{name}: expected pdl:bn=..,bk=..,w=..,s=.. (any of them), got {item!r}")
         meta[keys[key]] = int(value)
-    KNOBS[name] = {(SKINNY, "SKINNY_META"): {**SKINNY_META, 1: meta}}
+    KNOBS[name] = {(SKINNY, attr): meta}
     VARIANTS[name] = VARIANTS["pdl"]
     return True
 

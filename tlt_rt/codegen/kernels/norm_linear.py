@@ -231,7 +231,7 @@ def norm_linear(
             raise ValueError(f"swiglu needs a stacked [gate; up] weight with an even row count, got {n}")
         n //= 2
     block_m = triton.next_power_of_2(m)
-    cfg = meta or skinny_meta(m, weight.shape[0])
+    cfg = meta or skinny_meta(m, weight.shape[0], k)
     s = x if residual is None else torch.empty_like(x, memory_format=torch.contiguous_format)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     tiles = row_tiles(k, cfg, cfg["block_n"] * (2 if swiglu else 1))

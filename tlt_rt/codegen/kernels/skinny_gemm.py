@@ -28,6 +28,7 @@ __all__ = [
     "MAX_ROWS",
     "MIN_WEIGHT",
     "NARROW_N",
+    "ONE_ROW_WIDE",
     "SKINNY_META",
     "preferred",
     "row_pieces",
@@ -57,13 +58,21 @@ SKINNY_META = {
 
 NARROW_N = 8192
 ONE_ROW_NARROW = {"block_n": 1, "block_k": 2048, "num_warps": 2, "num_stages": 2}
+# One row against a weight of many rows whose rows fit one tile (gate/up and the head of Qwen2.5-Coder-0.5B / 1.5B):
+# 8-row programs, the slab of both halves read whole. In a PDL step (step_costs.py --compare pdl:bn=..; H200)
+# 1.02x (1.5B) and 1.08x (0.5B) over SKINNY_META[1]'s 4-row programs; 16 rows or 8 warps were slower on both.
+ONE_ROW_WIDE = {"block_n": 8, "block_k": 2048, "num_warps": 4, "num_stages": 3}
 
 
-def skinny_meta(rows: int, weight_rows: int) -> dict:
-    """The launch meta-parameters for `rows` rows against a weight of `weight_rows` rows (a stacked [gate; up]
-    counted whole)."""
+def skinny_meta(rows: int, weight_rows: int, k: int | None = None) -> dict:
+    """The launch meta-parameters for `rows` rows of `k` elements (None: wider than one tile) against a weight of
+    `weight_rows` rows (a stacked [gate; up] counted whole)."""
     block_m = triton.next_power_of_2(rows)
-    return ONE_ROW_NARROW if block_m == 1 and weight_rows < NARROW_N else SKINNY_META[block_m]
+    if block_m == 1 and weight_rows < NARROW_N:
+        return ONE_ROW_NARROW
+    if block_m == 1 and k is not None and k <= ONE_ROW_WIDE["block_k"]:
+        return ONE_ROW_WIDE
+    return SKINNY_META[block_m]
 
 
 # Most weight elements a thread holds when its program loads rows wider than BLOCK_K whole (meta key "whole"; 0:
@@ -308,7 +317,7 @@ def skinny_linear_triton(
         x2 = x2.contiguous()
     m = x2.shape[0]
     block_m = triton.next_power_of_2(m)
-    cfg = meta or skinny_meta(m, weight.shape[0])
+    cfg = meta or skinny_meta(m, weight.shape[0], k)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, cfg["block_n"]),)
     tiles = row_tiles(k, cfg, cfg["block_n"] * (2 if swiglu else 1))

@@ -205,7 +205,7 @@ def row_parallel_sum(
         x = x.contiguous()
     m, k = x.shape
     n = weight.shape[0]
-    cfg = {**(ONE_ROW_META if m == 1 else skinny_meta(m, n)), **(meta or {})}
+    cfg = {**(ONE_ROW_META if m == 1 else skinny_meta(m, n, k)), **(meta or {})}
     tiles = row_tiles(k, cfg, cfg["block_n"])
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, cfg["block_n"]),)
