@@ -295,22 +295,29 @@ for _name in KNOBS:
 def wide_variant(name: str) -> bool:
     """`pdl:bn=..,bk=..,w=..,s=..`: pdl with the one-row launch meta for weights of many rows whose rows fit one tile
     (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept; `pdl:narrow:bn=..`
-    the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`). Registers the variant;
+    the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`); `pdl:attn:bn=..,w=..,s=..,
+    sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its split_waves). Registers the variant;
     False for other names."""
     if not name.startswith("pdl:"):
         return False
-    from tlt_rt.codegen.kernels import skinny_gemm
+    from tlt_rt.codegen.kernels import decode_rope_attention, skinny_gemm
 
-    keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages"}
-    narrow = name.startswith("pdl:narrow:")
-    attr = "ONE_ROW_NARROW" if narrow else "ONE_ROW_WIDE"
-    meta = dict(getattr(skinny_gemm, attr))
-    for item in name[len("pdl:narrow:") if narrow else 4 :].split(","):
+    keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages", "sw": "split_waves"}
+    kind, _, spec = name[4:].rpartition(":")
+    module, attr = {
+        "": (skinny_gemm, "ONE_ROW_WIDE"),
+        "narrow": (skinny_gemm, "ONE_ROW_NARROW"),
+        "attn": (decode_rope_attention, "DECODE_META"),
+    }.get(kind, (None, None))
+    if module is None:
+        raise ValueError(f"{name}: expected pdl:, pdl:narrow: or pdl:attn: before the settings")
+    meta = dict(getattr(module, attr))
+    for item in spec.split(","):
         key, _, value = item.partition("=")
         if key not in keys or not value.isdigit():
             raise ValueError(f"{name}: expected pdl:bn=..,bk=..,w=..,s=.. (any of them), got {item!r}")
         meta[keys[key]] = int(value)
-    KNOBS[name] = {(SKINNY, attr): meta}
+    KNOBS[name] = {(module.__name__, attr): meta}
     VARIANTS[name] = VARIANTS["pdl"]
     return True
 
