@@ -282,11 +282,13 @@ LATE_KV = {(ROPE_ATTN, "EARLY_LOADS"): False}  # attention reads nothing before 
 # pdl with some of the chain's kernel settings as they were before: name -> (module, attribute) -> value, set while
 # the variant's graphs are captured (the launches' constexprs are fixed there)
 FOUR_ROWS = {(SKINNY, "ONE_ROW_WIDE"): {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3}}
+ONE_ROW = {(SKINNY, "ONE_ROW_NARROW"): {"block_n": 1, "block_k": 2048, "num_warps": 2, "num_stages": 2}}
 KNOBS = {
     "pdl-streamed": STREAMED,
     "pdl-late-kv": LATE_KV,
     "pdl-four-rows": FOUR_ROWS,  # gate/up and the head in programs of 4 rows (SKINNY_META[1]), not 8
-    "pdl-before": {**STREAMED, **LATE_KV, **FOUR_ROWS},
+    "pdl-one-row": ONE_ROW,  # q/k/v, o and down in programs of one row over 2 warps, not 2 rows over 4
+    "pdl-before": {**STREAMED, **LATE_KV, **FOUR_ROWS, **ONE_ROW},
 }
 for _name in KNOBS:
     VARIANTS[_name] = VARIANTS["pdl"]
