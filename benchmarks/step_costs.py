@@ -297,9 +297,9 @@ for _name in KNOBS:
 def wide_variant(name: str) -> bool:
     """`pdl:bn=..,bk=..,w=..,s=..,p=..` (p: persist): pdl with the one-row launch meta for weights of many rows
     whose rows fit one tile (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept;
-    `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`); `pdl:attn:bn=..,w=..,s=..,
-    sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its split_waves). Registers the variant;
-    False for other names."""
+    `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
+    `pdl:attn:bn=..,w=..,s=..,sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
+    split_waves). Registers the variant; False for other names."""
     if not name.startswith("pdl:"):
         return False
     from tlt_rt.codegen.kernels import decode_rope_attention, skinny_gemm
