@@ -295,8 +295,8 @@ for _name in KNOBS:
 
 
 def wide_variant(name: str) -> bool:
-    """`pdl:bn=..,bk=..,w=..,s=..,p=..` (p: persist): pdl with the one-row launch meta for weights of many rows
-    whose rows fit one tile (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept;
+    """`pdl:bn=..,bk=..,w=..,s=..`: pdl with the one-row launch meta for weights of many rows whose rows fit one
+    tile (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept;
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
     `pdl:attn:bn=..,w=..,s=..,sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
     split_waves). Registers the variant; False for other names."""
@@ -304,7 +304,7 @@ def wide_variant(name: str) -> bool:
         return False
     from tlt_rt.codegen.kernels import decode_rope_attention, skinny_gemm
 
-    keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages", "sw": "split_waves", "p": "persist"}
+    keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages", "sw": "split_waves"}
     kind, _, spec = name[4:].rpartition(":")
     module, attr = {
         "": (skinny_gemm, "ONE_ROW_WIDE"),

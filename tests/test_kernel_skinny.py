@@ -24,7 +24,6 @@ from hypothesis import strategies as st  # noqa: E402
 
 from tlt_rt.codegen.kernels.skinny_gemm import (  # noqa: E402
     MAX_ROWS,
-    launch_tiles,
     preferred,
     row_pieces,
     row_tiles,
@@ -96,24 +95,6 @@ def test_whole_rows_and_streamed_tiles_match_linear(k, whole, swiglu):
         gate, up = want.chunk(2, dim=-1)
         want = F.silu(gate) * up
     torch.testing.assert_close(got, want, atol=1e-4 * k**0.5, rtol=1e-4)
-
-
-@pytest.mark.parametrize("swiglu", [False, True])
-@pytest.mark.parametrize("persist", [1, 2])
-def test_persistent_programs_give_one_program_a_tiles_results(swiglu, persist):
-    """Persistent programs (meta "persist"; one multiprocessor off the GPU) walk the tiles in turn, each next slab
-    loaded while one is multiplied: bit for bit what a program a tile gives, the tail tile masked."""
-    g = torch.Generator().manual_seed(persist)
-    x = torch.randn(1, 50, generator=g).to(DEVICE)
-    w = torch.randn(2 * 150, 50, generator=g).to(DEVICE)
-    b = torch.randn(2 * 150, generator=g).to(DEVICE)
-    meta = {**META, "persist": persist}
-    n_tiles = -(-(150 if swiglu else 300) // 64)
-    tiles = launch_tiles(150 if swiglu else 300, 50, meta, 64, torch.device(DEVICE))
-    assert tiles["PERSIST"] and tiles["programs"] == (persist if DEVICE == "cpu" else n_tiles)  # a GPU has room
-    got = skinny_linear_triton(x, w, b, meta=meta, swiglu=swiglu)
-    want = skinny_linear_triton(x, w, b, meta=META, swiglu=swiglu)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 def test_row_views_of_a_wider_weight():

@@ -30,12 +30,10 @@ from tlt_rt.codegen.kernels.skinny_gemm import (
     MAX_ROWS,
     _bias_swiglu,
     _load_piece,
-    _load_slab,
-    _persistent_tiles,
     _prefetch_slab,
     _slab_products,
     _tile_products,
-    launch_tiles,
+    row_tiles,
     skinny_meta,
     supported,
 )
@@ -107,7 +105,7 @@ def _norm_linear_kernel(
     HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, ONE_TILE: tl.constexpr,
-    K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr, PERSIST: tl.constexpr,
+    K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -118,54 +116,39 @@ def _norm_linear_kernel(
     dtype = y_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
-    if PERSIST:  # rows within one tile (`launch_tiles`): the first slab before the wait, h once, then tile after tile
-        k_ok = rk < K
-        mk = m_ok[:, None] & k_ok[None, :]
-        w, w_up = _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, SWIGLU)
+    if ONE_TILE:  # the rows and the slab of W read once, in `row_tiles`' pieces, the slab before the wait (kernels.pdl)
+        P1: tl.constexpr = BLOCK_K
+        P2: tl.constexpr = BLOCK_K + K1
+        P3: tl.constexpr = BLOCK_K + K1 + K2
+        w0, u0 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, 0, BLOCK_K, SWIGLU)
+        w1, u1 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, P1, K1, SWIGLU)
+        w2, u2 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, P2, K2, SWIGLU)
+        w3, u3 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, P3, K3, SWIGLU)
         enter(PDL)
-        s = _residual_sum(x_ptr, r_ptr, s_ptr, rm, rk, mk, stride_xm, stride_rm, stride_sm, pid == 0, dtype, HAS_RES)
-        sf = s.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=1) / K + eps)
-        h = _normed(s, rstd, nw_ptr, rk, k_ok, dtype)
-        _persistent_tiles(h, w, w_up, w_ptr, b_ptr, y_ptr, rm, m_ok, rk, k_ok, N, stride_wn, stride_ym, SWIGLU,
-                          HAS_BIAS, BLOCK_M, BLOCK_N)  # fmt: skip
-        leave(PDL)
+        wr = pid == 0
+        s0, q0 = _piece_sum(x_ptr, r_ptr, s_ptr, rm, m_ok, K, stride_xm, stride_rm, stride_sm, wr, dtype, HAS_RES, 0,
+                            BLOCK_K)  # fmt: skip
+        s1, q1 = _piece_sum(x_ptr, r_ptr, s_ptr, rm, m_ok, K, stride_xm, stride_rm, stride_sm, wr, dtype, HAS_RES, P1,
+                            K1)  # fmt: skip
+        s2, q2 = _piece_sum(x_ptr, r_ptr, s_ptr, rm, m_ok, K, stride_xm, stride_rm, stride_sm, wr, dtype, HAS_RES, P2,
+                            K2)  # fmt: skip
+        s3, q3 = _piece_sum(x_ptr, r_ptr, s_ptr, rm, m_ok, K, stride_xm, stride_rm, stride_sm, wr, dtype, HAS_RES, P3,
+                            K3)  # fmt: skip
+        rstd = 1.0 / tl.sqrt((q0 + q1 + q2 + q3) / K + eps)
+        acc, acc_up = _piece_norm_products(s0, rstd, nw_ptr, K, w0, u0, acc, acc_up, dtype, 0, BLOCK_K, SWIGLU)
+        acc, acc_up = _piece_norm_products(s1, rstd, nw_ptr, K, w1, u1, acc, acc_up, dtype, P1, K1, SWIGLU)
+        acc, acc_up = _piece_norm_products(s2, rstd, nw_ptr, K, w2, u2, acc, acc_up, dtype, P2, K2, SWIGLU)
+        acc, acc_up = _piece_norm_products(s3, rstd, nw_ptr, K, w3, u3, acc, acc_up, dtype, P3, K3, SWIGLU)
     else:
-        if (
-            ONE_TILE
-        ):  # the rows and the slab of W read once, in `row_tiles`' pieces, the slab before the wait (kernels.pdl)
-            P1: tl.constexpr = BLOCK_K
-            P2: tl.constexpr = BLOCK_K + K1
-            P3: tl.constexpr = BLOCK_K + K1 + K2
-            w0, u0 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, 0, BLOCK_K, SWIGLU)
-            w1, u1 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, P1, K1, SWIGLU)
-            w2, u2 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, P2, K2, SWIGLU)
-            w3, u3 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, P3, K3, SWIGLU)
-            enter(PDL)
-            wr = pid == 0
-            s0, q0 = _piece_sum(x_ptr, r_ptr, s_ptr, rm, m_ok, K, stride_xm, stride_rm, stride_sm, wr, dtype,
-                                HAS_RES, 0, BLOCK_K)  # fmt: skip
-            s1, q1 = _piece_sum(x_ptr, r_ptr, s_ptr, rm, m_ok, K, stride_xm, stride_rm, stride_sm, wr, dtype,
-                                HAS_RES, P1, K1)  # fmt: skip
-            s2, q2 = _piece_sum(x_ptr, r_ptr, s_ptr, rm, m_ok, K, stride_xm, stride_rm, stride_sm, wr, dtype,
-                                HAS_RES, P2, K2)  # fmt: skip
-            s3, q3 = _piece_sum(x_ptr, r_ptr, s_ptr, rm, m_ok, K, stride_xm, stride_rm, stride_sm, wr, dtype,
-                                HAS_RES, P3, K3)  # fmt: skip
-            rstd = 1.0 / tl.sqrt((q0 + q1 + q2 + q3) / K + eps)
-            acc, acc_up = _piece_norm_products(s0, rstd, nw_ptr, K, w0, u0, acc, acc_up, dtype, 0, BLOCK_K, SWIGLU)
-            acc, acc_up = _piece_norm_products(s1, rstd, nw_ptr, K, w1, u1, acc, acc_up, dtype, P1, K1, SWIGLU)
-            acc, acc_up = _piece_norm_products(s2, rstd, nw_ptr, K, w2, u2, acc, acc_up, dtype, P2, K2, SWIGLU)
-            acc, acc_up = _piece_norm_products(s3, rstd, nw_ptr, K, w3, u3, acc, acc_up, dtype, P3, K3, SWIGLU)
-        else:
-            if PREFETCH:  # as skinny_gemm's: this program's slab of W into L2 while the kernel before still runs
-                _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
-            enter(PDL)
-            acc, acc_up = _two_passes(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, N, K, eps, stride_xm, stride_rm, stride_sm,
-                                      stride_wn, pid, rn, rm, rk, n_ok, m_ok, acc, acc_up, dtype, HAS_RES, SWIGLU,
-                                      BLOCK_M, BLOCK_K)  # fmt: skip
-        leave(PDL)
-        acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
-        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
+        if PREFETCH:  # as skinny_gemm's: this program's slab of W into L2 while the kernel before still runs
+            _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
+        enter(PDL)
+        acc, acc_up = _two_passes(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, N, K, eps, stride_xm, stride_rm, stride_sm,
+                                  stride_wn, pid, rn, rm, rk, n_ok, m_ok, acc, acc_up, dtype, HAS_RES, SWIGLU,
+                                  BLOCK_M, BLOCK_K)  # fmt: skip
+    leave(PDL)
+    acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -251,8 +234,8 @@ def norm_linear(
     cfg = meta or skinny_meta(m, weight.shape[0], k)
     s = x if residual is None else torch.empty_like(x, memory_format=torch.contiguous_format)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    tiles = launch_tiles(n, k, cfg, cfg["block_n"] * (2 if swiglu else 1), x.device)
-    _norm_linear_kernel[(tiles.pop("programs"),)](
+    tiles = row_tiles(k, cfg, cfg["block_n"] * (2 if swiglu else 1))
+    _norm_linear_kernel[(triton.cdiv(n, cfg["block_n"]),)](
         x, x if residual is None else residual, norm_weight, s, weight, bias if bias is not None else weight, y,
         m, n, k, float(eps),
         x.stride(0), x.stride(0) if residual is None else residual.stride(0), s.stride(0), weight.stride(0),

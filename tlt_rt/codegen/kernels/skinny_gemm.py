@@ -22,7 +22,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tlt_rt.codegen.kernels.paged import num_sms
 from tlt_rt.codegen.kernels.pdl import enter, interpreting, launch_meta, leave, load_weight, prefetch_rows
 
 __all__ = [
@@ -32,7 +31,6 @@ __all__ = [
     "ONE_ROW_WIDE",
     "SKINNY_META",
     "preferred",
-    "launch_tiles",
     "row_pieces",
     "row_tiles",
     "skinny_linear",
@@ -94,18 +92,6 @@ def row_pieces(k: int) -> list[int]:
         head = parts[: MAX_PIECES - 1]
         parts = [*head, triton.next_power_of_2(k - sum(head))]
     return parts
-
-
-def launch_tiles(n: int, k: int, cfg: dict, slab_rows: int, device: torch.device) -> dict:
-    """`row_tiles` for a weight of n output columns, with PERSIST and the launch's program count ("programs"):
-    one program a BLOCK_N tile, or with cfg["persist"] (CTAs a streaming multiprocessor, 0 off) and rows within
-    one tile, persistent programs (`_persistent_tiles`) at most that many per multiprocessor."""
-    tiles = row_tiles(k, cfg, slab_rows)
-    n_tiles = triton.cdiv(n, cfg["block_n"])
-    persist = cfg.get("persist", 0) if tiles["ONE_TILE"] and tiles["K1"] == 0 else 0
-    tiles["PERSIST"] = persist > 0
-    tiles["programs"] = min(n_tiles, persist * num_sms(device)) if persist else n_tiles
-    return tiles
 
 
 def row_tiles(k: int, cfg: dict, slab_rows: int) -> dict:
@@ -211,30 +197,6 @@ def _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS: tl.constexpr,
 
 
 @triton.jit
-def _persistent_tiles(
-    x, w, w_up, w_ptr, b_ptr, y_ptr, rm, m_ok, rk, k_ok, N, stride_wn, stride_ym, SWIGLU: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """A persistent program's output tiles pid, pid + P, ... (P programs, each BLOCK_N columns) of rows x [M, 1,
-    BLOCK_K] (fp32) times W rows within one tile, with the epilogue and store of each: the first slab (w, w_up)
-    loaded by the caller, each next one loaded while this one is multiplied. Per tile the same products, in the
-    same order, as one program a tile."""
-    step = tl.num_programs(0)
-    for t in range(tl.program_id(0), tl.cdiv(N, BLOCK_N), step):
-        rn = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        nxt = rn + step * BLOCK_N
-        w_next, u_next = _load_slab(w_ptr, nxt, rk, nxt < N, k_ok, N, stride_wn, SWIGLU)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc, acc_up = _slab_products(x, w, w_up, acc, acc_up, SWIGLU)
-        n_ok = rn < N
-        acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
-        out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-        w, w_up = w_next, u_next
-
-
-@triton.jit
 def _row_products(
     x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
@@ -297,28 +259,17 @@ def _skinny_kernel(
     K1: tl.constexpr,
     K2: tl.constexpr,
     K3: tl.constexpr,
-    PERSIST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     n_ok = rn < N
     m_ok = rm < M
-    if PERSIST:  # rows within one tile (`launch_tiles`): the first slab before the wait, then tile after tile
-        rk = tl.arange(0, BLOCK_K)
-        k_ok = rk < K
-        w, w_up = _load_slab(w_ptr, rn, rk, n_ok, k_ok, N, stride_wn, SWIGLU)
-        enter(PDL)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        _persistent_tiles(x.to(tl.float32)[:, None, :], w, w_up, w_ptr, b_ptr, y_ptr, rm, m_ok, rk, k_ok, N,
-                          stride_wn, stride_ym, SWIGLU, HAS_BIAS, BLOCK_M, BLOCK_N)  # fmt: skip
-        leave(PDL)
-    else:
-        acc, acc_up = _row_products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU, BLOCK_M,
-                                    BLOCK_N, BLOCK_K, PDL, PREFETCH, LINE, LINES, ONE_TILE, K1, K2, K3)  # fmt: skip
-        acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
-        out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    acc, acc_up = _row_products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU, BLOCK_M,
+                                BLOCK_N, BLOCK_K, PDL, PREFETCH, LINE, LINES, ONE_TILE, K1, K2, K3)  # fmt: skip
+    acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
+    out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -370,8 +321,8 @@ def skinny_linear_triton(
     block_m = triton.next_power_of_2(m)
     cfg = meta or skinny_meta(m, weight.shape[0], k)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    tiles = launch_tiles(n, k, cfg, cfg["block_n"] * (2 if swiglu else 1), x.device)
-    grid = (tiles.pop("programs"),)
+    grid = (triton.cdiv(n, cfg["block_n"]),)
+    tiles = row_tiles(k, cfg, cfg["block_n"] * (2 if swiglu else 1))
     _skinny_kernel[grid](
         x2,
         weight,
