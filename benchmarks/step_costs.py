@@ -50,7 +50,7 @@ from tlt_rt.models.default import DEFAULT_NAME, fetched_gguf, not_fetched
 from tlt_rt.models.llama import CausalLM, Rotary
 from tlt_rt.models.registry import MODELS
 from tlt_rt.models.shapes import SHAPES
-from tlt_rt.train.profile import exposed_rows, kernel_rows
+from tlt_rt.train.profile import exposed_by, kernel_rows
 
 
 def model_source(name: str) -> str:
@@ -218,7 +218,22 @@ def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, to
     rows = kernel_table(prof, replays)
     print_kernel_table(rows, f"kernel breakdown, batch {batch} ctx {ctx}, per step", top)
     print(step_summary(rows, model.arch.num_hidden_layers, replay_s))
-    exposed = [(name, ex / replays, busy / replays, n / replays) for name, ex, busy, n in exposed_rows(prof.events())]
+    layers = model.arch.num_hidden_layers
+    per_step = {name: round(n) for name, _, n in rows}
+
+    def role(name: str, k: int) -> str:
+        """The kernel's place in the step: its i-th launch in a layer (of n a layer), or after the layers."""
+        n = per_step.get(name, 0)
+        k %= max(n, 1)
+        per_layer = n // layers
+        if per_layer > 1 or n % layers:
+            where = f"#{k % per_layer + 1}/{per_layer} a layer" if k < per_layer * layers else "after the layers"
+            return f"{name[:60]} ({where})"
+        return name
+
+    exposed = [
+        (name, ex / replays, busy / replays, n / replays) for name, ex, busy, n in exposed_by(prof.events(), role)
+    ]
     total = sum(r[1] for r in exposed)
     print(f"exposed kernel time (what each adds to the step's timeline, overlaps counted once): {total / 1e3:.3f} ms")
     for name, ex, busy, n in exposed[:top]:

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from tlt_rt.train.profile import caller_rows, exposed_rows, kernel_kinds, kernel_rows, profiled, summary
+from tlt_rt.train.profile import caller_rows, exposed_by, exposed_rows, kernel_kinds, kernel_rows, profiled, summary
 
 
 def test_profiled_writes_the_host_operators_of_the_block(tmp_path):
@@ -57,6 +57,10 @@ def test_exposed_rows_count_overlapping_kernels_once():
     rows = exposed_rows(events)
     assert rows == [("matmul", 20.0, 20.0, 2), ("attention", 3.0, 7.0, 1), ("tiny", 0.0, 3.0, 1)]
     assert sum(r[1] for r in rows) == 23.0  # the device's busy span, the gap left out
+    # told apart by their place: the k-th matmul of the step
+    placed = exposed_by(events, lambda name, k: f"{name}{k}" if name == "matmul" else name)
+    assert placed == [("matmul0", 10.0, 10.0, 1), ("matmul1", 10.0, 10.0, 1), ("attention", 3.0, 7.0, 1),
+                      ("tiny", 0.0, 3.0, 1)]  # fmt: skip
 
 
 def _three_cats(x: torch.Tensor) -> torch.Tensor:

@@ -47,14 +47,23 @@ def exposed_rows(events) -> list[tuple[str, float, float, int]]:
     start and every earlier kernel's end. Kernels that overlap (programmatic dependent launch places one while
     the one before runs) count only what they add; summed over a step, exposed times give the step's kernel
     time without the overlaps, and a kernel's own time (busy) includes what it spent placed but waiting."""
+    return exposed_by(events, lambda name, _: name)
+
+
+def exposed_by(events, key) -> list[tuple[str, float, float, int]]:
+    """`exposed_rows` grouped by key(name, k) instead of the name, k counting the kernels of that name before this
+    one (in start order): e.g. a decode step's matmul kernel told apart by its place in the layer."""
     kernels = sorted(
         (e.time_range.start, e.time_range.end, e.name)
         for e in events
         if e.device_type == torch.autograd.DeviceType.CUDA
     )
     rows: dict[str, list[float]] = {}
+    seen: dict[str, int] = {}
     frontier = float("-inf")
-    for start, end, name in kernels:
+    for start, end, kernel in kernels:
+        name = key(kernel, seen.get(kernel, 0))
+        seen[kernel] = seen.get(kernel, 0) + 1
         r = rows.setdefault(name, [0.0, 0.0, 0])
         r[0] += max(0.0, end - max(frontier, start))
         r[1] += end - start
