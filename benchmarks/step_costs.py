@@ -291,9 +291,6 @@ VARIANTS = {
         {**ROPE, "pdl": 2},
     ),
 }
-# pdl with the attention's programs pulling the layer's next weights (o, gate/up) into L2 before their wait
-for _mb in (8, 16, 24, 32, 48):
-    VARIANTS[f"pdl+warm{_mb}"] = (VARIANTS["pdl"][0], {**VARIANTS["pdl"][1], "warm_bytes": _mb << 20})
 SKINNY, ROPE_ATTN = "tlt_rt.codegen.kernels.skinny_gemm", "tlt_rt.codegen.kernels.decode_rope_attention"
 STREAMED = {(SKINNY, "WHOLE_ELEMS"): 0}  # rows wider than one tile streamed in tiles, not loaded whole
 LATE_KV = {(ROPE_ATTN, "EARLY_LOADS"): False}  # attention reads nothing before its wait

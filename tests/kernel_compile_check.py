@@ -338,11 +338,6 @@ def pdl_cases():
         q, k, v, torch.arange(1), _t(64), cache[0], cache[1], torch.arange(1), torch.zeros(1, 64, dtype=torch.int32),
         torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True,
     )  # fmt: skip
-    warm = (_t(1536, 1536, dtype=BF16), _t(8960, 1536, dtype=BF16), _t(8960, 1536, dtype=BF16))  # o, gate, up
-    rope_dec.decode_rope_attention(
-        q, k, v, torch.arange(1), _t(64), cache[0], cache[1], torch.arange(1), torch.zeros(1, 64, dtype=torch.int32),
-        torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True, warm=warm, warm_bytes=24 << 20,
-    )  # fmt: skip
 
 
 def tp_sum_cases():

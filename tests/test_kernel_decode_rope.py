@@ -24,7 +24,6 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tlt_rt.codegen.kernels.decode_rope_attention import decode_rope_attention  # noqa: E402
-from tlt_rt.codegen.kernels.pdl import warm_ranges  # noqa: E402
 from tlt_rt.codegen.kernels.rope_cache import rope_write_kv_reference  # noqa: E402
 from tlt_rt.models.attention import AttnMetadata, paged_attention_reference  # noqa: E402
 
@@ -129,7 +128,7 @@ def test_rejects_what_it_does_not_take():
         decode_rope_attention(q, k, v, positions, inv_freq.double(), *args[2:])
 
 
-def _model_step(fuse: bool, seed: int = 0, **backend):
+def _model_step(fuse: bool, seed: int = 0):
     """Logits and cache after one decode step of a tiny qwen2-shaped model (2 sequences, 2 layers) through the Triton
     backend, with the rotary fused into its decode attention or not."""
     from tlt_rt.codegen.backend import TritonAttention
@@ -142,7 +141,7 @@ def _model_step(fuse: bool, seed: int = 0, **backend):
                       max_position_embeddings=128)  # fmt: skip
     model = CausalLM(arch).to(DEVICE).eval()
     model.fuse_projections()
-    model.attn_backend = TritonAttention(fuse_rope=fuse, **backend)
+    model.attn_backend = TritonAttention(fuse_rope=fuse)
     (_, _, _, positions, slots, _, _), meta = _case([9, 30], 4, 2, 32, torch.float32, seed)
     cache = model.make_cache(meta.block_tables.shape[1] * 2 + 2, PAGE)
     g = torch.Generator().manual_seed(seed + 1)
@@ -163,31 +162,6 @@ def test_a_model_decode_step_gives_the_two_kernel_logits():
     # (layer 1's K/V come from layer 0's attention, equal up to the order of its sums)
     torch.testing.assert_close(got_cache.k, want_cache.k, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_cache.v, want_cache.v, atol=1e-5, rtol=1e-5)
-
-
-def test_warm_ranges_take_the_first_weight_whole_and_share_the_rest():
-    o, gate, up = torch.zeros(64, 32), torch.zeros(100, 32), torch.zeros(100, 32)
-    assert warm_ranges((o, gate, up), 0) == []
-    got = [(t.shape[0], n) for t, n in warm_ranges((o, gate, up), 4 * (64 * 32 + 2 * 40 * 32))]
-    assert got == [(64, 64 * 32), (100, 40 * 32), (100, 40 * 32)]  # o whole, then gate and up side by side
-    assert [n for _, n in warm_ranges((o, gate, up), 4 * 100)] == [100]  # a budget smaller than o: its start
-    assert [n for _, n in warm_ranges((o, gate, up), 1 << 30)] == [64 * 32, 100 * 32, 100 * 32]  # all of them
-    with pytest.raises(ValueError, match="contiguous"):
-        warm_ranges((o.t(),), 100)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels need a CUDA device")
-def test_warming_the_next_weights_in_l2_changes_nothing():
-    """With PDL, the attention's programs pull the layer's o and gate/up weights into L2 before their wait
-    (`TritonAttention.warm_bytes`): the same logits and cache, bit for bit."""
-    from tlt_rt.codegen.kernels.pdl import pdl_supported
-
-    if not pdl_supported("cuda"):
-        pytest.skip("PDL needs compute capability 9.0 or later")
-    want, want_cache = _model_step(True, pdl=True)
-    got, got_cache = _model_step(True, pdl=True, warm_bytes=1 << 20)
-    assert torch.equal(got, want) and torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v)
 
 
 @pytest.mark.gpu

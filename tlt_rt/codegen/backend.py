@@ -41,20 +41,12 @@ class TritonAttention:
     (`kernels.decode_rope_attention`, through `rope_decode`) instead of the glue's rotary kernel before it; off by
     default until measured beside the two kernels (`benchmarks/step_costs.py --compare`).
     pdl: that fused decode kernel launched with programmatic dependent launch where the GPU has it (`kernels.pdl`).
-    warm_bytes: with pdl, that kernel's programs pull up to this many bytes of the weights the layer reads next (o,
-    gate and up: `DecoderLayer.weights_after_attention`) into L2 before their wait, while the GPU's memory is
-    otherwise idle under a few attention programs (0: off).
     """
 
     name = "triton"
 
     def __init__(
-        self,
-        num_splits: int | None = None,
-        prefill_kernel: bool = True,
-        fuse_rope: bool = False,
-        pdl: bool = False,
-        warm_bytes: int = 0,
+        self, num_splits: int | None = None, prefill_kernel: bool = True, fuse_rope: bool = False, pdl: bool = False
     ) -> None:
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits must be >= 1 or None, got {num_splits}")
@@ -62,16 +54,11 @@ class TritonAttention:
         self.prefill_kernel = prefill_kernel
         self.fuse_rope = fuse_rope
         self.pdl = pdl
-        if warm_bytes < 0:
-            raise ValueError(f"warm_bytes must be >= 0, got {warm_bytes}")
-        self.warm_bytes = warm_bytes
 
-    def rope_decode(
-        self, q, k, v, positions, inv_freq, k_cache, v_cache, meta: AttnMetadata, scale: float, warm=()
-    ):  # fmt: skip
+    def rope_decode(self, q, k, v, positions, inv_freq, k_cache, v_cache, meta: AttnMetadata, scale: float):
         """A decode step's rotary, K/V write and attention in one kernel: q [B, Hq, D], k / v [B, Hkv, D] before
         rotary -> [B, Hq, D]; None where this backend leaves rotary to the glue (fuse_rope off, strided positions
-        or slots, a head size under 32, caches not contiguous). warm: weights read after it (see warm_bytes)."""
+        or slots, a head size under 32, caches not contiguous)."""
         if not (self.fuse_rope and meta.mode == "decode" and meta.slots_resolved and q.dim() == 3):
             return None
         slots = meta.slot_mapping
@@ -83,8 +70,7 @@ class TritonAttention:
         from tlt_rt.codegen.kernels.decode_rope_attention import decode_rope_attention
 
         return decode_rope_attention(q, k, v, positions, inv_freq, k_cache, v_cache, slots, meta.block_tables,
-                                     meta.seq_lens, scale, num_splits=self.num_splits, pdl=self.pdl,
-                                     warm=warm if self.pdl else (), warm_bytes=self.warm_bytes)  # fmt: skip
+                                     meta.seq_lens, scale, num_splits=self.num_splits, pdl=self.pdl)  # fmt: skip
 
     def eager(self) -> TritonAttention:
         """This backend for eager calls, whose shapes change from call to call (the drafter's catch-up): one
@@ -92,11 +78,7 @@ class TritonAttention:
         split count chosen per call (from the batch and the block tables' width) specialises the decode kernel
         anew: its first use mid-rollout compiled for ~1.1 s inside one speculative step (H200)."""
         return TritonAttention(
-            1 if self.num_splits is None else self.num_splits,
-            self.prefill_kernel,
-            self.fuse_rope,
-            self.pdl,
-            self.warm_bytes,
+            1 if self.num_splits is None else self.num_splits, self.prefill_kernel, self.fuse_rope, self.pdl
         )
 
     def __call__(

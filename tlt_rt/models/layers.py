@@ -153,17 +153,13 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
         meta: AttnMetadata,
         backend: AttentionBackend,
-        warm: tuple[torch.Tensor, ...] = (),
     ) -> torch.Tensor:
         """Rotary on q and k, their K/V into the cache, paged attention and the output projection: [N, H]. The first
         three are one kernel where the backend has it for this step (`rope_decode`: decode steps), else the glue's
-        `rope_write` and then the backend. warm: the weights the layer reads next, in order, which that kernel may
-        pull into L2 while it runs (`TritonAttention.warm_bytes`)."""
+        `rope_write` and then the backend."""
         # the backend's fused kernel answers None where it does not apply (not a decode step, ...)
         fused = getattr(backend, "rope_decode", None)
-        out = None
-        if fused is not None:
-            out = fused(q, k, v, positions, rotary.inv_freq, k_cache, v_cache, meta, self.scale, warm=warm)
+        out = None if fused is None else fused(q, k, v, positions, rotary.inv_freq, k_cache, v_cache, meta, self.scale)
         if out is None:
             q = self._rope_write(q, k, v, positions, rotary, k_cache, v_cache, meta)
             return self.attend(q, k_cache, v_cache, meta, backend)
@@ -258,13 +254,8 @@ class DecoderLayer(nn.Module):
         this layer's input norm (one kernel for both), so no residual add runs on its own."""
         at = self.self_attn
         x, q, k, v = at.norm_project(x, pending, self.input_layernorm)
-        h = at.write_attend(q, k, v, positions, rotary, *paged, warm=self.weights_after_attention())
+        h = at.write_attend(q, k, v, positions, rotary, *paged)
         return self.mlp.norm_forward(x, h, self.post_attention_layernorm)
-
-    def weights_after_attention(self) -> tuple[torch.Tensor, ...]:
-        """The weights a step reads after this layer's attention, in order: o, then gate and up (read side by side,
-        views of the fused gate/up weight where fused)."""
-        return self.self_attn.o_proj.weight, self.mlp.gate_proj.weight, self.mlp.up_proj.weight
 
 
 def fuse_projections(module: nn.Module) -> int:

@@ -41,7 +41,7 @@ from tlt_rt.codegen.kernels.paged import (
     num_sms,
     split_counters,
 )
-from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave, line_elems, load_early, warm_l2, warm_ranges
+from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave, load_early
 
 __all__ = ["EARLY_LOADS", "decode_rope_attention"]
 
@@ -101,7 +101,6 @@ def _decode_rope_attention_kernel(
     POS, INV_FREQ, SLOTS,  # [B] rotary positions, [D/2] fp32, [B] resolved cache slots of the new token
     K_CACHE, V_CACHE,  # [num_blocks * page, Hkv, D] (slot-major views)
     BLOCK_TABLES, SEQ_LENS, OUT, O_PART, LSE_PART, COUNTERS,
-    W0, W1, W2, N0, N1, N2,  # weights the layer reads next and their elements to pull into L2 (WARM)
     n_kv_heads, num_splits, qk_scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
     stride_cs, stride_ch, stride_btb,
@@ -110,7 +109,6 @@ def _decode_rope_attention_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HALF: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-    WARM: tl.constexpr, LINE: tl.constexpr,
 ):  # fmt: skip
     if not EARLY:
         enter(PDL)
@@ -131,12 +129,6 @@ def _decode_rope_attention_kernel(
     ka, kb, va, vb, ok = _kv_tile(K_CACHE, V_CACHE, bt_row, start, lim, kvh, stride_cs, stride_ch, d, HALF, PAGE_SIZE,
                                   BLOCK_N, DOT_FP32)  # fmt: skip
     ang = load_early(POS + b, True, 0).to(tl.float32) * load_early(INV_FREQ + d, True, 0.0)
-    if WARM:  # the layer's next weights into L2, shared out over every program, while the q/k/v projection ends
-        program = pid * num_splits + split
-        programs = tl.num_programs(0) * num_splits
-        warm_l2(W0, N0, program, programs, LINE, 128)
-        warm_l2(W1, N1, program, programs, LINE, 128)
-        warm_l2(W2, N2, program, programs, LINE, 128)
     if EARLY:
         enter(PDL)
     c = tl.cos(ang)
@@ -230,16 +222,12 @@ def decode_rope_attention(
     scale: float,
     num_splits: int | None = None,
     pdl: bool = False,
-    warm=(),
-    warm_bytes: int = 0,
 ) -> torch.Tensor:
     """One decode token per sequence: q [B, Hq, D], k / v [B, Hkv, D] before rotary (unit stride along D; views of
     a fused projection are fine), positions / slots [B] (slots resolved: no -1), caches [num_blocks, page, Hkv,
     D], block_tables [B, max_blocks] int32, seq_lens [B] int32 counting the new token -> [B, Hq, D] in q's dtype.
     The rotated k and v land in the caches at `slots`. No host sync: graph-capturable. pdl: launched with
-    programmatic dependent launch where the device has it (`kernels.pdl`): placed while the kernel before runs.
-    warm, warm_bytes: with pdl, up to warm_bytes of the weights `warm` (read after this kernel, in that order:
-    `pdl.warm_ranges`) pulled into L2 before the programs' wait."""
+    programmatic dependent launch where the device has it (`kernels.pdl`): placed while the kernel before runs."""
     check_paged_inputs(_decode_rope_attention_kernel, q, k_cache, v_cache, block_tables, seq_lens)
     b, n_heads, head_dim = q.shape
     nb, page, n_kv = k_cache.shape[:3]
@@ -272,14 +260,10 @@ def decode_rope_attention(
     else:
         o_part = lse_part = out
     block_g = max(16, triton.next_power_of_2(group))
-    pdl_meta = launch_meta(q.device, pdl)
-    ranges = warm_ranges(warm, warm_bytes) if pdl_meta["PDL"] else []
-    ranges += [(q, 0)] * (3 - len(ranges))  # absent ranges: no elements
     fp32_dot = dot_in_fp32(_decode_rope_attention_kernel, q.dtype)
     _decode_rope_attention_kernel[(b * n_kv, num_splits)](
         q, k, v, positions, inv_freq, slots, kc, vc, block_tables, seq_lens, out, o_part, lse_part,
         seq_lens if counters is None else counters,
-        *(w for w, _ in ranges), *(n for _, n in ranges),
         n_kv, num_splits, scale * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kc.stride(0), kc.stride(1), block_tables.stride(0),
@@ -288,8 +272,7 @@ def decode_rope_attention(
         GROUP=group, BLOCK_G=block_g, HALF=head_dim // 2, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
         MERGE=counters is not None, BLOCK_S=merge_block_s(block_g, num_splits, head_dim),
         DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EARLY=EARLY_LOADS,
-        WARM=any(n for _, n in ranges), LINE=line_elems(ranges[0][0].dtype),
-        num_warps=meta["num_warps"], num_stages=meta["num_stages"], **pdl_meta,
+        num_warps=meta["num_warps"], num_stages=meta["num_stages"], **launch_meta(q.device, pdl),
     )  # fmt: skip
     if split and counters is None:
         from tlt_rt.codegen.kernels.decode_attention import combine_splits

@@ -52,12 +52,9 @@ __all__ = [
     "line_elems",
     "pdl_supported",
     "prefetch_rows",
-    "warm_l2",
-    "warm_ranges",
 ]
 
 LINE_BYTES = 128  # one L2 prefetch per 128-byte line
-WARM_RANGES = 3  # weights a kernel may pull into L2 for the kernels after it (`warm_l2`)
 # where a program signals that the next kernel may be placed (the kernels' PDL constexpr; 0 = no PDL)
 SIGNAL_AT_START = 1  # right after its wait: the next kernel's programs placed while this one runs
 SIGNAL_AT_END = 2  # once its main loop is done: placed as this kernel's programs finish
@@ -134,40 +131,6 @@ def load_early(ptrs, mask, other):
 def load_weight(ptrs, mask):
     """A load of weight elements (read once a step, constant within it) before `enter` (`load_early`)."""
     return load_early(ptrs, mask, 0.0)
-
-
-@triton.jit
-def warm_l2(base, n, program, programs, LINE: tl.constexpr, CHUNK: tl.constexpr):
-    """Pull the first n elements at `base` into L2, shared out over `programs` programs: this one (`program`) takes
-    every programs-th round of CHUNK lines of LINE elements. Addresses past n are clamped to its last element."""
-    offs = tl.arange(0, CHUNK) * LINE
-    for start in range(program * CHUNK * LINE, n, programs * CHUNK * LINE):
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1]; // $0", "=r,l", [base + tl.minimum(start + offs, n - 1)], dtype=tl.int32,
-            is_pure=False, pack=1,
-        )  # fmt: skip
-
-
-def warm_ranges(weights, budget: int) -> list[tuple[torch.Tensor, int]]:
-    """(tensor, elements) to pull into L2 within `budget` bytes, at most WARM_RANGES of them: the first weight
-    whole (as much as fits), the rest their leading rows in equal shares of what is left (read side by side, as
-    gate and up are). Weights must be contiguous; empty where the budget or the weights are."""
-    out: list[tuple[torch.Tensor, int]] = []
-    weights = [w for w in weights if w.numel()][:WARM_RANGES]
-    if budget <= 0 or not weights:
-        return out
-    if any(not w.is_contiguous() for w in weights):
-        raise ValueError("warm_ranges needs contiguous weights")
-    first = weights[0]
-    n = min(first.numel(), budget // first.element_size())
-    out.append((first, n))
-    rest = weights[1:]
-    left = budget - n * first.element_size()
-    for w in rest:
-        share = min(w.numel(), left // len(rest) // w.element_size())
-        if share > 0:
-            out.append((w, share))
-    return out
 
 
 @triton.jit
