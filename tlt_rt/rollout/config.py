@@ -129,14 +129,15 @@ class EngineConfig:
         help="CUDA: a decode step of one row runs as a chain of Triton kernels: each layer's add + norm inside its "
         "q/k/v and gate/up projections (fuse_norm), the rotary attention (fuse_rope), the matrix-vector kernel for "
         "o, down and the head instead of cuBLAS. H200, graphs, batch 1: Qwen2.5-Coder-0.5B 1.22x a step, 1.5B "
-        "1.03x (benchmarks/step_costs.py --compare base fused+skinny). Steps of more rows are as without it.",
+        "1.03x (benchmarks/step_costs.py --compare base fused+skinny, 86a0504); with pdl 1.55x and 1.18x "
+        "(e55c895). Steps of more rows are as without it.",
     )
     pdl: bool = option(
         False,
         help="CUDA, compute capability 9.0+, with decode_chain: its kernels launched with programmatic dependent "
         "launch, each placed while the one before runs and holding its weight in registers when that one ends "
         "(tlt_rt/codegen/kernels/pdl.py). Bit-identical results; H200 batch 1: 0.5B 1.07x over the chain alone, "
-        "1.5B even.",
+        "1.5B even (86a0504); the chain with it 1.55x / 1.18x over the default step (e55c895).",
     )
     policy: PolicyConfig = option(factory=PolicyConfig, help="The SD policy: exploration and switching.")
 
