@@ -13,7 +13,9 @@ bytes), reads its chunk of the cache with the new position masked out (the write
 launch is not visible to it), and the split whose chunk holds L - 1 adds the new token's score from registers.
 Splits and their merge are `decode_attention`'s (chunks from the sequence's own length, the last program of a
 (b, KV head) merging the partials). A decode step's layer thus launches one kernel fewer; at batch 1 the rotary
-kernel cost ~2.6 us of a ~56 us layer on Qwen2.5-Coder-1.5B (H200).
+kernel cost ~2.6 us of a ~56 us layer on Qwen2.5-Coder-1.5B (H200). Launched with PDL, each program reads the
+sequence's length, positions and block table and its chunk's first tile of the cache before its wait, while the
+q/k/v projection still runs (`EARLY_LOADS`; a PDL step 1.02x / 1.04x on Qwen2.5-Coder-1.5B / 0.5B, H200).
 
 The reference is `rope_write_kv_reference` followed by `paged_attention_reference` (mode "decode").
 """

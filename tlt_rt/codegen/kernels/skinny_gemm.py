@@ -3,7 +3,9 @@
 At decode the activations are a few rows and the weight is read once per step: the step is as fast as
 the weight streams from HBM. Each program owns BLOCK_N output columns, streams its [BLOCK_N, K] slab of
 W (rows contiguous along K, as nn.Linear stores them) in BLOCK_K tiles and multiplies every tile by all
-M rows of x at once, accumulating in float32; no split-K, so there is no second pass and no atomics.
+M rows of x at once, accumulating in float32; no split-K, so there is no second pass and no atomics. Where the
+slab fits a thread's registers (`row_tiles`) it is loaded whole instead, every load issued at once (before the
+PDL wait): one padded tile for rows within BLOCK_K, power-of-two pieces for wider ones.
 Products run on CUDA cores (a tile's arithmetic intensity is M flops per weight element, far from what
 tensor cores need at M <= 8). The kernel takes M <= MAX_ROWS, but `skinny_linear` sends it only what it
 wins: one row against a weight of at least MIN_WEIGHT elements. Measured on an H100 (bench_linear.py,
