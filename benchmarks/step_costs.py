@@ -304,6 +304,7 @@ KNOBS = {
     "pdl-four-rows": FOUR_ROWS,  # gate/up and the head in programs of 4 rows (SKINNY_META[1]), not 8
     "pdl-one-row": ONE_ROW,  # q/k/v, o and down in programs of one row over 2 warps, not 2 rows over 4
     "pdl-before": {**STREAMED, **LATE_KV, **FOUR_ROWS, **ONE_ROW},
+    "pdl-flat": {(SKINNY, "ROW_FLAT"): True},  # one row's products in the slab's layout (skinny_gemm.ROW_FLAT)
 }
 for _name in KNOBS:
     VARIANTS[_name] = VARIANTS["pdl"]

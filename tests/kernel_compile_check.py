@@ -331,6 +331,18 @@ def pdl_cases():
     skinny_gemm.skinny_linear_triton(_t(1, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True, prefetch=True)
     skinny_gemm.skinny_linear_triton(x, _t(2 * 256, 1536, dtype=BF16), swiglu=True, pdl=True, prefetch=True)
     skinny_gemm.skinny_linear_triton(x, _t(1536, 1536, dtype=BF16), pdl=pdl.SIGNAL_AT_END)  # signalling at its end
+    flat, skinny_gemm.ROW_FLAT = skinny_gemm.ROW_FLAT, True  # one row's products in the slab's layout
+    try:
+        norm_linear.norm_linear(x, r, nw, 1e-6, _t(2 * 8960, 1536, dtype=BF16), swiglu=True, pdl=True)
+        skinny_gemm.skinny_linear_triton(_t(1, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True)
+        skinny_gemm.skinny_linear_triton(
+            _t(1, 8960, dtype=BF16),
+            _t(1536, 8960, dtype=BF16),
+            meta={**skinny_gemm.ONE_ROW_NARROW, "whole": 0},
+            pdl=True,
+        )  # streamed in tiles
+    finally:
+        skinny_gemm.ROW_FLAT = flat
     qkv = _t(1, 16, 128, dtype=BF16)
     q, k, v = qkv.split([12, 2, 2], dim=1)
     cache = _t(2, 8, 16, 2, 128, dtype=BF16)

@@ -81,6 +81,22 @@ def test_one_tile_and_two_pass_rows_match_the_reference(k, swiglu, whole):
     torch.testing.assert_close(y, want_y, atol=1e-4 * k**0.5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("k", [64, 150])  # one tile; two passes
+def test_one_row_flat_or_broadcast_products_match_the_reference(flat, k, monkeypatch):
+    """`skinny_gemm.ROW_FLAT` on or off: one row through the norm kernel matches the two-kernel reference."""
+    import tlt_rt.codegen.kernels.skinny_gemm as sk
+
+    monkeypatch.setattr(sk, "ROW_FLAT", flat)
+    for swiglu in (False, True):
+        x, r, nw, w, b = _inputs(1, 40, k, True, True, 5, swiglu=swiglu)
+        ref = Glue()
+        want_s, want_y = (ref.add_norm_linear_swiglu if swiglu else ref.add_norm_linear)(x, r, nw, EPS, w, b)
+        s, y = norm_linear(x, r, nw, EPS, w, b, swiglu=swiglu, meta={**META, "whole": 0})
+        torch.testing.assert_close(s, want_s, atol=0, rtol=0)
+        torch.testing.assert_close(y, want_y, atol=1e-4 * k**0.5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_bf16_rounds_where_the_reference_rounds(swiglu):
     """In bf16 the residual stream is bit-equal on the GPU (the add rounds once, as torch's does; the interpreter

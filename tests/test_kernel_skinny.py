@@ -97,6 +97,28 @@ def test_whole_rows_and_streamed_tiles_match_linear(k, whole, swiglu):
     torch.testing.assert_close(got, want, atol=1e-4 * k**0.5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("whole", [0, 512])  # long rows streamed in tiles, or loaded whole
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_one_row_products_flat_or_broadcast_match_linear(flat, whole, swiglu, monkeypatch):
+    """`skinny_gemm.ROW_FLAT`: one row's products in the slab's own layout or broadcast over three dimensions, in
+    one tile and over tiles: both F.linear's result."""
+    import tlt_rt.codegen.kernels.skinny_gemm as sk
+
+    monkeypatch.setattr(sk, "ROW_FLAT", flat)
+    g = torch.Generator().manual_seed(7)
+    for k in (40, 150):
+        x = torch.randn(1, k, generator=g).to(DEVICE)
+        w = torch.randn(2 * 50, k, generator=g).to(DEVICE)
+        b = torch.randn(2 * 50, generator=g).to(DEVICE)
+        got = skinny_linear_triton(x, w, b, meta={**META, "whole": whole}, swiglu=swiglu)
+        want = F.linear(x, w, b)
+        if swiglu:
+            gate, up = want.chunk(2, dim=-1)
+            want = F.silu(gate) * up
+        torch.testing.assert_close(got, want, atol=1e-4 * k**0.5, rtol=1e-4)
+
+
 def test_row_views_of_a_wider_weight():
     # a fused q/k/v weight's slices: rows of a larger tensor, unit stride along K
     big = torch.randn(96, 40, device=DEVICE)

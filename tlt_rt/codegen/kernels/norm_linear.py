@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tlt_rt.codegen.kernels import skinny_gemm
 from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave
 from tlt_rt.codegen.kernels.skinny_gemm import (
     MAX_ROWS,
@@ -59,11 +60,11 @@ def _residual_sum(
 
 @triton.jit
 def _normed(s, rstd, nw_ptr, kk, k_ok, dtype: tl.constexpr):
-    """h = w_norm * (s * rstd) over columns kk, rounded as the reference's two steps round, fp32 [M, 1, BLOCK_K]
+    """h = w_norm * (s * rstd) over columns kk, rounded as the reference's two steps round, fp32 [M, BLOCK_K]
     (ready for the slab / tile products)."""
     nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
     normed = (s.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
-    return (nw[None, :] * normed).to(dtype).to(tl.float32)[:, None, :]
+    return (nw[None, :] * normed).to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -87,13 +88,13 @@ def _piece_sum(
 @triton.jit
 def _piece_norm_products(
     s, rstd, nw_ptr, K, w, w_up, acc, acc_up, dtype: tl.constexpr, START: tl.constexpr, SIZE: tl.constexpr,
-    SWIGLU: tl.constexpr,
+    SWIGLU: tl.constexpr, FLAT: tl.constexpr,
 ):  # fmt: skip
     """acc (acc_up) += h = w_norm * (s * rstd) over columns START .. START + SIZE times a loaded piece of W."""
     if SIZE > 0:
         kk = START + tl.arange(0, SIZE)
         h = _normed(s, rstd, nw_ptr, kk, kk < K, dtype)
-        acc, acc_up = _slab_products(h, w, w_up, acc, acc_up, SWIGLU)
+        acc, acc_up = _slab_products(h, w, w_up, acc, acc_up, SWIGLU, FLAT)
     return acc, acc_up
 
 
@@ -105,7 +106,7 @@ def _norm_linear_kernel(
     HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, ONE_TILE: tl.constexpr,
-    K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr,
+    K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr, FLAT: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -135,17 +136,17 @@ def _norm_linear_kernel(
         s3, q3 = _piece_sum(x_ptr, r_ptr, s_ptr, rm, m_ok, K, stride_xm, stride_rm, stride_sm, wr, dtype, HAS_RES, P3,
                             K3)  # fmt: skip
         rstd = 1.0 / tl.sqrt((q0 + q1 + q2 + q3) / K + eps)
-        acc, acc_up = _piece_norm_products(s0, rstd, nw_ptr, K, w0, u0, acc, acc_up, dtype, 0, BLOCK_K, SWIGLU)
-        acc, acc_up = _piece_norm_products(s1, rstd, nw_ptr, K, w1, u1, acc, acc_up, dtype, P1, K1, SWIGLU)
-        acc, acc_up = _piece_norm_products(s2, rstd, nw_ptr, K, w2, u2, acc, acc_up, dtype, P2, K2, SWIGLU)
-        acc, acc_up = _piece_norm_products(s3, rstd, nw_ptr, K, w3, u3, acc, acc_up, dtype, P3, K3, SWIGLU)
+        acc, acc_up = _piece_norm_products(s0, rstd, nw_ptr, K, w0, u0, acc, acc_up, dtype, 0, BLOCK_K, SWIGLU, FLAT)
+        acc, acc_up = _piece_norm_products(s1, rstd, nw_ptr, K, w1, u1, acc, acc_up, dtype, P1, K1, SWIGLU, FLAT)
+        acc, acc_up = _piece_norm_products(s2, rstd, nw_ptr, K, w2, u2, acc, acc_up, dtype, P2, K2, SWIGLU, FLAT)
+        acc, acc_up = _piece_norm_products(s3, rstd, nw_ptr, K, w3, u3, acc, acc_up, dtype, P3, K3, SWIGLU, FLAT)
     else:
         if PREFETCH:  # as skinny_gemm's: this program's slab of W into L2 while the kernel before still runs
             _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
         enter(PDL)
         acc, acc_up = _two_passes(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, N, K, eps, stride_xm, stride_rm, stride_sm,
                                   stride_wn, pid, rn, rm, rk, n_ok, m_ok, acc, acc_up, dtype, HAS_RES, SWIGLU,
-                                  BLOCK_M, BLOCK_K)  # fmt: skip
+                                  BLOCK_M, BLOCK_K, FLAT)  # fmt: skip
     leave(PDL)
     acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
@@ -155,7 +156,7 @@ def _norm_linear_kernel(
 def _two_passes(
     x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, N, K, eps, stride_xm, stride_rm, stride_sm, stride_wn,
     pid, rn, rm, rk, n_ok, m_ok, acc, acc_up, dtype: tl.constexpr,
-    HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FLAT: tl.constexpr,
 ):  # fmt: skip
     """Rows wider than a tile: a first pass for each row's mean square, then the projection tile by tile."""
     # pass 1: each row's mean square of s = x (+ r), s rounded to the model dtype as the reference's add rounds
@@ -175,7 +176,7 @@ def _two_passes(
         s = _residual_sum(x_ptr, r_ptr, s_ptr, rm, kk, mk, stride_xm, stride_rm, stride_sm, False, dtype, HAS_RES)
         h = _normed(s, rstd, nw_ptr, kk, k_ok, dtype)
         tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
-        acc, acc_up = _tile_products(h, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
+        acc, acc_up = _tile_products(h, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU, FLAT)
     return acc, acc_up
 
 
@@ -241,7 +242,7 @@ def norm_linear(
         x.stride(0), x.stride(0) if residual is None else residual.stride(0), s.stride(0), weight.stride(0),
         y.stride(0),
         HAS_RES=residual is not None, HAS_BIAS=bias is not None, SWIGLU=swiglu,
-        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], **tiles,
+        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], **tiles, FLAT=skinny_gemm.ROW_FLAT and block_m == 1,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **launch_meta(x.device, pdl, weight.dtype, tiles["BLOCK_K"], prefetch),
     )  # fmt: skip

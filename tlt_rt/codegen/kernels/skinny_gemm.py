@@ -83,6 +83,10 @@ def skinny_meta(rows: int, weight_rows: int, k: int | None = None) -> dict:
 # streamed in tiles): 192 takes Qwen2.5-Coder-1.5B's down projection (8,960 over 64 threads), which streamed in
 # five tiles cost 0.11 ms more a step (H200, step_costs.py --compare; benchmarks/RESULTS.md).
 WHOLE_ELEMS = 192
+# One row's products in the slab's own layout (`_slab_products`: no conversion of the slab through shared memory,
+# 9 barriers against 43 in the 1.5B's gate/up kernel); False (the default until timed on a GPU): broadcast over
+# three dimensions, as for several rows. `benchmarks/step_costs.py --compare pdl pdl-flat` times the two.
+ROW_FLAT = False
 MAX_PIECES = 4  # a whole row is loaded as at most this many power-of-two pieces (the kernels take four)
 
 
@@ -114,15 +118,14 @@ def row_tiles(k: int, cfg: dict, slab_rows: int) -> dict:
 
 
 @triton.jit
-def _tile_products(x, tile, w_mask, N, stride_wn, acc, acc_up, SWIGLU: tl.constexpr):
-    """acc += x . W-tile for rows x [M, 1, BLOCK_K] (float32) and the [BLOCK_N, BLOCK_K] tile of W at `tile`; with
+def _tile_products(x, tile, w_mask, N, stride_wn, acc, acc_up, SWIGLU: tl.constexpr, FLAT: tl.constexpr):
+    """acc += x . W-tile for rows x [M, BLOCK_K] (float32) and the [BLOCK_N, BLOCK_K] tile of W at `tile`; with
     SWIGLU also acc_up += x . the tile N rows further down (the up half of a stacked [gate; up] weight)."""
-    w = tl.load(tile, mask=w_mask, other=0.0)
-    acc += tl.sum(x * w.to(tl.float32)[None, :, :], axis=2)
+    w = tl.load(tile, mask=w_mask, other=0.0).to(tl.float32)
+    w_up = w
     if SWIGLU:
-        w = tl.load(tile + N * stride_wn, mask=w_mask, other=0.0)
-        acc_up += tl.sum(x * w.to(tl.float32)[None, :, :], axis=2)
-    return acc, acc_up
+        w_up = tl.load(tile + N * stride_wn, mask=w_mask, other=0.0).to(tl.float32)
+    return _slab_products(x, w, w_up, acc, acc_up, SWIGLU, FLAT)
 
 
 @triton.jit
@@ -163,22 +166,31 @@ def _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, START: tl.constexpr, SIZE: tl.
 @triton.jit
 def _piece_products(
     x_ptr, rm, m_ok, K, stride_xm, w, w_up, acc, acc_up, START: tl.constexpr, SIZE: tl.constexpr,
-    SWIGLU: tl.constexpr,
+    SWIGLU: tl.constexpr, FLAT: tl.constexpr,
 ):  # fmt: skip
     """acc (acc_up) += rows rm of x, columns START .. START + SIZE, times a loaded piece of W (`_load_piece`)."""
     if SIZE > 0:
         rk = START + tl.arange(0, SIZE)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
-        acc, acc_up = _slab_products(x.to(tl.float32)[:, None, :], w, w_up, acc, acc_up, SWIGLU)
+        acc, acc_up = _slab_products(x.to(tl.float32), w, w_up, acc, acc_up, SWIGLU, FLAT)
     return acc, acc_up
 
 
 @triton.jit
-def _slab_products(x, w, w_up, acc, acc_up, SWIGLU: tl.constexpr):
-    """acc += x . w for rows x [M, 1, BLOCK_K] (fp32) and a loaded slab w [BLOCK_N, BLOCK_K]; acc_up with w_up."""
-    acc += tl.sum(x * w[None, :, :], axis=2)
-    if SWIGLU:
-        acc_up += tl.sum(x * w_up[None, :, :], axis=2)
+def _slab_products(x, w, w_up, acc, acc_up, SWIGLU: tl.constexpr, FLAT: tl.constexpr):
+    """acc += x . w for rows x [M, BLOCK_K] (fp32) and a loaded slab w [BLOCK_N, BLOCK_K]; acc_up with w_up. FLAT
+    (one row): the products in the slab's own layout, reduced along its rows; else broadcast over a [M, BLOCK_N,
+    BLOCK_K] product, whose layout the compiler gives one element a thread, so the slab is first converted to it
+    through shared memory (43 barriers in the one-row gate/up kernel of Qwen2.5-Coder-1.5B's shape)."""
+    if FLAT:
+        row = tl.sum(x, axis=0)  # the one row, [BLOCK_K]
+        acc += tl.sum(w * row[None, :], axis=1)[None, :]
+        if SWIGLU:
+            acc_up += tl.sum(w_up * row[None, :], axis=1)[None, :]
+    else:
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        if SWIGLU:
+            acc_up += tl.sum(x[:, None, :] * w_up[None, :, :], axis=2)
     return acc, acc_up
 
 
@@ -203,6 +215,7 @@ def _row_products(
     x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
     LINES: tl.constexpr, ONE_TILE: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr,
+    FLAT: tl.constexpr,
 ):  # fmt: skip
     """(acc, acc_up): rows rm of x times rows rn of W (and rows N + rn, the up half, with SWIGLU), fp32, for a program
     of a matrix-vector kernel, with its PDL wait (`enter`) and signal (`leave`) around the loads of x. ONE_TILE: rows
@@ -216,11 +229,13 @@ def _row_products(
         w2, u2 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K + K1, K2, SWIGLU)
         w3, u3 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K + K1 + K2, K3, SWIGLU)
         enter(PDL)
-        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w0, u0, acc, acc_up, 0, BLOCK_K, SWIGLU)
-        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w1, u1, acc, acc_up, BLOCK_K, K1, SWIGLU)
-        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w2, u2, acc, acc_up, BLOCK_K + K1, K2, SWIGLU)
-        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w3, u3, acc, acc_up, BLOCK_K + K1 + K2, K3,
-                                      SWIGLU)  # fmt: skip
+        P1: tl.constexpr = BLOCK_K
+        P2: tl.constexpr = BLOCK_K + K1
+        P3: tl.constexpr = BLOCK_K + K1 + K2
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w0, u0, acc, acc_up, 0, BLOCK_K, SWIGLU, FLAT)
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w1, u1, acc, acc_up, P1, K1, SWIGLU, FLAT)
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w2, u2, acc, acc_up, P2, K2, SWIGLU, FLAT)
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w3, u3, acc, acc_up, P3, K3, SWIGLU, FLAT)
     else:
         if PREFETCH:  # the slab of W (both halves with SWIGLU) into L2 while the kernel before still runs
             _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
@@ -229,9 +244,9 @@ def _row_products(
             kk = k0 + rk
             k_ok = kk < K
             x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            x = x.to(tl.float32)[:, None, :]
             tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
-            acc, acc_up = _tile_products(x, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU)
+            acc, acc_up = _tile_products(x.to(tl.float32), tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc,
+                                         acc_up, SWIGLU, FLAT)  # fmt: skip
     leave(PDL)
     return acc, acc_up
 
@@ -261,6 +276,7 @@ def _skinny_kernel(
     K1: tl.constexpr,
     K2: tl.constexpr,
     K3: tl.constexpr,
+    FLAT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -268,7 +284,7 @@ def _skinny_kernel(
     n_ok = rn < N
     m_ok = rm < M
     acc, acc_up = _row_products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU, BLOCK_M,
-                                BLOCK_N, BLOCK_K, PDL, PREFETCH, LINE, LINES, ONE_TILE, K1, K2, K3)  # fmt: skip
+                                BLOCK_N, BLOCK_K, PDL, PREFETCH, LINE, LINES, ONE_TILE, K1, K2, K3, FLAT)  # fmt: skip
     acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -341,6 +357,7 @@ def skinny_linear_triton(
         BLOCK_M=block_m,
         BLOCK_N=cfg["block_n"],
         **tiles,
+        FLAT=ROW_FLAT and block_m == 1,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **launch_meta(x2.device, pdl, weight.dtype, tiles["BLOCK_K"], prefetch),
