@@ -331,6 +331,13 @@ def pdl_cases():
     skinny_gemm.skinny_linear_triton(_t(1, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True, prefetch=True)
     skinny_gemm.skinny_linear_triton(x, _t(2 * 256, 1536, dtype=BF16), swiglu=True, pdl=True, prefetch=True)
     skinny_gemm.skinny_linear_triton(x, _t(1536, 1536, dtype=BF16), pdl=pdl.SIGNAL_AT_END)  # signalling at its end
+    # rows streamed in tiles (too wide to load whole: the 7B shape's down, or "whole" 0), their slabs prefetched
+    streamed = {**skinny_gemm.ONE_ROW_NARROW, "whole": 0}
+    skinny_gemm.skinny_linear_triton(_t(1, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), meta=streamed, pdl=True,
+                                     prefetch=True)  # fmt: skip
+    x7 = _t(1, 3584, dtype=BF16)
+    norm_linear.norm_linear(x7, x7, _t(3584, dtype=BF16), 1e-6, _t(2 * 18944, 3584, dtype=BF16), swiglu=True,
+                            pdl=True, prefetch=True)  # fmt: skip
     flat, skinny_gemm.ROW_FLAT = skinny_gemm.ROW_FLAT, True  # one row's products in the slab's layout
     try:
         norm_linear.norm_linear(x, r, nw, 1e-6, _t(2 * 8960, 1536, dtype=BF16), swiglu=True, pdl=True)

@@ -21,6 +21,7 @@ from tlt_rt.train.__main__ import resolve_arch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from step_costs import (  # noqa: E402
+    KNOBS,
     VARIANTS,
     build_model,
     digest,
@@ -31,6 +32,7 @@ from step_costs import (  # noqa: E402
     print_rows,
     step_summary,
     weight_bytes,
+    wide_variant,
 )
 
 TINY = ArchConfig(model_type="qwen2", vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
@@ -145,7 +147,15 @@ def test_compare_names_its_variants_and_refuses_a_glue_flag_beside_them(capsys):
     assert e.value.code == 2 and "--compare builds each variant's glue itself" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["--compare", "base", "fastest"])
-    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    assert e.value.code == 2 and "unknown variant 'fastest'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--compare", "pdl", "pdl:bn=8,x=2"])  # a sweep variant with a key it does not know
+    assert e.value.code == 2 and "expected pdl:bn=" in capsys.readouterr().err
+    # sweep variants: pdl with one launch setting set from the name, kept while that variant's graphs are captured
+    assert wide_variant("pdl:bn=16,w=8") and VARIANTS["pdl:bn=16,w=8"] == VARIANTS["pdl"]
+    knob = KNOBS["pdl:bn=16,w=8"][("tlt_rt.codegen.kernels.skinny_gemm", "ONE_ROW_WIDE")]
+    assert knob["block_n"] == 16 and knob["num_warps"] == 8
+    assert wide_variant("pdl:narrow:bn=2") and wide_variant("pdl:attn:sw=4") and not wide_variant("base")
     from tlt_rt.codegen.backend import TritonAttention
 
     for name, (glue_kw, attn_kw) in VARIANTS.items():
