@@ -30,7 +30,7 @@ from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave
 from tlt_rt.codegen.kernels.skinny_gemm import (
     MAX_ROWS,
     _bias_swiglu,
-    _load_piece,
+    _load_pieces,
     _prefetch_slab,
     _slab_products,
     _tile_products,
@@ -121,10 +121,7 @@ def _norm_linear_kernel(
         P1: tl.constexpr = BLOCK_K
         P2: tl.constexpr = BLOCK_K + K1
         P3: tl.constexpr = BLOCK_K + K1 + K2
-        w0, u0 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, 0, BLOCK_K, SWIGLU)
-        w1, u1 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, P1, K1, SWIGLU)
-        w2, u2 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, P2, K2, SWIGLU)
-        w3, u3 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, P3, K3, SWIGLU)
+        w0, u0, w1, u1, w2, u2, w3, u3 = _load_pieces(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K, K1, K2, K3, SWIGLU)
         enter(PDL)
         wr = pid == 0
         s0, q0 = _piece_sum(x_ptr, r_ptr, s_ptr, rm, m_ok, K, stride_xm, stride_rm, stride_sm, wr, dtype, HAS_RES, 0,

@@ -164,6 +164,20 @@ def _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, START: tl.constexpr, SIZE: tl.
 
 
 @triton.jit
+def _load_pieces(
+    w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr,
+    SWIGLU: tl.constexpr,
+):  # fmt: skip
+    """This program's whole rows of W in `row_tiles`' pieces (BLOCK_K, K1, K2, K3 columns, one after the other):
+    (w0, u0, w1, u1, w2, u2, w3, u3), each `_load_piece`'s pair; every load issued at once."""
+    w0, u0 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, 0, BLOCK_K, SWIGLU)
+    w1, u1 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K, K1, SWIGLU)
+    w2, u2 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K + K1, K2, SWIGLU)
+    w3, u3 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K + K1 + K2, K3, SWIGLU)
+    return w0, u0, w1, u1, w2, u2, w3, u3
+
+
+@triton.jit
 def _piece_products(
     x_ptr, rm, m_ok, K, stride_xm, w, w_up, acc, acc_up, START: tl.constexpr, SIZE: tl.constexpr,
     SWIGLU: tl.constexpr, FLAT: tl.constexpr,
@@ -224,10 +238,7 @@ def _row_products(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
     if ONE_TILE:  # the whole slab of W in registers (`row_tiles`' pieces), loaded before the wait (kernels.pdl)
-        w0, u0 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, 0, BLOCK_K, SWIGLU)
-        w1, u1 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K, K1, SWIGLU)
-        w2, u2 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K + K1, K2, SWIGLU)
-        w3, u3 = _load_piece(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K + K1 + K2, K3, SWIGLU)
+        w0, u0, w1, u1, w2, u2, w3, u3 = _load_pieces(w_ptr, rn, n_ok, N, K, stride_wn, BLOCK_K, K1, K2, K3, SWIGLU)
         enter(PDL)
         P1: tl.constexpr = BLOCK_K
         P2: tl.constexpr = BLOCK_K + K1
