@@ -443,13 +443,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--label", default="", help="tag written into each row (variant under test)")
     ap.add_argument("--compare", nargs="+", default=None, metavar="VARIANT",
                     help=f"glue variants side by side, the first the baseline ({', '.join(VARIANTS)}; "
-                         "pdl:bn=..,bk=..,w=..,s=.. for pdl with another one-row meta for wide weights)")  # fmt: skip
+                         "pdl:bn=..,bk=..,w=..,s=.., pdl:narrow:.. or pdl:attn:..,sw=.. for pdl with another launch "
+                         "setting: see wide_variant)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=5, help="with --compare: interleaved rounds of --iters replays")
     args = ap.parse_args(argv)
     for name in args.compare or []:
         try:
             if not (name in VARIANTS or wide_variant(name)):
-                ap.error(f"--compare: unknown variant {name!r}; one of {', '.join(VARIANTS)} or pdl:bn=..,w=..")
+                ap.error(
+                    f"--compare: unknown variant {name!r}; one of {', '.join(VARIANTS)} or pdl:[narrow:|attn:]bn=.."
+                )
         except ValueError as e:
             ap.error(str(e))
     if args.compare and (args.eager_glue or args.skinny or args.no_fused_rope):

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from tlt_rt.train.profile import caller_rows, exposed_by, exposed_rows, kernel_kinds, kernel_rows, profiled, summary
+from tlt_rt.train.profile import caller_rows, exposed_by, kernel_kinds, kernel_rows, profiled, summary
 
 
 def test_profiled_writes_the_host_operators_of_the_block(tmp_path):
@@ -39,7 +39,7 @@ def test_kernel_rows_sum_by_name_and_kinds_group_them():
     assert "kernels 0.001 s in 6 launches (35% of the wall time busy)" in text and "aten::mm" in text
 
 
-def test_exposed_rows_count_overlapping_kernels_once():
+def test_exposed_time_counts_overlapping_kernels_once():
     """Kernels placed while the one before runs (PDL) add only what reaches past it; a gap before a kernel is not
     its time; host events are left out."""
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
@@ -54,7 +54,7 @@ def test_exposed_rows_count_overlapping_kernels_once():
         ev("tiny", 22.0, 25.0),  # wholly inside the matmul: nothing exposed
         ev("aten::mm", 0.0, 100.0, cpu),
     ]
-    rows = exposed_rows(events)
+    rows = exposed_by(events, lambda name, _: name)  # a row a kernel name
     assert rows == [("matmul", 20.0, 20.0, 2), ("attention", 3.0, 7.0, 1), ("tiny", 0.0, 3.0, 1)]
     assert sum(r[1] for r in rows) == 23.0  # the device's busy span, the gap left out
     # told apart by their place: the k-th matmul of the step

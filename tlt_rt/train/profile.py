@@ -41,18 +41,14 @@ def kernel_rows(events, device: bool = True) -> list[tuple[str, float, int]]:
     return sorted(((k, us, int(n)) for k, (us, n) in rows.items()), key=lambda r: -r[1])
 
 
-def exposed_rows(events) -> list[tuple[str, float, float, int]]:
-    """(name, exposed us, busy us, count) by kernel name over a finished profiler's device kernels, largest exposed
-    first. A kernel's exposed time is how far it moves the device timeline's end: its end minus the later of its
-    start and every earlier kernel's end. Kernels that overlap (programmatic dependent launch places one while
-    the one before runs) count only what they add; summed over a step, exposed times give the step's kernel
-    time without the overlaps, and a kernel's own time (busy) includes what it spent placed but waiting."""
-    return exposed_by(events, lambda name, _: name)
-
-
 def exposed_by(events, key) -> list[tuple[str, float, float, int]]:
-    """`exposed_rows` grouped by key(name, k) instead of the name, k counting the kernels of that name before this
-    one (in start order): e.g. a decode step's matmul kernel told apart by its place in the layer."""
+    """(row, exposed us, busy us, count) over a finished profiler's device kernels, largest exposed first, a
+    kernel's row key(name, k) with k the kernels of its name before it in start order (the name itself, or e.g. a
+    decode step's matmul told apart by its place in the layer). A kernel's exposed time is how far it moves the
+    device timeline's end: its end minus the later of its start and every earlier kernel's end. Kernels that
+    overlap (programmatic dependent launch places one while the one before runs) count only what they add; summed
+    over a step, exposed times give the step's kernel time without the overlaps, and a kernel's own time (busy)
+    includes what it spent placed but waiting."""
     kernels = sorted(
         (e.time_range.start, e.time_range.end, e.name)
         for e in events
