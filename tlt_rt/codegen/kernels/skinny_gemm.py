@@ -112,7 +112,7 @@ def row_tiles(k: int, cfg: dict, slab_rows: int) -> dict:
         return {"BLOCK_K": block_k, "K1": 0, "K2": 0, "K3": 0, "ONE_TILE": True}
     pieces = row_pieces(k)
     if slab_rows * sum(pieces) <= cfg.get("whole", WHOLE_ELEMS) * 32 * cfg["num_warps"]:
-        pieces += [0] * (4 - len(pieces))  # the kernels' four piece widths, unused ones 0
+        pieces += [0] * (MAX_PIECES - len(pieces))  # unused piece widths 0
         return {"BLOCK_K": pieces[0], "K1": pieces[1], "K2": pieces[2], "K3": pieces[3], "ONE_TILE": True}
     return {"BLOCK_K": block_k, "K1": 0, "K2": 0, "K3": 0, "ONE_TILE": False}
 
