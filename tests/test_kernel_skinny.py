@@ -37,6 +37,15 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 META = {"block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 1}
 
 
+def _reference(x, w, b, swiglu):
+    """F.linear, then silu(gate) * up of its two halves with swiglu (a stacked [gate; up] weight)."""
+    y = F.linear(x, w, b)
+    if swiglu:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y
+
+
 @settings(deadline=None, max_examples=12)
 @given(
     m=st.integers(1, MAX_ROWS),
@@ -90,11 +99,7 @@ def test_whole_rows_and_streamed_tiles_match_linear(k, whole, swiglu):
     tiles = row_tiles(k, meta, meta["block_n"] * (2 if swiglu else 1))
     assert tiles["ONE_TILE"] == (k <= META["block_k"] or whole > 0)
     got = skinny_linear_triton(x, w, meta=meta, swiglu=swiglu)
-    want = F.linear(x, w)
-    if swiglu:
-        gate, up = want.chunk(2, dim=-1)
-        want = F.silu(gate) * up
-    torch.testing.assert_close(got, want, atol=1e-4 * k**0.5, rtol=1e-4)
+    torch.testing.assert_close(got, _reference(x, w, None, swiglu), atol=1e-4 * k**0.5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("flat", [False, True])
@@ -112,11 +117,7 @@ def test_one_row_products_flat_or_broadcast_match_linear(flat, whole, swiglu, mo
         w = torch.randn(2 * 50, k, generator=g).to(DEVICE)
         b = torch.randn(2 * 50, generator=g).to(DEVICE)
         got = skinny_linear_triton(x, w, b, meta={**META, "whole": whole}, swiglu=swiglu)
-        want = F.linear(x, w, b)
-        if swiglu:
-            gate, up = want.chunk(2, dim=-1)
-            want = F.silu(gate) * up
-        torch.testing.assert_close(got, want, atol=1e-4 * k**0.5, rtol=1e-4)
+        torch.testing.assert_close(got, _reference(x, w, b, swiglu), atol=1e-4 * k**0.5, rtol=1e-4)
 
 
 def test_row_views_of_a_wider_weight():
