@@ -315,7 +315,8 @@ def wide_variant(name: str) -> bool:
     tile (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept;
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
     `pdl:attn:bn=..,w=..,s=..,sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
-    split_waves). Registers the variant; False for other names."""
+    split_waves). `f=1` (any kind) also computes one row's products in the slab's layout (`skinny_gemm.ROW_FLAT`,
+    as pdl-flat). Registers the variant; False for other names."""
     if not name.startswith("pdl:"):
         return False
     from tlt_rt.codegen.kernels import decode_rope_attention, skinny_gemm
@@ -330,12 +331,16 @@ def wide_variant(name: str) -> bool:
     if module is None:
         raise ValueError(f"{name}: expected pdl:, pdl:narrow: or pdl:attn: before the settings")
     meta = dict(getattr(module, attr))
+    knobs = {}
     for item in spec.split(","):
         key, _, value = item.partition("=")
+        if key == "f" and value in ("0", "1"):
+            knobs[(SKINNY, "ROW_FLAT")] = value == "1"
+            continue
         if key not in keys or not value.isdigit():
-            raise ValueError(f"{name}: expected pdl:bn=..,bk=..,w=..,s=.. (any of them), got {item!r}")
+            raise ValueError(f"{name}: expected pdl:bn=..,bk=..,w=..,s=..,f=0|1 (any of them), got {item!r}")
         meta[keys[key]] = int(value)
-    KNOBS[name] = {(module.__name__, attr): meta}
+    KNOBS[name] = {(module.__name__, attr): meta, **knobs}
     VARIANTS[name] = VARIANTS["pdl"]
     return True
 

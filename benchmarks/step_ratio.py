@@ -2,7 +2,8 @@
 
     python benchmarks/step_ratio.py --batch 1 32 --strategies 8_4_32 6_2_12 [--trainer] [--kernels]
 
-One engine (SmolLM2 bf16, speculation on, every step captured) generates greedily for `--batch` prompts
+One engine (SmolLM2 bf16, or `--model` as step_costs.py takes it: a shape of random weights with a drafter of
+random weights, or a checkpoint; speculation on, every step captured) generates greedily for `--batch` prompts
 with stops off, and its policy is replaced by a fixed rotation: plain, then each strategy, then plain
 again, ... so every option runs on the same live batch at nearly the same context, one step after the
 other. A step's time is its wall time in the engine's timeline (inputs, replay, the host copy and the
@@ -16,6 +17,7 @@ trainer runs; default the tail trainer's own, 0 = Python's 5 ms), or several joi
 of pure Python instead (no device work: what sharing the GIL alone costs). Prints each option's step time
 with the trainer against without, and the trainer's steps. --hidden keeps hidden rows as RL rollouts do.
 --kernels: the GPU kernels (count and time) of one step of each option, from the torch profiler.
+--engine KEY=VALUE ...: rollout settings for both engines (`decode_chain=true pdl=true`: the one-row chain).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_throughput import prompts_for  # noqa: E402
-from step_costs import append_jsonl, kernel_table  # noqa: E402
+from step_costs import append_jsonl, build_model, kernel_table, model_source  # noqa: E402
 
 from tlt_rt.ir.strategy import Strategy  # noqa: E402
 from tlt_rt.models.default import load_tokenizer  # noqa: E402
@@ -201,11 +203,47 @@ def kernels_per_step(engine: Engine, prompts, options, show: int = 0) -> dict[st
     return out
 
 
+def random_prompts(n: int, length: int = 64) -> list[list[int]]:
+    """Prompts of random ids for a model of random weights (no tokenizer of its own), the same on every call."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, 32000, (n, length), generator=g).tolist()
+
+
+def engine_options(pairs: list[str]) -> dict:
+    """`--engine KEY=VALUE ...` -> Engine keywords, each value parsed for its rollout setting's type; a clear
+    SystemExit on an unknown key or a malformed pair."""
+    from tlt_rt.config_loader import field_hints, parse_value
+    from tlt_rt.rollout.config import EngineConfig
+
+    hints, out = field_hints(EngineConfig), {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or key not in hints:
+            known = ", ".join(sorted(k for k in hints if not k.startswith("_")))
+            raise SystemExit(f"--engine {pair!r}: expected KEY=VALUE with KEY a rollout setting ({known})")
+        out[key] = parse_value(value, hints[key], key)
+    return out
+
+
+def make_engine(args, b: int, speculative: str) -> Engine:
+    """An engine of `--model` (None: the default model file) for `b` rows, `--engine`'s settings applied."""
+    options = {"max_batch": max(b, 1), "num_blocks": 256 + 32 * b, **engine_options(args.engine)}
+    options["speculative"] = speculative
+    if speculative != "off":
+        options["strategies"] = args.strategies
+    if args.model is None:
+        return Engine.from_pretrained(None, drafter_path=args.drafter, dtype="bfloat16", device="cuda", **options)
+    if args.drafter is not None:
+        raise SystemExit("--drafter goes with the default model; --model builds a drafter of random weights")
+    from eager_profile import random_drafter
+
+    target = build_model(args.model)
+    return Engine(target, drafter=random_drafter(target) if speculative != "off" else None, **options)
+
+
 def sd_engine(args, b: int, prompts) -> Engine:
     """The speculative engine the rounds time: every step captured, its policy a rotation, warmed up."""
-    engine = Engine.from_pretrained(None, drafter_path=args.drafter, speculative="on", dtype="bfloat16",
-                                    device="cuda", strategies=args.strategies, max_batch=max(b, 1),
-                                    num_blocks=256 + 32 * b)  # fmt: skip
+    engine = make_engine(args, b, "on")
     if args.draft_vocab:
         engine.drafter_runner.drafter.set_draft_vocab(torch.arange(args.draft_vocab))
     engine.capture(profile=False, modes=("greedy",))
@@ -238,9 +276,14 @@ def main(argv=None) -> None:
                     help="GPU kernels per step of each option; N > 0 also prints the N most launched")  # fmt: skip
     ap.add_argument("--run", type=int, default=6, help="steps of one option before the next")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--model", default=None,
+                    help="a shape (random weights) or a checkpoint, as step_costs.py --model takes it")  # fmt: skip
+    ap.add_argument("--engine", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="rollout settings for both engines, e.g. decode_chain=true pdl=true")  # fmt: skip
     args = ap.parse_args(argv)
+    engine_options(args.engine)  # a bad setting fails before any engine is built
     warnings.simplefilter("ignore")
-    tok = load_tokenizer(None)
+    tok = None if args.model is not None and model_source(args.model) != "checkpoint" else load_tokenizer(args.model)
     strategies = [Strategy.parse(s) for s in args.strategies]
     options = [None, *strategies]
     names = ["off", *args.strategies]
@@ -249,12 +292,11 @@ def main(argv=None) -> None:
         trainer_variant(v)  # a bad spec fails before any engine is built
     rows = []
     for b in args.batch:
-        prompts = prompts_for(b, tok)
+        prompts = prompts_for(b, tok) if tok is not None else random_prompts(b)
         engine = sd_engine(args, b, prompts)
         # plain decoding on an engine without speculation, timed in the same rounds: the reference the
         # SD-capable engine's plain steps (which keep hidden rows for the drafter) are compared with
-        plain = Engine.from_pretrained(None, speculative="off", dtype="bfloat16", device="cuda", max_batch=max(b, 1),
-                                       num_blocks=256 + 32 * b)  # fmt: skip
+        plain = make_engine(args, b, "off")
         plain.capture(profile=False, modes=("greedy",))
         step_times(plain, prompts, 16)
         trainers = {v: busy(engine, v) for v in variants}

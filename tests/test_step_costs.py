@@ -156,6 +156,13 @@ def test_compare_names_its_variants_and_refuses_a_glue_flag_beside_them(capsys):
     knob = KNOBS["pdl:bn=16,w=8"][("tlt_rt.codegen.kernels.skinny_gemm", "ONE_ROW_WIDE")]
     assert knob["block_n"] == 16 and knob["num_warps"] == 8
     assert wide_variant("pdl:narrow:bn=2") and wide_variant("pdl:attn:sw=4") and not wide_variant("base")
+    assert wide_variant("pdl:narrow:bn=4,f=1")  # with one row's products in the slab's layout
+    flat = KNOBS["pdl:narrow:bn=4,f=1"]
+    assert flat[("tlt_rt.codegen.kernels.skinny_gemm", "ROW_FLAT")] is True
+    assert flat[("tlt_rt.codegen.kernels.skinny_gemm", "ONE_ROW_NARROW")]["block_n"] == 4
+    assert ("tlt_rt.codegen.kernels.skinny_gemm", "ROW_FLAT") not in KNOBS["pdl:bn=16,w=8"]
+    with pytest.raises(ValueError, match="f=0|1"):
+        wide_variant("pdl:f=2")
     from tlt_rt.codegen.backend import TritonAttention
 
     for name, (glue_kw, attn_kw) in VARIANTS.items():
