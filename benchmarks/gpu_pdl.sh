@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Programmatic dependent launch on one GPU: the PDL tests and the decode-chain kernels' GPU tests, then the decode
 # step of Qwen2.5-Coder-1.5B's and 0.5B's shapes (random bf16 weights, graphs) side by side: the engine's default
-# (base), the chain with PDL as it was at 86a0504 (pdl-before), as it is (pdl), and with one row's products in the
-# slab's own layout (pdl-flat, skinny_gemm.ROW_FLAT). Equal logits hashes say the variants computed the same step.
+# (base), the chain with PDL as it was at 86a0504 (pdl-before), with one row's products broadcast over three
+# dimensions as at 925a864 (pdl-3d), and as it is (pdl). Equal logits hashes say the variants computed the same step.
 #   benchmarks/gpu_pdl.sh OUT          (logs and records in OUT; TESTS=0 leaves the tests out)
 # Settings: VARIANTS (step_costs.py --compare names, the first the baseline), BATCHES (1 8 32), ROUNDS (5), PROFILE
 # (0; 1: each variant's kernels at the first batch).
@@ -16,7 +16,7 @@ if [ "${TESTS:-1}" = 1 ]; then
       > "$out/pdl_tests.log" 2>&1
   tail -3 "$out/pdl_tests.log"
 fi
-read -r -a variants <<< "${VARIANTS:-base pdl-before pdl pdl-flat}"
+read -r -a variants <<< "${VARIANTS:-base pdl-before pdl-3d pdl}"
 profile=(); [ "${PROFILE:-0}" = 1 ] && profile=(--profile)
 for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
   timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch ${BATCHES:-1 8 32} \

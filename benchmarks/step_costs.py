@@ -292,19 +292,30 @@ VARIANTS = {
     ),
 }
 SKINNY, ROPE_ATTN = "tlt_rt.codegen.kernels.skinny_gemm", "tlt_rt.codegen.kernels.decode_rope_attention"
+PDL = "tlt_rt.codegen.kernels.pdl"
 STREAMED = {(SKINNY, "WHOLE_ELEMS"): 0}  # rows wider than one tile streamed in tiles, not loaded whole
 LATE_KV = {(ROPE_ATTN, "EARLY_LOADS"): False}  # attention reads nothing before its wait
 # pdl with some of the chain's kernel settings as they were before: name -> (module, attribute) -> value, set while
 # the variant's graphs are captured (the launches' constexprs are fixed there)
 FOUR_ROWS = {(SKINNY, "ONE_ROW_WIDE"): {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3}}
 ONE_ROW = {(SKINNY, "ONE_ROW_NARROW"): {"block_n": 1, "block_k": 2048, "num_warps": 2, "num_stages": 2}}
+# one row's products broadcast over three dimensions (the slab converted through shared memory), with the wide
+# launch tuned for them: the chain as it was at 925a864
+THREE_D = {(SKINNY, "ROW_FLAT"): False,
+           (SKINNY, "ONE_ROW_WIDE"): {"block_n": 8, "block_k": 2048, "num_warps": 4, "num_stages": 3}}  # fmt: skip
 KNOBS = {
     "pdl-streamed": STREAMED,
     "pdl-late-kv": LATE_KV,
-    "pdl-four-rows": FOUR_ROWS,  # gate/up and the head in programs of 4 rows (SKINNY_META[1]), not 8
+    "pdl-four-rows": FOUR_ROWS,  # gate/up and the head in programs of 4 rows over 4 warps (SKINNY_META[1])
     "pdl-one-row": ONE_ROW,  # q/k/v, o and down in programs of one row over 2 warps, not 2 rows over 4
-    "pdl-before": {**STREAMED, **LATE_KV, **FOUR_ROWS, **ONE_ROW},
-    "pdl-flat": {(SKINNY, "ROW_FLAT"): True},  # one row's products in the slab's layout (skinny_gemm.ROW_FLAT)
+    "pdl-3d": THREE_D,
+    # launches of these classes signal before their wait (kernels.pdl.SIGNAL_FIRST): the kernel after attention
+    # (o) placed while q/k/v runs, the one after o (gate/up) while attention runs, ..., or every kernel of the chain
+    "pdl-first-attn": {(PDL, "SIGNAL_FIRST"): frozenset({"attention"})},
+    "pdl-first-o": {(PDL, "SIGNAL_FIRST"): frozenset({"narrow"})},
+    "pdl-first-attn-o": {(PDL, "SIGNAL_FIRST"): frozenset({"attention", "narrow"})},
+    "pdl-first-all": {(PDL, "SIGNAL_FIRST"): frozenset({"attention", "norm", "narrow", "long", "wide"})},
+    "pdl-before": {**STREAMED, **LATE_KV, **THREE_D, **FOUR_ROWS, **ONE_ROW},
 }
 for _name in KNOBS:
     VARIANTS[_name] = VARIANTS["pdl"]
@@ -315,8 +326,8 @@ def wide_variant(name: str) -> bool:
     tile (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept;
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
     `pdl:attn:bn=..,w=..,s=..,sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
-    split_waves). `f=1` (any kind) also computes one row's products in the slab's layout (`skinny_gemm.ROW_FLAT`,
-    as pdl-flat). Registers the variant; False for other names."""
+    split_waves). `f=0|1` (any kind) sets `skinny_gemm.ROW_FLAT`: one row's products broadcast over three
+    dimensions or in the slab's layout (the default). Registers the variant; False for other names."""
     if not name.startswith("pdl:"):
         return False
     from tlt_rt.codegen.kernels import decode_rope_attention, skinny_gemm

@@ -94,8 +94,8 @@ def _describe(e: BaseException) -> str:
 def pdl_report(ptx: str) -> dict:
     """What the PDL contract asks of a kernel's PTX: `griddepcontrol.wait` present, no global store or atomic and
     no load but early loads (`kernels.pdl.load_early`) before the first one in the text (code before the wait in
-    any path comes before it there), the signal (`launch_dependents`) after it; and the L2 prefetches and early
-    loads before it."""
+    any path comes before it there), the signal (`launch_dependents`) after it (before it: `signal_before_wait`);
+    and the L2 prefetches and early loads before it."""
     lines = [ln.strip() for ln in ptx.splitlines()]
     waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
     signals = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch_dependents")]
@@ -103,6 +103,7 @@ def pdl_report(ptx: str) -> dict:
     return {
         "waits": len(waits),
         "signal_after_wait": bool(waits and signals) and min(signals) > first,
+        "signal_before_wait": bool(waits and signals) and max(signals) < first,
         "global_before_wait": [ln for ln in lines[:first] if GLOBAL_ACCESS.search(ln) and not EARLY_LOAD.search(ln)][
             :5
         ],
@@ -117,7 +118,10 @@ def pdl_problem(label: str, report: dict) -> str | None:
         return f"{label} is launched with PDL but never waits for the kernel before (griddepcontrol.wait)"
     if report["global_before_wait"]:
         return f"{label} touches global memory before its wait: {report['global_before_wait']}"
-    if not report["signal_after_wait"]:
+    if "PDL=3" in label:  # kernels.pdl.SIGNAL_BEFORE_WAIT
+        if not report["signal_before_wait"]:
+            return f"{label} signals before its wait, but its PTX does not (griddepcontrol.launch_dependents)"
+    elif not report["signal_after_wait"]:
         return f"{label} does not signal its dependents after its wait (griddepcontrol.launch_dependents)"
     return None
 
@@ -338,7 +342,7 @@ def pdl_cases():
     x7 = _t(1, 3584, dtype=BF16)
     norm_linear.norm_linear(x7, x7, _t(3584, dtype=BF16), 1e-6, _t(2 * 18944, 3584, dtype=BF16), swiglu=True,
                             pdl=True, prefetch=True)  # fmt: skip
-    flat, skinny_gemm.ROW_FLAT = skinny_gemm.ROW_FLAT, True  # one row's products in the slab's layout
+    flat, skinny_gemm.ROW_FLAT = skinny_gemm.ROW_FLAT, not skinny_gemm.ROW_FLAT  # one row's products the other way
     try:
         norm_linear.norm_linear(x, r, nw, 1e-6, _t(2 * 8960, 1536, dtype=BF16), swiglu=True, pdl=True)
         skinny_gemm.skinny_linear_triton(_t(1, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True)
@@ -353,10 +357,16 @@ def pdl_cases():
     qkv = _t(1, 16, 128, dtype=BF16)
     q, k, v = qkv.split([12, 2, 2], dim=1)
     cache = _t(2, 8, 16, 2, 128, dtype=BF16)
-    rope_dec.decode_rope_attention(
-        q, k, v, torch.arange(1), _t(64), cache[0], cache[1], torch.arange(1), torch.zeros(1, 64, dtype=torch.int32),
-        torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True,
-    )  # fmt: skip
+    for first in (frozenset(), frozenset({"attention", "norm", "narrow", "long"})):  # pdl.SIGNAL_FIRST
+        pdl.SIGNAL_FIRST = first
+        rope_dec.decode_rope_attention(
+            q, k, v, torch.arange(1), _t(64), cache[0], cache[1], torch.arange(1),
+            torch.zeros(1, 64, dtype=torch.int32), torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True,
+        )  # fmt: skip
+    norm_linear.norm_linear(x, r, nw, 1e-6, _t(2048, 1536, dtype=BF16), _t(2048, dtype=BF16), pdl=True)
+    skinny_gemm.skinny_linear_triton(x, _t(1536, 1536, dtype=BF16), pdl=True)  # o
+    skinny_gemm.skinny_linear_triton(_t(1, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True)  # down
+    pdl.SIGNAL_FIRST = frozenset()
 
 
 def tp_sum_cases():
@@ -370,6 +380,12 @@ def tp_sum_cases():
     tp_sum.row_parallel_sum(_t(1, 1792, dtype=BF16), _t(3584, 1792, dtype=BF16), bufs, 0)  # o
     tp_sum.row_parallel_sum(_t(1, 9472, dtype=BF16), _t(3584, 9472, dtype=BF16), bufs, 1, pdl=True)  # down
     tp_sum.row_parallel_sum(_t(8, 9472, dtype=BF16), _t(3584, 9472, dtype=BF16), bufs, 1)
+    flat, tp_sum.ROW_FLAT = tp_sum.ROW_FLAT, not tp_sum.ROW_FLAT  # one row's products the other way
+    try:
+        tp_sum.row_parallel_sum(_t(1, 1792, dtype=BF16), _t(3584, 1792, dtype=BF16), bufs, 0)
+        tp_sum.row_parallel_sum(_t(1, 9472, dtype=BF16), _t(3584, 9472, dtype=BF16), bufs, 1, pdl=True)
+    finally:
+        tp_sum.ROW_FLAT = flat
 
 
 CASES = (attention_cases, accept_cases, commit_cases, draft_cases, layer_cases, pdl_cases, tp_sum_cases)

@@ -137,3 +137,15 @@ def test_eager_attention_compiles_once_whatever_the_block_tables_width(tmp_path)
         "tlt_rt.codegen.kernels.decode_attention._decode_attention_kernel": 1,
         "tlt_rt.codegen.kernels.prefill_attention._prefill_attention_kernel": 1,
     }, variants
+
+
+def test_the_pdl_signal_is_checked_on_the_side_of_the_wait_its_mode_names():
+    """SIGNAL_BEFORE_WAIT launches (PDL=3 in the label) must signal before their wait; every other mode after it."""
+    sys.path.insert(0, str(TESTS))
+    from kernel_compile_check import pdl_problem
+
+    after = {"waits": 1, "global_before_wait": [], "signal_after_wait": True, "signal_before_wait": False}
+    before = {**after, "signal_after_wait": False, "signal_before_wait": True}
+    assert pdl_problem("k[PDL=1]", after) is None and pdl_problem("k[PDL=3]", before) is None
+    assert "after its wait" in pdl_problem("k[PDL=1]", before)
+    assert "signals before its wait" in pdl_problem("k[PDL=3]", after)

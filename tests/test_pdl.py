@@ -34,7 +34,29 @@ def test_launch_meta_turns_pdl_off_where_it_cannot_run():
     assert line_elems(torch.float32) == 32 and launch_meta(torch.device("cpu"), False, torch.float32, 16)["LINES"] == 1
     assert launch_meta(torch.device("cpu"), 2)["PDL"] == 0
     with pytest.raises(ValueError, match="pdl must be"):
-        launch_meta(torch.device("cpu"), 3)
+        launch_meta(torch.device("cpu"), 4)
+
+
+def test_signal_first_classes_signal_before_their_wait(monkeypatch):
+    """A PDL launch of a class named in SIGNAL_FIRST signals before its wait (SIGNAL_BEFORE_WAIT); other classes,
+    and launches signalling at their end, keep their mode; without PDL nothing changes."""
+    from tlt_rt.codegen.kernels import pdl
+    from tlt_rt.codegen.kernels.skinny_gemm import NARROW_N, launch_kind, row_tiles, skinny_meta
+
+    monkeypatch.setattr(pdl, "pdl_supported", lambda device: True)
+    monkeypatch.setattr(pdl, "SIGNAL_FIRST", frozenset({"attention", "narrow"}))
+    dev = torch.device("cpu")
+    assert pdl.launch_meta(dev, True, kind="attention")["PDL"] == pdl.SIGNAL_BEFORE_WAIT
+    assert pdl.launch_meta(dev, True, kind="norm")["PDL"] == pdl.SIGNAL_AT_START
+    assert pdl.launch_meta(dev, pdl.SIGNAL_AT_END, kind="attention")["PDL"] == pdl.SIGNAL_AT_END
+    assert pdl.launch_meta(dev, False, kind="attention") == {"PDL": 0, "launch_pdl": False}
+
+    def kind(rows, k):
+        return launch_kind(rows, k, row_tiles(k, skinny_meta(1, rows, k), 2))
+
+    # Qwen2.5-Coder-1.5B's one-row matmuls: o, down (8,960 wide rows), the head
+    assert (kind(1536, 1536), kind(1536, 8960), kind(151936, 1536)) == ("narrow", "long", "wide")
+    assert kind(NARROW_N - 1, 512) == "narrow" and kind(NARROW_N, 512) == "wide"
 
 
 @CPU_ONLY

@@ -71,7 +71,11 @@ def play_two_ranks(ranks: Ranks, xs, ws, slot: int, meta=WIDE):
     "rows, n, k, dtype",
     [(1, 40, 48, torch.float32), (3, 24, 200, torch.float32), (1, 33, 130, torch.bfloat16), (8, 16, 64, torch.float16)],
 )
-def test_two_ranks_sum_their_partials_in_rank_order(rows, n, k, dtype):
+@pytest.mark.parametrize("flat", [False, True])  # one row's products in the slab's layout (tp_sum.ROW_FLAT)
+def test_two_ranks_sum_their_partials_in_rank_order(rows, n, k, dtype, flat, monkeypatch):
+    if flat and rows > 1:
+        pytest.skip("ROW_FLAT is one row's")
+    monkeypatch.setattr(tp_sum, "ROW_FLAT", flat)
     g = torch.Generator().manual_seed(rows * 1000 + n)
     xs = [torch.randn(rows, k, generator=g).to(dtype) for _ in range(2)]
     ws = [torch.randn(n, k, generator=g).to(dtype) for _ in range(2)]

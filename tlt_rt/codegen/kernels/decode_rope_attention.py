@@ -274,7 +274,7 @@ def decode_rope_attention(
         GROUP=group, BLOCK_G=block_g, HALF=head_dim // 2, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
         MERGE=counters is not None, BLOCK_S=merge_block_s(block_g, num_splits, head_dim),
         DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EARLY=EARLY_LOADS,
-        num_warps=meta["num_warps"], num_stages=meta["num_stages"], **launch_meta(q.device, pdl),
+        num_warps=meta["num_warps"], num_stages=meta["num_stages"], **launch_meta(q.device, pdl, kind="attention"),
     )  # fmt: skip
     if split and counters is None:
         from tlt_rt.codegen.kernels.decode_attention import combine_splits

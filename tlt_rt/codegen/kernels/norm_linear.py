@@ -241,6 +241,6 @@ def norm_linear(
         HAS_RES=residual is not None, HAS_BIAS=bias is not None, SWIGLU=swiglu,
         BLOCK_M=block_m, BLOCK_N=cfg["block_n"], **tiles, FLAT=skinny_gemm.ROW_FLAT and block_m == 1,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **launch_meta(x.device, pdl, weight.dtype, tiles["BLOCK_K"], prefetch),
+        **launch_meta(x.device, pdl, weight.dtype, tiles["BLOCK_K"], prefetch, kind="norm"),
     )  # fmt: skip
     return s, y

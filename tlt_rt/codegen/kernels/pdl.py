@@ -25,6 +25,11 @@ The contract every kernel taking PDL keeps (tests/kernel_compile_check.py checks
   only once this one runs (a chain of waiting kernels never runs more than one kernel ahead, nor prefetches
   weights an L2 cannot hold). Placed early, the next kernel's programs go wherever there is room, which may
   crowd them onto the SMs that freed first; placed at the end they spread as this kernel's programs finish.
+  Launches of the classes named in SIGNAL_FIRST (off by default; `benchmarks/step_costs.py --compare pdl-first-*`
+  times them) signal before their wait instead (SIGNAL_BEFORE_WAIT): the next kernel is placed while the one
+  before this still runs, its early loads overlapping two kernels. That stays within the first rule, which names
+  what no kernel of the step writes, and a waiting program holds no resource the kernels before it need: those
+  were all placed before it (a kernel is placed only once every program of the one before has signalled).
 The wait covers every earlier kernel: the one before this finished, and it had itself waited for its own.
 
 Off the GPU (the interpreter) and before Hopper the flags are off (`pdl_supported`): the kernels run as before.
@@ -45,6 +50,8 @@ __all__ = [
     "load_weight",
     "SIGNAL_AT_END",
     "SIGNAL_AT_START",
+    "SIGNAL_BEFORE_WAIT",
+    "SIGNAL_FIRST",
     "enter",
     "interpreting",
     "launch_meta",
@@ -58,6 +65,11 @@ LINE_BYTES = 128  # one L2 prefetch per 128-byte line
 # where a program signals that the next kernel may be placed (the kernels' PDL constexpr; 0 = no PDL)
 SIGNAL_AT_START = 1  # right after its wait: the next kernel's programs placed while this one runs
 SIGNAL_AT_END = 2  # once its main loop is done: placed as this kernel's programs finish
+SIGNAL_BEFORE_WAIT = 3  # before its wait: placed as soon as every program of this one is
+# Launch classes whose PDL launches (SIGNAL_AT_START) signal before their wait instead: "attention" (decode
+# attention), "norm" (the add + norm + projection), "narrow" / "wide" (one-row matmuls of weights under / from
+# skinny_gemm.NARROW_N rows, their rows within one tile), "long" (rows wider than one tile), "tp" (the TP sum).
+SIGNAL_FIRST: frozenset[str] = frozenset()
 
 
 def interpreting() -> bool:
@@ -86,14 +98,24 @@ def line_elems(dtype: torch.dtype) -> int:
 
 
 def launch_meta(
-    device: torch.device, pdl: bool | int, dtype: torch.dtype | None = None, block_k: int = 0, prefetch: bool = False
+    device: torch.device,
+    pdl: bool | int,
+    dtype: torch.dtype | None = None,
+    block_k: int = 0,
+    prefetch: bool = False,
+    kind: str = "",
 ) -> dict:
     """The PDL keywords of a launch: the kernel's PDL mode (0, or where the programs signal: True is
-    SIGNAL_AT_START) and Triton's launch_pdl, both off where PDL cannot run (`pdl_supported`); with a weight's
-    dtype also PREFETCH (needs pdl) and the prefetch's LINE / LINES (lines a BLOCK_K tile spans)."""
-    if int(pdl) not in (0, SIGNAL_AT_START, SIGNAL_AT_END):
-        raise ValueError(f"pdl must be False, True / {SIGNAL_AT_START} or {SIGNAL_AT_END}, got {pdl!r}")
+    SIGNAL_AT_START, SIGNAL_BEFORE_WAIT instead for a launch class `kind` in SIGNAL_FIRST) and Triton's
+    launch_pdl, both off where PDL cannot run (`pdl_supported`); with a weight's dtype also PREFETCH (needs pdl)
+    and the prefetch's LINE / LINES (lines a BLOCK_K tile spans)."""
+    if int(pdl) not in (0, SIGNAL_AT_START, SIGNAL_AT_END, SIGNAL_BEFORE_WAIT):
+        raise ValueError(
+            f"pdl must be False, True / {SIGNAL_AT_START}, {SIGNAL_AT_END} or {SIGNAL_BEFORE_WAIT}, got {pdl!r}"
+        )
     mode = int(pdl) if pdl and pdl_supported(device) else 0
+    if mode == SIGNAL_AT_START and kind in SIGNAL_FIRST:
+        mode = SIGNAL_BEFORE_WAIT
     on = mode != 0
     meta = {"PDL": mode, "launch_pdl": on}
     if dtype is not None:
@@ -105,7 +127,9 @@ def launch_meta(
 @triton.jit
 def enter(PDL: tl.constexpr):
     """Wait for the kernel before (and so for every earlier one); with PDL == SIGNAL_AT_START also let the next
-    kernel be placed now. A no-op without PDL."""
+    kernel be placed now, with SIGNAL_BEFORE_WAIT before waiting. A no-op without PDL."""
+    if PDL == 3:
+        tl.extra.cuda.gdc_launch_dependents()
     if PDL != 0:
         tl.extra.cuda.gdc_wait()
     if PDL == 1:

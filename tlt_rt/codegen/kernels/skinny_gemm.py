@@ -63,9 +63,11 @@ NARROW_N = 8192
 # one-row programs of 2 warps tuned in isolation: 1.045x a step on Qwen2.5-Coder-1.5B, 1.016x on 0.5B.
 ONE_ROW_NARROW = {"block_n": 2, "block_k": 2048, "num_warps": 4, "num_stages": 2}
 # One row against a weight of many rows whose rows fit one tile (gate/up and the head of Qwen2.5-Coder-0.5B / 1.5B):
-# 8-row programs, the slab of both halves read whole. In a PDL step (step_costs.py --compare pdl:bn=..; H200)
-# 1.02x (1.5B) and 1.08x (0.5B) over SKINNY_META[1]'s 4-row programs; 16 rows or 8 warps were slower on both.
-ONE_ROW_WIDE = {"block_n": 8, "block_k": 2048, "num_warps": 4, "num_stages": 3}
+# 4-row programs of 2 warps, the slab of both halves read whole. With one row's products in the slab's layout
+# (ROW_FLAT), in a PDL step (step_costs.py --compare pdl:bn=..,w=..,f=1; H200) 1.018x (1.5B) and 1.024x (0.5B) over
+# the 8-row programs of 4 warps tuned before it (which had been 1.02x / 1.08x over 4 rows of 4 warps); 4 rows of 4
+# warps, 2 rows, 8 rows of 8 warps: faster on one model, slower on the other.
+ONE_ROW_WIDE = {"block_n": 4, "block_k": 2048, "num_warps": 2, "num_stages": 3}
 
 
 def skinny_meta(rows: int, weight_rows: int, k: int | None = None) -> dict:
@@ -84,9 +86,9 @@ def skinny_meta(rows: int, weight_rows: int, k: int | None = None) -> dict:
 # five tiles cost 0.11 ms more a step (H200, step_costs.py --compare; benchmarks/RESULTS.md).
 WHOLE_ELEMS = 192
 # One row's products in the slab's own layout (`_slab_products`: no conversion of the slab through shared memory,
-# 9 barriers against 43 in the 1.5B's gate/up kernel); False (the default until timed on a GPU): broadcast over
-# three dimensions, as for several rows. `benchmarks/step_costs.py --compare pdl pdl-flat` times the two.
-ROW_FLAT = False
+# 9 barriers against 43 in the 1.5B's gate/up kernel). In a PDL step (H200, step_costs.py --compare pdl-3d pdl) 1.165x
+# on Qwen2.5-Coder-1.5B and 1.093x on 0.5B over products broadcast over three dimensions (False, as for several rows).
+ROW_FLAT = True
 MAX_PIECES = 4  # a whole row is loaded as at most this many power-of-two pieces (the kernels take four)
 
 
@@ -115,6 +117,14 @@ def row_tiles(k: int, cfg: dict, slab_rows: int) -> dict:
         pieces += [0] * (MAX_PIECES - len(pieces))  # unused piece widths 0
         return {"BLOCK_K": pieces[0], "K1": pieces[1], "K2": pieces[2], "K3": pieces[3], "ONE_TILE": True}
     return {"BLOCK_K": block_k, "K1": 0, "K2": 0, "K3": 0, "ONE_TILE": False}
+
+
+def launch_kind(weight_rows: int, k: int, tiles: dict) -> str:
+    """The launch's class for `pdl.SIGNAL_FIRST`: "long" (rows wider than one tile), else "narrow" / "wide" (a
+    weight of fewer / at least NARROW_N rows)."""
+    if tiles["K1"] or not tiles["ONE_TILE"] or k > tiles["BLOCK_K"]:
+        return "long"
+    return "narrow" if weight_rows < NARROW_N else "wide"
 
 
 @triton.jit
@@ -371,7 +381,7 @@ def skinny_linear_triton(
         FLAT=ROW_FLAT and block_m == 1,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
-        **launch_meta(x2.device, pdl, weight.dtype, tiles["BLOCK_K"], prefetch),
+        **launch_meta(x2.device, pdl, weight.dtype, tiles["BLOCK_K"], prefetch, launch_kind(weight.shape[0], k, tiles)),
     )
     return y.view(*x.shape[:-1], n)
 

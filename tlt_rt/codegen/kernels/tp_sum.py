@@ -29,7 +29,6 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from tlt_rt.codegen.kernels import skinny_gemm
 from tlt_rt.codegen.kernels.pdl import interpreting, launch_meta
 from tlt_rt.codegen.kernels.skinny_gemm import MAX_ROWS, SUPPORTED_DTYPES, _row_products, row_tiles, skinny_meta
 from tlt_rt.models.tensor_parallel import set_fast_allreduce, symmetric_empty, use_allreduce
@@ -44,6 +43,9 @@ FLAG_WORDS = 64  # int32 flags after the slots: one per sending rank (64 ranks a
 # occupancy), 3.54 with 4-row tiles and the whole row, 3.68 with 8-row tiles and 512 columns.
 ONE_ROW_META = {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3}
 TAIL_ELEMS = 1024  # elements of a row the last program sums at once
+# One row's products in the slab's own layout, as `skinny_gemm.ROW_FLAT` (which made the one-GPU step 1.09-1.17x
+# faster): 11-12 barriers against 21-22 in the 7B TP=2 o / down kernels' PTX. Off until timed under TP.
+ROW_FLAT = False
 
 
 @triton.jit
@@ -231,10 +233,10 @@ def row_parallel_sum(
         BLOCK_N=cfg["block_n"],
         TAIL_N=min(tail or TAIL_ELEMS, triton.next_power_of_2(n)),
         **tiles,
-        FLAT=skinny_gemm.ROW_FLAT and m == 1,
+        FLAT=ROW_FLAT and m == 1,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
-        **launch_meta(x.device, pdl),
+        **launch_meta(x.device, pdl, kind="tp"),
     )
     return y
 
