@@ -174,19 +174,22 @@ def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: in
 FUSED_KEYS = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages"}
 
 
-def fused_settings(kind: str) -> tuple[dict | None, int | None]:
-    """The launch of `--allreduce fused[:bn=4,bk=2048,w=4,s=3,tail=1024]` (None, None: the kernel's own)."""
+def fused_settings(kind: str) -> tuple[dict | None, int | None, bool | None]:
+    """The launch of `--allreduce fused[:bn=4,bk=2048,w=4,s=3,tail=1024,f=0|1]` (meta, tail, flat; None: the
+    kernel's own). f: one row's products in the slab's layout (`tp_sum.ROW_FLAT`) or broadcast over three dimensions."""
     _, _, spec = kind.partition(":")
-    meta, tail = {}, None
+    meta, tail, flat = {}, None, None
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
         if key == "tail":
             tail = int(value)
+        elif key == "f" and value in ("0", "1"):
+            flat = value == "1"
         elif key in FUSED_KEYS:
             meta[FUSED_KEYS[key]] = int(value)
         else:
-            raise ValueError(f"--allreduce {kind}: unknown setting {key!r} (bn, bk, w, s, tail)")
-    return meta or None, tail
+            raise ValueError(f"--allreduce {kind}: unknown setting {key!r} (bn, bk, w, s, tail, f=0|1)")
+    return meta or None, tail, flat
 
 
 def allreduce_kind(text: str) -> str:
@@ -199,7 +202,9 @@ def allreduce_kind(text: str) -> str:
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
         return text
-    raise argparse.ArgumentTypeError(f"{text!r}: one of {ALLREDUCE_KINDS}, fused or fused:bn=..,w=..,s=..,tail=..")
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: one of {ALLREDUCE_KINDS}, fused or fused:bn=..,w=..,s=..,tail=..,f=0|1"
+    )
 
 
 def note(rank: int, t0: float, what: str) -> None:
@@ -247,12 +252,18 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         shard = shard_for_tp(model)
         if cuda:
             torch.cuda.empty_cache()
+        default_flat = None
+        if any(kind.startswith("fused") for kind in args.allreduce):
+            from tlt_rt.codegen.kernels import tp_sum  # local: Triton, for GPU runs only
+
+            default_flat = tp_sum.ROW_FLAT
         for kind in args.allreduce:  # the same shard, its sums through each all-reduce in turn (steps captured anew)
             if kind.startswith("fused"):
-                from tlt_rt.codegen.kernels.tp_sum import use_fused_sums  # local: Triton, for GPU runs only
+                from tlt_rt.codegen.kernels import tp_sum  # local: Triton, for GPU runs only
 
-                meta, tail = fused_settings(kind)
-                use_fused_sums(shard, pdl=args.pdl, meta=meta, tail=tail)
+                meta, tail, flat = fused_settings(kind)
+                tp_sum.ROW_FLAT = default_flat if flat is None else flat  # read as each step is captured
+                tp_sum.use_fused_sums(shard, pdl=args.pdl, meta=meta, tail=tail)
             else:
                 use_allreduce(shard, kind)
             label = f"{args.tp}" if kind == "nccl" else f"{args.tp} {kind}"

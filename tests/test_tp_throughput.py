@@ -50,3 +50,15 @@ def test_profile_writes_one_table_per_row_from_rank_0(tmp_path):
     text = (tmp_path / "tp2-plain-b4.txt").read_text()
     assert text.startswith("# TP=2 plain, batch 4: one generate of 8 tokens\nwall ") and "host operators" in text
     assert all(line.rstrip().endswith("| yes |") for line in done.stdout.splitlines() if line.startswith("| 2 |"))
+
+
+def test_fused_sum_settings_parse_the_flat_key():
+    """`--allreduce fused:..,f=0|1` sets the TP sum's one-row product layout (tp_sum.ROW_FLAT) for that run."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from tp_throughput import fused_settings
+
+    assert fused_settings("fused") == (None, None, None)
+    assert fused_settings("fused:bn=8,tail=512,f=1") == ({"block_n": 8}, 512, True)
+    assert fused_settings("fused:f=0")[2] is False
+    with pytest.raises(ValueError, match="f=0|1"):
+        fused_settings("fused:f=yes")
