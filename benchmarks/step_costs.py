@@ -112,12 +112,19 @@ def hbm_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
     return 2 * nbytes / statistics.median(times)
 
 
-def graphed_step(model: CausalLM, batch: int, ctx: int, tree: int = 1, block_size: int = 16):
+def table_blocks(ctx: int, tree: int, block_size: int, table: int = 0) -> int:
+    """Blocks of one sequence's table in `graphed_step`: its ctx + tree positions, or `table` positions if wider."""
+    return -(-max(ctx + tree, table) // block_size)
+
+
+def graphed_step(model: CausalLM, batch: int, ctx: int, tree: int = 1, block_size: int = 16, table: int = 0):
     """One paged forward captured as a CUDA graph: decode (tree=1) or a verify of `tree` tokens per sequence
-    after `ctx` cached ones. Returns (graph, cache, logits): the cache must live as long as the graph is replayed;
-    the logits are the graph's output (the same token ids for a shape in every call, so variants compare)."""
+    after `ctx` cached ones, each sequence's block table `table` positions wide where that is more (an engine's:
+    its longest context, from which the attention kernels choose their split count) and else just wide enough.
+    Returns (graph, cache, logits): the cache must live as long as the graph is replayed; the logits are the
+    graph's output (the same token ids for a shape in every call, so variants compare)."""
     dev = model.lm_head.weight.device
-    per_seq = -(-(ctx + tree) // block_size)
+    per_seq = table_blocks(ctx, tree, block_size, table)
     cache = model.make_cache(batch * per_seq + 1, block_size)
     tables = torch.arange(batch * per_seq, device=dev, dtype=torch.int32).view(batch, per_seq)
     n = batch * tree
@@ -146,9 +153,11 @@ def graphed_step(model: CausalLM, batch: int, ctx: int, tree: int = 1, block_siz
     return g, cache, out.logits
 
 
-def step_cost(model: CausalLM, batch: int, ctx: int, tree: int, block_size: int = 16, iters: int = 30) -> float:
+def step_cost(
+    model: CausalLM, batch: int, ctx: int, tree: int, block_size: int = 16, iters: int = 30, table: int = 0
+) -> float:
     """Median seconds of one graphed paged forward: decode (tree=1) or a verify of `tree` tokens."""
-    g, cache, _ = graphed_step(model, batch, ctx, tree, block_size)
+    g, cache, _ = graphed_step(model, batch, ctx, tree, block_size, table)
     sec = time_replays(g, iters)
     del g, cache
     torch.cuda.empty_cache()
@@ -203,11 +212,11 @@ def step_summary(rows: list[tuple[str, float, float]], layers: int, replay_s: fl
     )
 
 
-def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, top: int = 14) -> None:
+def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, top: int = 14, table: int = 0) -> None:
     """Kernel time per decode step by kernel name (torch profiler over graph replays), then `step_summary`."""
     from torch.profiler import ProfilerActivity, profile
 
-    g, cache, _ = graphed_step(model, batch, ctx)
+    g, cache, _ = graphed_step(model, batch, ctx, table=table)
     g.replay()
     torch.cuda.synchronize()
     replay_s = time_replays(g, replays)  # outside the profiler, which slows the replays down
@@ -326,13 +335,15 @@ def wide_variant(name: str) -> bool:
     tile (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept;
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
     `pdl:attn:bn=..,w=..,s=..,sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
-    split_waves). `f=0|1` (any kind) sets `skinny_gemm.ROW_FLAT`: one row's products broadcast over three
+    split_waves). `pc=1`: rows within one tile in power-of-two pieces, not padded (meta "pieces", `row_tiles`).
+    `f=0|1` (any kind) sets `skinny_gemm.ROW_FLAT`: one row's products broadcast over three
     dimensions or in the slab's layout (the default). Registers the variant; False for other names."""
     if not name.startswith("pdl:"):
         return False
     from tlt_rt.codegen.kernels import decode_rope_attention, skinny_gemm
 
-    keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages", "sw": "split_waves"}
+    keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages", "sw": "split_waves",
+            "pc": "pieces"}  # fmt: skip
     kind, _, spec = name[4:].rpartition(":")
     module, attr = {
         "": (skinny_gemm, "ONE_ROW_WIDE"),
@@ -349,7 +360,7 @@ def wide_variant(name: str) -> bool:
             knobs[(SKINNY, "ROW_FLAT")] = value == "1"
             continue
         if key not in keys or not value.isdigit():
-            raise ValueError(f"{name}: expected pdl:bn=..,bk=..,w=..,s=..,f=0|1 (any of them), got {item!r}")
+            raise ValueError(f"{name}: expected pdl:bn=..,bk=..,w=..,s=..,pc=..,f=0|1 (any of them), got {item!r}")
         meta[keys[key]] = int(value)
     KNOBS[name] = {(module.__name__, attr): meta, **knobs}
     VARIANTS[name] = VARIANTS["pdl"]
@@ -379,7 +390,7 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
         for name in glues:
             use(name)
             print(f"--- {name}")
-            print_breakdown(model, args.batch[0], args.ctx[0])
+            print_breakdown(model, args.batch[0], args.ctx[0], table=args.table)
     rows = []
     for ctx in args.ctx:
         for b in args.batch:
@@ -387,7 +398,7 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
                 graphs = {}
                 for name in glues:
                     use(name)
-                    graphs[name] = graphed_step(model, b, ctx, t)
+                    graphs[name] = graphed_step(model, b, ctx, t, table=args.table)
                 times: dict[str, list[float]] = {name: [] for name in glues}
                 for _ in range(args.rounds):
                     for name, (g, _, _) in graphs.items():
@@ -398,7 +409,8 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
                 for name in glues:
                     sec = statistics.median(times[name])
                     logits = graphs[name][2]
-                    rows.append(dict(model=args.model, label=name, batch=b, ctx=ctx, tokens=t, ms=sec * 1e3,
+                    rows.append(dict(model=args.model, label=name, batch=b, ctx=ctx, table=args.table, tokens=t,
+                                     ms=sec * 1e3,
                                      floor_ms=fl * 1e3, pct_floor=100 * fl / sec, floor_fraction=fl / sec,
                                      vs_first=first / sec, hbm_gbs=bw / 1e9, logits_digest=digest(logits),
                                      max_diff_vs_first=(logits.float() - ref).abs().max().item(),
@@ -440,6 +452,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--ctx", type=int, nargs="+", default=[1024, 8192])
+    ap.add_argument("--table", type=int, default=0, metavar="POSITIONS",
+                    help="each sequence's block table at least this wide, as an engine's of that longest "
+                    "context (attention chooses its splits from it); 0: just wide enough for the context")  # fmt: skip
     ap.add_argument("--verify", type=int, nargs="*", default=[16, 48])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--out", default=None)
@@ -515,13 +530,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.unfused:
         model.fuse_projections()
     if args.profile:
-        print_breakdown(model, args.batch[0], args.ctx[0])
+        print_breakdown(model, args.batch[0], args.ctx[0], table=args.table)
     rows = []
     for ctx in args.ctx:
         for b in args.batch:
             for t in [1, *args.verify]:
                 t0 = time.perf_counter()
-                sec = step_cost(model, b, ctx, t, iters=args.iters)
+                sec = step_cost(model, b, ctx, t, iters=args.iters, table=args.table)
                 fl = floor_seconds(model, b, ctx, t, bw)
                 rows.append(
                     dict(
@@ -529,6 +544,7 @@ def main(argv: list[str] | None = None) -> None:
                         label=args.label,
                         batch=b,
                         ctx=ctx,
+                        table=args.table,
                         tokens=t,
                         ms=sec * 1e3,
                         floor_ms=fl * 1e3,

@@ -339,6 +339,8 @@ def pdl_cases():
     streamed = {**skinny_gemm.ONE_ROW_NARROW, "whole": 0}
     skinny_gemm.skinny_linear_triton(_t(1, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), meta=streamed, pdl=True,
                                      prefetch=True)  # fmt: skip
+    pieces = {**skinny_gemm.ONE_ROW_WIDE, "pieces": 1}  # rows within one tile in pieces (1,536 as 1,024 + 512)
+    norm_linear.norm_linear(x, r, nw, 1e-6, _t(2 * 8960, 1536, dtype=BF16), swiglu=True, pdl=True, meta=pieces)
     x7 = _t(1, 3584, dtype=BF16)
     norm_linear.norm_linear(x7, x7, _t(3584, dtype=BF16), 1e-6, _t(2 * 18944, 3584, dtype=BF16), swiglu=True,
                             pdl=True, prefetch=True)  # fmt: skip

@@ -71,12 +71,13 @@ def test_matches_the_two_kernel_reference(m, n, k, residual, bias, swiglu, seed)
 # piece masked) or, with "whole" 0, in two passes over BLOCK_K tiles
 @pytest.mark.parametrize("k", [50, 64, 150, 203])
 @pytest.mark.parametrize("swiglu", [False, True])
-@pytest.mark.parametrize("whole", [0, 512])
+@pytest.mark.parametrize("whole", [0, 512, -1])  # -1: rows within a wider tile in their pieces (meta "pieces")
 def test_one_tile_and_two_pass_rows_match_the_reference(k, swiglu, whole):
     x, r, nw, w, b = _inputs(1, 70, k, True, not swiglu, 3, swiglu=swiglu)
     ref = Glue()
     want_s, want_y = (ref.add_norm_linear_swiglu if swiglu else ref.add_norm_linear)(x, r, nw, EPS, w, b)
-    s, y = norm_linear(x, r, nw, EPS, w, b, swiglu=swiglu, meta={**META, "whole": whole})
+    meta = {**META, "block_k": 256, "pieces": 1} if whole < 0 else {**META, "whole": whole}
+    s, y = norm_linear(x, r, nw, EPS, w, b, swiglu=swiglu, meta=meta)
     torch.testing.assert_close(s, want_s, atol=0, rtol=0)
     torch.testing.assert_close(y, want_y, atol=1e-4 * k**0.5, rtol=1e-4)
 

@@ -102,8 +102,16 @@ def test_whole_rows_and_streamed_tiles_match_linear(k, whole, swiglu):
     torch.testing.assert_close(got, _reference(x, w, None, swiglu), atol=1e-4 * k**0.5, rtol=1e-4)
 
 
+def test_rows_within_one_tile_in_pieces_when_asked():
+    """meta "pieces": a row within one tile as its power-of-two pieces (no padding), a power of two as one tile."""
+    meta = {**META, "block_k": 2048, "pieces": 1}
+    assert row_tiles(1536, meta, 8) == {"BLOCK_K": 1024, "K1": 512, "K2": 0, "K3": 0, "ONE_TILE": True}
+    assert row_tiles(896, meta, 8) == {"BLOCK_K": 512, "K1": 256, "K2": 128, "K3": 0, "ONE_TILE": True}
+    assert row_tiles(1024, meta, 8)["K1"] == 0 and row_tiles(1536, {**meta, "pieces": 0}, 8)["BLOCK_K"] == 2048
+
+
 @pytest.mark.parametrize("flat", [False, True])
-@pytest.mark.parametrize("whole", [0, 512])  # long rows streamed in tiles, or loaded whole
+@pytest.mark.parametrize("whole", [0, 512, -1])  # long rows streamed in tiles or loaded whole; -1: short ones in pieces
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_one_row_products_flat_or_broadcast_match_linear(flat, whole, swiglu, monkeypatch):
     """`skinny_gemm.ROW_FLAT`: one row's products in the slab's own layout or broadcast over three dimensions, in
@@ -116,7 +124,8 @@ def test_one_row_products_flat_or_broadcast_match_linear(flat, whole, swiglu, mo
         x = torch.randn(1, k, generator=g).to(DEVICE)
         w = torch.randn(2 * 50, k, generator=g).to(DEVICE)
         b = torch.randn(2 * 50, generator=g).to(DEVICE)
-        got = skinny_linear_triton(x, w, b, meta={**META, "whole": whole}, swiglu=swiglu)
+        meta = {**META, "block_k": 256, "pieces": 1} if whole < 0 else {**META, "whole": whole}
+        got = skinny_linear_triton(x, w, b, meta=meta, swiglu=swiglu)
         torch.testing.assert_close(got, _reference(x, w, b, swiglu), atol=1e-4 * k**0.5, rtol=1e-4)
 
 

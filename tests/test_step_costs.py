@@ -31,6 +31,7 @@ from step_costs import (  # noqa: E402
     print_compare,
     print_rows,
     step_summary,
+    table_blocks,
     weight_bytes,
     wide_variant,
 )
@@ -204,3 +205,9 @@ def test_step_summary_counts_kernels_per_layer_and_the_gaps():
     text = step_summary(rows, layers, replay_s=1.0e-3)
     assert text.startswith("27 kernels a step: 6 per layer x 4 layers + 3 outside them;")
     assert text.endswith("kernels 0.910 ms of a 1.000 ms replay, 0.090 ms (9%) between kernels")
+
+
+def test_table_width_is_the_context_or_the_engine_width_asked_for():
+    """--table widens each sequence's block table to an engine's (the splits attention chooses follow it)."""
+    assert table_blocks(1024, 1, 16) == 65 and table_blocks(1024, 1, 16, table=2624) == 164
+    assert table_blocks(1024, 48, 16, table=512) == 67  # never narrower than the positions the step holds

@@ -105,14 +105,18 @@ def row_pieces(k: int) -> list[int]:
 def row_tiles(k: int, cfg: dict, slab_rows: int) -> dict:
     """A launch's K tiling (BLOCK_K, K1, K2, K3, ONE_TILE) for rows of K elements and a program holding
     `slab_rows` rows of W (BLOCK_N, twice that with SwiGLU's two halves); the rows are read before the PDL wait
-    where ONE_TILE. K within one BLOCK_K tile: one tile, padded to a power of two (pieces of it measured slower:
-    each is a reduction across the program's threads of its own); wider rows whole, in the pieces of
-    `row_pieces` all issued at once, where the slab fits cfg["whole"] (WHOLE_ELEMS) elements a thread; else
-    streamed in BLOCK_K tiles."""
+    where ONE_TILE. K within one BLOCK_K tile: one tile, padded to a power of two (pieces of it measured slower
+    with products over three dimensions: each is a reduction across the program's threads of its own), or with
+    cfg["pieces"] in its `row_pieces` (1,536 as 1,024 + 512: no padded registers; with ROW_FLAT, not yet timed);
+    wider rows whole, in the pieces of `row_pieces` all issued at once, where the slab fits cfg["whole"]
+    (WHOLE_ELEMS) elements a thread; else streamed in BLOCK_K tiles."""
     block_k = min(cfg["block_k"], triton.next_power_of_2(k))
-    if k <= block_k:
+    if k <= block_k and not (cfg.get("pieces") and k & (k - 1)):
         return {"BLOCK_K": block_k, "K1": 0, "K2": 0, "K3": 0, "ONE_TILE": True}
     pieces = row_pieces(k)
+    if k <= block_k:  # within one tile, in pieces (cfg["pieces"]): never more elements than the padded tile
+        pieces += [0] * (MAX_PIECES - len(pieces))
+        return {"BLOCK_K": pieces[0], "K1": pieces[1], "K2": pieces[2], "K3": pieces[3], "ONE_TILE": True}
     if slab_rows * sum(pieces) <= cfg.get("whole", WHOLE_ELEMS) * 32 * cfg["num_warps"]:
         pieces += [0] * (MAX_PIECES - len(pieces))  # unused piece widths 0
         return {"BLOCK_K": pieces[0], "K1": pieces[1], "K2": pieces[2], "K3": pieces[3], "ONE_TILE": True}
