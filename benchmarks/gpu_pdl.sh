@@ -5,7 +5,8 @@
 # dimensions as at 925a864 (pdl-3d), and as it is (pdl). Equal logits hashes say the variants computed the same step.
 #   benchmarks/gpu_pdl.sh OUT          (logs and records in OUT; TESTS=0 leaves the tests out)
 # Settings: VARIANTS (step_costs.py --compare names, the first the baseline), BATCHES (1 8 32), ROUNDS (5), PROFILE
-# (0; 1: each variant's kernels at the first batch).
+# (0; 1: each variant's kernels at the first batch), TABLE (0: block tables as wide as the context; 2624: as an
+# engine's of the Qwen RL configs, whose attention then splits the context into one-tile chunks).
 set -u
 out=${1:?OUT}
 mkdir -p "$out"
@@ -20,7 +21,8 @@ read -r -a variants <<< "${VARIANTS:-base pdl-before pdl-3d pdl}"
 profile=(); [ "${PROFILE:-0}" = 1 ] && profile=(--profile)
 for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
   timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch ${BATCHES:-1 8 32} \
-      --ctx 1024 --verify --compare "${variants[@]}" --skinny-min-weight 0 --rounds "${ROUNDS:-5}" "${profile[@]}" \
+      --ctx 1024 --table "${TABLE:-0}" --verify --compare "${variants[@]}" --skinny-min-weight 0 \
+      --rounds "${ROUNDS:-5}" "${profile[@]}" \
       --out "$out/pdl-$model.jsonl" > "$out/pdl-$model.log" 2>&1
   grep -A20 "variants side by side" "$out/pdl-$model.log" || tail -20 "$out/pdl-$model.log"
 done
