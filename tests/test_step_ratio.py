@@ -27,3 +27,10 @@ def test_a_bad_engine_setting_stops_before_any_engine(pair, monkeypatch):
     monkeypatch.setattr("step_ratio.make_engine", no_engine)
     with pytest.raises(SystemExit, match="expected KEY=VALUE with KEY a rollout setting"):
         main(["--engine", pair])
+
+
+def test_an_unknown_model_stops_before_any_engine(monkeypatch, capsys):
+    monkeypatch.setattr("step_ratio.make_engine", lambda *a, **k: pytest.fail("an engine was built"))
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "no-such-model"])
+    assert e.value.code == 2 and "not a shape" in capsys.readouterr().err
