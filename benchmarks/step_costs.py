@@ -293,6 +293,11 @@ VARIANTS = {
         {**NORM, "skinny": True, "skinny_min_weight": 0, "pdl": True, "prefetch": True},
         {**ROPE, "pdl": True},
     ),
+    # the chain for steps of up to 64 rows too (rollout.decode_chain_rows): 9+ rows' products on tensor cores
+    "pdl-rows": (
+        {**NORM, "skinny": True, "skinny_min_weight": 0, "pdl": True, "norm_rows": 64, "skinny_rows": 64},
+        {**ROPE, "pdl": True},
+    ),
     # the same, each kernel's programs signalling the next at the end of their main loop (kernels.pdl.SIGNAL_AT_END)
     "pdl-end": ({**NORM, "skinny": True, "skinny_min_weight": 0, "pdl": 2}, {**ROPE, "pdl": 2}),
     "pdl-end+prefetch": (

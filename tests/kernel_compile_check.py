@@ -369,6 +369,14 @@ def pdl_cases():
     skinny_gemm.skinny_linear_triton(x, _t(1536, 1536, dtype=BF16), pdl=True)  # o
     skinny_gemm.skinny_linear_triton(_t(1, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True)  # down
     pdl.SIGNAL_FIRST = frozenset()
+    # a decode chain of 32 rows (rollout.decode_chain_rows): tensor-core products, tiles streamed
+    x32, r32 = _t(32, 1536, dtype=BF16), _t(32, 1536, dtype=BF16)
+    norm_linear.norm_linear(x32, r32, nw, 1e-6, _t(2048, 1536, dtype=BF16), _t(2048, dtype=BF16), pdl=True)
+    norm_linear.norm_linear(x32, r32, nw, 1e-6, _t(2 * 8960, 1536, dtype=BF16), swiglu=True, pdl=True)
+    skinny_gemm.skinny_linear_triton(x32, _t(1536, 1536, dtype=BF16), pdl=True)  # o
+    skinny_gemm.skinny_linear_triton(_t(32, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True)  # down
+    skinny_gemm.skinny_linear_triton(_t(16, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True)
+    skinny_gemm.skinny_linear_triton(_t(64, 1536, dtype=BF16), _t(4096, 1536, dtype=BF16), pdl=True)
 
 
 def tp_sum_cases():

@@ -341,3 +341,12 @@ def test_strategy_list_override_round_trips(ts):
 def test_any_name_round_trips_through_yaml(name):
     cfg = TLTConfig(name=name)
     assert load_text(dump_yaml(cfg)) == cfg
+
+
+@pytest.mark.parametrize("rows", [0, 65])
+def test_decode_chain_rows_outside_what_the_kernels_take_is_refused(rows):
+    from tlt_rt.rollout.config import engine_config
+
+    with pytest.raises(ConfigError, match="decode_chain_rows"):
+        engine_config(None, decode_chain=True, decode_chain_rows=rows)
+    assert engine_config(None, decode_chain=True, decode_chain_rows=64).decode_chain_rows == 64

@@ -98,6 +98,23 @@ def test_one_row_flat_or_broadcast_products_match_the_reference(flat, k, monkeyp
         torch.testing.assert_close(y, want_y, atol=1e-4 * k**0.5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("m", [9, 33])  # tensor-core products (blocks of 16 and 64 rows)
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_tensor_core_rows_match_the_reference(m, swiglu):
+    g = torch.Generator().manual_seed(m)
+    k, n = 150, 2 * 24
+    x, r = (torch.randn(m, k, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+    nw = torch.randn(k, generator=g).to(DEVICE, torch.bfloat16)
+    w = (torch.randn(n, k, generator=g) / 8).to(DEVICE, torch.bfloat16)
+    ref = Glue()
+    want_s, want_y = (ref.add_norm_linear_swiglu if swiglu else ref.add_norm_linear)(x, r, nw, EPS, w, None)
+    meta = {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 1, "whole": 0}
+    s, y = norm_linear(x, r, nw, EPS, w, None, swiglu=swiglu, meta=meta)
+    assert y.shape == want_y.shape and y.dtype == torch.bfloat16
+    torch.testing.assert_close(s.float(), want_s.float(), atol=0.02 * want_s.abs().max().item(), rtol=1e-2)
+    torch.testing.assert_close(y.float(), want_y.float(), atol=0.05 * want_y.abs().max().item(), rtol=2e-2)
+
+
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_bf16_rounds_where_the_reference_rounds(swiglu):
     """In bf16 the residual stream is bit-equal on the GPU (the add rounds once, as torch's does; the interpreter

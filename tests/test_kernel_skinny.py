@@ -129,6 +129,34 @@ def test_one_row_products_flat_or_broadcast_match_linear(flat, whole, swiglu, mo
         torch.testing.assert_close(got, _reference(x, w, b, swiglu), atol=1e-4 * k**0.5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("m", [9, 16, 33])  # blocks of 16, 16 and 64 rows: products on tensor cores
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_tensor_core_rows_match_linear(m, swiglu):
+    """From 9 rows of a 16-bit type the products run on tensor cores (`products`; the interpreter's dot in fp32):
+    F.linear's result within bf16 rounding, over streamed tiles."""
+    g = torch.Generator().manual_seed(m)
+    k = 150
+    x = torch.randn(m, k, generator=g).to(DEVICE, torch.bfloat16)
+    w = (torch.randn(2 * 40, k, generator=g) / 8).to(DEVICE, torch.bfloat16)
+    b = torch.randn(2 * 40, generator=g).to(DEVICE, torch.bfloat16)
+    meta = {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 1, "whole": 0}
+    got = skinny_linear_triton(x, w, b, meta=meta, swiglu=swiglu)
+    want = _reference(x.float(), w.float(), b.float(), swiglu)
+    assert got.shape == (m, 40 if swiglu else 80) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=0.05 * want.abs().max().item(), rtol=2e-2)
+
+
+def test_products_by_row_block_and_dtype(monkeypatch):
+    import tlt_rt.codegen.kernels.skinny_gemm as sk
+
+    monkeypatch.setattr(sk.pdl_module, "interpreting", lambda: False)  # as on a GPU
+    assert sk.products(1, torch.bfloat16) == (sk.FLAT if sk.ROW_FLAT else sk.BROADCAST)
+    assert sk.products(8, torch.bfloat16) == sk.BROADCAST and sk.products(16, torch.bfloat16) == sk.DOT_BF16
+    assert sk.products(64, torch.float16) == sk.DOT_FP16 and sk.products(16, torch.float32) == sk.DOT_FP32
+    assert sk.one_or_dot(1, torch.float32) and not sk.one_or_dot(8, torch.bfloat16) and sk.one_or_dot(9, torch.bfloat16)
+    assert not sk.one_or_dot(9, torch.float32) and not sk.one_or_dot(65, torch.bfloat16)  # fp32: 8 rows at most
+
+
 def test_row_views_of_a_wider_weight():
     # a fused q/k/v weight's slices: rows of a larger tensor, unit stride along K
     big = torch.randn(96, 40, device=DEVICE)
@@ -176,3 +204,17 @@ def test_dispatch_sends_only_what_the_kernel_wins(monkeypatch):
     torch.testing.assert_close(skinny_linear(one, w), F.linear(one, w), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(skinny_linear(two, w), F.linear(two, w))
     assert calls == [1]
+
+
+def test_a_chain_of_more_rows_takes_one_row_and_tensor_core_rows(monkeypatch):
+    """`preferred(..., rows=N)` (a decode chain of up to N rows): one row, and 9-N rows of a 16-bit type (tensor
+    cores); 2-8 rows and fp32 beyond 8 stay with F.linear."""
+    import tlt_rt.codegen.kernels.skinny_gemm as sk
+
+    monkeypatch.setattr(sk, "MIN_WEIGHT", 0)
+    w16, w32 = torch.randn(64, 32, device=DEVICE).bfloat16(), torch.randn(64, 32, device=DEVICE)
+    rows = (1, 2, 8, 9, 16, 64, 65)
+    taken = [m for m in rows if preferred(torch.randn(m, 32, device=DEVICE).bfloat16(), w16, rows=64)]
+    assert taken == [1, 9, 16, 64]
+    assert not preferred(torch.randn(16, 32, device=DEVICE).bfloat16(), w16)  # one row unless asked
+    assert not preferred(torch.randn(16, 32, device=DEVICE), w32, rows=64)

@@ -37,15 +37,16 @@ def _inference_linear(
     pdl: bool = False,
     prefetch: bool = False,
     min_weight: int | None = None,
+    rows: int = 1,
 ) -> torch.Tensor:
-    """The skinny Triton matmul for few-row inference calls, F.linear when gradients are wanted or the
-    shape is outside its domain."""
+    """The skinny Triton matmul for few-row inference calls (up to `rows`), F.linear when gradients are wanted or
+    the shape is outside its domain."""
     if torch.is_grad_enabled():
         return F.linear(x, weight, bias)
     # local: the kernel imports Triton, a GPU-only dependency that the CPU paths must not need
     from tlt_rt.codegen.kernels.skinny_gemm import skinny_linear
 
-    return skinny_linear(x, weight, bias, pdl=pdl, prefetch=prefetch, min_weight=min_weight)
+    return skinny_linear(x, weight, bias, pdl=pdl, prefetch=prefetch, min_weight=min_weight, rows=rows)
 
 
 class KernelGlue(CompiledGlue):
@@ -59,8 +60,9 @@ class KernelGlue(CompiledGlue):
     pdl, prefetch: those Triton matmuls launched with programmatic dependent launch, prefetching their weights
     into L2 while the kernel before runs (`kernels.pdl`; the attention kernel's flag is its backend's).
     skinny_min_weight: the smallest weight (elements) the skinny kernel takes (None: its MIN_WEIGHT; 0 for a step
-    of Triton kernels only, as PDL wants). pieces: as CompiledGlue's (the functions of another glue, taken instead
-    of compiling anew)."""
+    of Triton kernels only, as PDL wants). skinny_rows: the most rows the skinny kernel takes (one by default; from
+    16 rows of 16-bit weights its products run on tensor cores). pieces: as CompiledGlue's (the functions of another
+    glue, taken instead of compiling anew)."""
 
     def __init__(
         self,
@@ -72,29 +74,33 @@ class KernelGlue(CompiledGlue):
         pdl: bool = False,
         prefetch: bool = False,
         skinny_min_weight: int | None = None,
+        skinny_rows: int = 1,
     ) -> None:
         super().__init__(pieces)
         self.skinny, self.fused_rope = skinny, fused_rope
         self.fused_norm, self.norm_rows = fused_norm, norm_rows
         self.pdl, self.prefetch, self.skinny_min_weight = pdl, prefetch, skinny_min_weight
+        self.skinny_rows = skinny_rows
         if skinny:
             self.linear = self._skinny_linear
 
-    def decode_chain(self, on: bool = True, pdl: bool = False) -> None:
-        """Make a one-row decode step's layers a chain of Triton kernels: the add + norm inside q/k/v and gate/up
-        (`fused_norm`), the skinny kernel for every other one-row matmul (o, down, the head); with pdl, launched
-        with programmatic dependent launch (the attention kernel joins through its backend's `fuse_rope` and
-        `pdl`). on=False: back to the defaults (cuBLAS for the matmuls, fused_norm off, no PDL)."""
+    def decode_chain(self, on: bool = True, pdl: bool = False, rows: int = 1) -> None:
+        """Make a decode step's layers a chain of Triton kernels for steps of up to `rows` rows (one by default):
+        the add + norm inside q/k/v and gate/up (`fused_norm`), the skinny kernel for every other matmul (o, down,
+        the head); with pdl, launched with programmatic dependent launch (the attention kernel joins through its
+        backend's `fuse_rope` and `pdl`). on=False: back to the defaults (cuBLAS for the matmuls, fused_norm off,
+        no PDL)."""
         self.fused_norm = self.skinny = on
         self.pdl, self.prefetch = on and pdl, False
         self.skinny_min_weight = 0 if on else None
+        self.norm_rows = self.skinny_rows = rows if on else 1
         if on:
             self.linear = self._skinny_linear
         else:
             self.__dict__.pop("linear", None)  # the class's F.linear
 
     def _skinny_linear(self, x, weight, bias=None):
-        return _inference_linear(x, weight, bias, self.pdl, self.prefetch, self.skinny_min_weight)
+        return _inference_linear(x, weight, bias, self.pdl, self.prefetch, self.skinny_min_weight, self.skinny_rows)
 
     def _norm_kernel(self, x, r, norm_weight, eps, weight, bias, swiglu: bool):
         """The one-launch add + norm + projection (`kernels.norm_linear`) where this glue takes it, else None."""
@@ -104,6 +110,10 @@ class KernelGlue(CompiledGlue):
             return None
         # local: Triton, as in _inference_linear
         from tlt_rt.codegen.kernels.norm_linear import norm_linear, norm_linear_supported
+        from tlt_rt.codegen.kernels.skinny_gemm import one_or_dot
+
+        if self.skinny_rows > 1 and not one_or_dot(x.shape[0], x.dtype):  # a chain of more rows: not 2-8 of them
+            return None
 
         if not norm_linear_supported(x, r, norm_weight, weight, bias) or (swiglu and weight.shape[0] % 2):
             return None
@@ -123,7 +133,7 @@ class KernelGlue(CompiledGlue):
             from tlt_rt.codegen.kernels.skinny_gemm import skinny_swiglu
 
             # one kernel with the activation as its epilogue, or None
-            out = skinny_swiglu(x, weight, bias, self.pdl, self.prefetch, self.skinny_min_weight)
+            out = skinny_swiglu(x, weight, bias, self.pdl, self.prefetch, self.skinny_min_weight, self.skinny_rows)
             if out is not None:
                 return out
         return super().linear_swiglu(x, weight, bias)

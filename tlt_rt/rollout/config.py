@@ -134,6 +134,12 @@ class EngineConfig:
         "of the HBM floor). In the engine it leaves speculative steps as they were (their rows take cuBLAS), so "
         "each costs more plain steps (1.5B: 8_4_32 2.30x against 1.76x). Steps of more rows are as without it.",
     )
+    decode_chain_rows: int = option(
+        1,
+        help="With decode_chain: the most rows of a step its kernels take. Above one, steps of 9 rows and more (a "
+        "batch, a speculative step's verify rows) also run as the chain, their products on tensor cores (16-bit "
+        "weights; 2-8 rows stay with cuBLAS). Not yet timed against cuBLAS: one by default.",
+    )
     pdl: bool = option(
         False,
         help="CUDA, compute capability 9.0+, with decode_chain: its kernels launched with programmatic dependent "
@@ -164,6 +170,11 @@ class EngineConfig:
         bs = self.block_size
         check(bs >= 1 and bs & (bs - 1) == 0, "block_size", f"must be a power of two, got {bs}")
         check(not self.pdl or self.decode_chain, "pdl", "launches the decode chain's kernels: set decode_chain too")
+        check(
+            1 <= self.decode_chain_rows <= 64,
+            "decode_chain_rows",
+            f"must be 1-64 (the chain's kernels take at most 64 rows), got {self.decode_chain_rows}",
+        )
         check_min(self, "num_blocks", 0)
         check_min(self, "max_batch", 1)
         check_min(self, "max_prefill_tokens", 1)

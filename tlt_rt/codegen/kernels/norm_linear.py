@@ -28,12 +28,12 @@ import triton.language as tl
 from tlt_rt.codegen.kernels import skinny_gemm
 from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave
 from tlt_rt.codegen.kernels.skinny_gemm import (
-    MAX_ROWS,
     _bias_swiglu,
     _load_pieces,
     _prefetch_slab,
     _slab_products,
     _tile_products,
+    max_rows,
     row_tiles,
     skinny_meta,
     supported,
@@ -88,13 +88,13 @@ def _piece_sum(
 @triton.jit
 def _piece_norm_products(
     s, rstd, nw_ptr, K, w, w_up, acc, acc_up, dtype: tl.constexpr, START: tl.constexpr, SIZE: tl.constexpr,
-    SWIGLU: tl.constexpr, FLAT: tl.constexpr,
+    SWIGLU: tl.constexpr, PRODUCTS: tl.constexpr,
 ):  # fmt: skip
     """acc (acc_up) += h = w_norm * (s * rstd) over columns START .. START + SIZE times a loaded piece of W."""
     if SIZE > 0:
         kk = START + tl.arange(0, SIZE)
         h = _normed(s, rstd, nw_ptr, kk, kk < K, dtype)
-        acc, acc_up = _slab_products(h, w, w_up, acc, acc_up, SWIGLU, FLAT)
+        acc, acc_up = _slab_products(h, w, w_up, acc, acc_up, SWIGLU, PRODUCTS)
     return acc, acc_up
 
 
@@ -106,7 +106,7 @@ def _norm_linear_kernel(
     HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, ONE_TILE: tl.constexpr,
-    K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr, FLAT: tl.constexpr,
+    K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr, PRODUCTS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -133,17 +133,19 @@ def _norm_linear_kernel(
         s3, q3 = _piece_sum(x_ptr, r_ptr, s_ptr, rm, m_ok, K, stride_xm, stride_rm, stride_sm, wr, dtype, HAS_RES, P3,
                             K3)  # fmt: skip
         rstd = 1.0 / tl.sqrt((q0 + q1 + q2 + q3) / K + eps)
-        acc, acc_up = _piece_norm_products(s0, rstd, nw_ptr, K, w0, u0, acc, acc_up, dtype, 0, BLOCK_K, SWIGLU, FLAT)
-        acc, acc_up = _piece_norm_products(s1, rstd, nw_ptr, K, w1, u1, acc, acc_up, dtype, P1, K1, SWIGLU, FLAT)
-        acc, acc_up = _piece_norm_products(s2, rstd, nw_ptr, K, w2, u2, acc, acc_up, dtype, P2, K2, SWIGLU, FLAT)
-        acc, acc_up = _piece_norm_products(s3, rstd, nw_ptr, K, w3, u3, acc, acc_up, dtype, P3, K3, SWIGLU, FLAT)
+        acc, acc_up = _piece_norm_products(
+            s0, rstd, nw_ptr, K, w0, u0, acc, acc_up, dtype, 0, BLOCK_K, SWIGLU, PRODUCTS
+        )
+        acc, acc_up = _piece_norm_products(s1, rstd, nw_ptr, K, w1, u1, acc, acc_up, dtype, P1, K1, SWIGLU, PRODUCTS)
+        acc, acc_up = _piece_norm_products(s2, rstd, nw_ptr, K, w2, u2, acc, acc_up, dtype, P2, K2, SWIGLU, PRODUCTS)
+        acc, acc_up = _piece_norm_products(s3, rstd, nw_ptr, K, w3, u3, acc, acc_up, dtype, P3, K3, SWIGLU, PRODUCTS)
     else:
         if PREFETCH:  # as skinny_gemm's: this program's slab of W into L2 while the kernel before still runs
             _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
         enter(PDL)
         acc, acc_up = _two_passes(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, N, K, eps, stride_xm, stride_rm, stride_sm,
                                   stride_wn, pid, rn, rm, rk, n_ok, m_ok, acc, acc_up, dtype, HAS_RES, SWIGLU,
-                                  BLOCK_M, BLOCK_K, FLAT)  # fmt: skip
+                                  BLOCK_M, BLOCK_K, PRODUCTS)  # fmt: skip
     leave(PDL)
     acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
@@ -153,7 +155,7 @@ def _norm_linear_kernel(
 def _two_passes(
     x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, N, K, eps, stride_xm, stride_rm, stride_sm, stride_wn,
     pid, rn, rm, rk, n_ok, m_ok, acc, acc_up, dtype: tl.constexpr,
-    HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FLAT: tl.constexpr,
+    HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRODUCTS: tl.constexpr,
 ):  # fmt: skip
     """Rows wider than a tile: a first pass for each row's mean square, then the projection tile by tile."""
     # pass 1: each row's mean square of s = x (+ r), s rounded to the model dtype as the reference's add rounds
@@ -173,7 +175,9 @@ def _two_passes(
         s = _residual_sum(x_ptr, r_ptr, s_ptr, rm, kk, mk, stride_xm, stride_rm, stride_sm, False, dtype, HAS_RES)
         h = _normed(s, rstd, nw_ptr, kk, k_ok, dtype)
         tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
-        acc, acc_up = _tile_products(h, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU, FLAT)
+        acc, acc_up = _tile_products(
+            h, tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc, acc_up, SWIGLU, PRODUCTS
+        )
     return acc, acc_up
 
 
@@ -184,8 +188,8 @@ def norm_linear_supported(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> bool:
-    """True where `norm_linear` applies: rows [M <= MAX_ROWS, K] with unit stride along K (as `skinny_gemm`
-    takes them), a residual of the same shape, dtype and strides along K, a contiguous norm weight [K] of the
+    """True where `norm_linear` applies: rows [M, K] as `skinny_gemm` takes them (M <= `skinny_gemm.max_rows`,
+    unit stride along K), a residual of the same shape, dtype and strides along K, a contiguous norm weight [K] of the
     rows' dtype."""
     return (
         x.dim() == 2
@@ -211,14 +215,14 @@ def norm_linear(
     pdl: bool = False,
     prefetch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(s, y) for rows x [M, K] (M <= MAX_ROWS): s = x + residual (x itself when residual is None) and
+    """(s, y) for rows x [M, K] (M <= `skinny_gemm.max_rows`): s = x + residual (x itself when residual is None) and
     y = linear(rms_norm(s) * norm_weight, weight, bias) [M, N] in one launch; with swiglu, weight is a stacked
     [gate; up] ([2I, K]) and y = silu(gate) * up [M, I]. pdl, prefetch: as `skinny_gemm.skinny_linear_triton`'s.
     ValueError outside `norm_linear_supported`."""
     if not norm_linear_supported(x, residual, norm_weight, weight, bias):
         raise ValueError(
-            f"norm_linear needs rows [M <= {MAX_ROWS}, K] with unit stride along K, a residual like them, a norm "
-            f"weight [K] of their dtype and a weight [N, K] as skinny_gemm takes it; got x {tuple(x.shape)} "
+            f"norm_linear needs rows [M <= {max_rows(x.dtype)}, K] with unit stride along K, a residual like them, "
+            f"a norm weight [K] of their dtype and a weight [N, K] as skinny_gemm takes it; got x {tuple(x.shape)} "
             f"{x.dtype}, residual {None if residual is None else tuple(residual.shape)}, norm weight "
             f"{tuple(norm_weight.shape)} {norm_weight.dtype}, weight {tuple(weight.shape)} {weight.dtype}"
         )
@@ -239,7 +243,7 @@ def norm_linear(
         x.stride(0), x.stride(0) if residual is None else residual.stride(0), s.stride(0), weight.stride(0),
         y.stride(0),
         HAS_RES=residual is not None, HAS_BIAS=bias is not None, SWIGLU=swiglu,
-        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], **tiles, FLAT=skinny_gemm.ROW_FLAT and block_m == 1,
+        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], **tiles, PRODUCTS=skinny_gemm.products(block_m, weight.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **launch_meta(x.device, pdl, weight.dtype, tiles["BLOCK_K"], prefetch, kind="norm"),
     )  # fmt: skip

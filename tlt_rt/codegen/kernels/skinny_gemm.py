@@ -24,6 +24,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from tlt_rt.codegen.kernels import pdl as pdl_module
 from tlt_rt.codegen.kernels.pdl import enter, interpreting, launch_meta, leave, load_weight, prefetch_rows
 
 __all__ = [
@@ -42,7 +43,8 @@ __all__ = [
     "supported",
 ]
 
-MAX_ROWS = 8
+MAX_ROWS = 8  # rows of the CUDA-core products; 16-bit weights take up to MAX_DOT_ROWS on tensor cores
+MAX_DOT_ROWS = 64
 MIN_WEIGHT = 1 << 25  # elements (64 MB of bf16): smaller weights stay with cuBLAS, see the module doc
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Launch meta-parameters by row class (M rounded up to a power of two); `benchmarks/bench_linear.py --tune`
@@ -55,6 +57,10 @@ SKINNY_META = {
     2: {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
     4: {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
     8: {"block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 3},
+    # tensor-core products (`products`), tiles streamed through the pipeline (whole 0): first settings, untimed
+    16: {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4, "whole": 0},
+    32: {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4, "whole": 0},
+    64: {"block_n": 32, "block_k": 64, "num_warps": 4, "num_stages": 4, "whole": 0},
 }
 
 
@@ -68,6 +74,35 @@ ONE_ROW_NARROW = {"block_n": 2, "block_k": 2048, "num_warps": 4, "num_stages": 2
 # the 8-row programs of 4 warps tuned before it (which had been 1.02x / 1.08x over 4 rows of 4 warps); 4 rows of 4
 # warps, 2 rows, 8 rows of 8 warps: faster on one model, slower on the other.
 ONE_ROW_WIDE = {"block_n": 4, "block_k": 2048, "num_warps": 2, "num_stages": 3}
+
+
+# The products a launch computes (the kernels' PRODUCTS constexpr): broadcast over three dimensions on CUDA cores,
+# one row's in the slab's layout (FLAT, where ROW_FLAT), or on tensor cores from 16 rows (DOT_*: operands in the
+# weight's 16-bit type, or IEEE fp32 for fp32 weights and under the interpreter, whose 16-bit dot is unreliable).
+BROADCAST, FLAT, DOT_BF16, DOT_FP16, DOT_FP32 = 0, 1, 2, 3, 4
+DOT_MIN_ROWS = 16  # tl.dot's least M
+
+
+def products(block_m: int, dtype: torch.dtype) -> int:
+    """The PRODUCTS of a launch of `block_m` rows (a power of two) of `dtype` weights."""
+    if block_m == 1:
+        return FLAT if ROW_FLAT else BROADCAST
+    if block_m < DOT_MIN_ROWS:
+        return BROADCAST
+    if pdl_module.interpreting() or dtype == torch.float32:  # not this module's name, which the compile check lifts
+        return DOT_FP32
+    return DOT_BF16 if dtype == torch.bfloat16 else DOT_FP16
+
+
+def one_or_dot(rows: int, dtype: torch.dtype) -> bool:
+    """True for one row, or for rows whose products run on tensor cores (from 9 rows of 16-bit weights: a block of
+    16): where a decode chain takes a step's matmuls; 2-8 rows stay with cuBLAS (CUDA-core products lose there)."""
+    return rows == 1 or (rows <= max_rows(dtype) and products(triton.next_power_of_2(rows), dtype) >= DOT_BF16)
+
+
+def max_rows(dtype: torch.dtype) -> int:
+    """Most rows the kernels take of `dtype` weights: MAX_DOT_ROWS for 16-bit ones (tensor cores), else MAX_ROWS."""
+    return MAX_DOT_ROWS if dtype in (torch.float16, torch.bfloat16) else MAX_ROWS
 
 
 def skinny_meta(rows: int, weight_rows: int, k: int | None = None) -> dict:
@@ -132,14 +167,14 @@ def launch_kind(weight_rows: int, k: int, tiles: dict) -> str:
 
 
 @triton.jit
-def _tile_products(x, tile, w_mask, N, stride_wn, acc, acc_up, SWIGLU: tl.constexpr, FLAT: tl.constexpr):
+def _tile_products(x, tile, w_mask, N, stride_wn, acc, acc_up, SWIGLU: tl.constexpr, PRODUCTS: tl.constexpr):
     """acc += x . W-tile for rows x [M, BLOCK_K] (float32) and the [BLOCK_N, BLOCK_K] tile of W at `tile`; with
     SWIGLU also acc_up += x . the tile N rows further down (the up half of a stacked [gate; up] weight)."""
     w = tl.load(tile, mask=w_mask, other=0.0).to(tl.float32)
     w_up = w
     if SWIGLU:
         w_up = tl.load(tile + N * stride_wn, mask=w_mask, other=0.0).to(tl.float32)
-    return _slab_products(x, w, w_up, acc, acc_up, SWIGLU, FLAT)
+    return _slab_products(x, w, w_up, acc, acc_up, SWIGLU, PRODUCTS)
 
 
 @triton.jit
@@ -194,23 +229,40 @@ def _load_pieces(
 @triton.jit
 def _piece_products(
     x_ptr, rm, m_ok, K, stride_xm, w, w_up, acc, acc_up, START: tl.constexpr, SIZE: tl.constexpr,
-    SWIGLU: tl.constexpr, FLAT: tl.constexpr,
+    SWIGLU: tl.constexpr, PRODUCTS: tl.constexpr,
 ):  # fmt: skip
     """acc (acc_up) += rows rm of x, columns START .. START + SIZE, times a loaded piece of W (`_load_piece`)."""
     if SIZE > 0:
         rk = START + tl.arange(0, SIZE)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
-        acc, acc_up = _slab_products(x.to(tl.float32), w, w_up, acc, acc_up, SWIGLU, FLAT)
+        acc, acc_up = _slab_products(x.to(tl.float32), w, w_up, acc, acc_up, SWIGLU, PRODUCTS)
     return acc, acc_up
 
 
 @triton.jit
-def _slab_products(x, w, w_up, acc, acc_up, SWIGLU: tl.constexpr, FLAT: tl.constexpr):
-    """acc += x . w for rows x [M, BLOCK_K] (fp32) and a loaded slab w [BLOCK_N, BLOCK_K]; acc_up with w_up. FLAT
-    (one row): the products in the slab's own layout, reduced along its rows; else broadcast over a [M, BLOCK_N,
-    BLOCK_K] product, whose layout the compiler gives one element a thread, so the slab is first converted to it
-    through shared memory (43 barriers in the one-row gate/up kernel of Qwen2.5-Coder-1.5B's shape)."""
-    if FLAT:
+def _dot(x, w, PRODUCTS: tl.constexpr):
+    """x [M, BLOCK_K] . w [BLOCK_N, BLOCK_K]^T on tensor cores, fp32 out: operands as bf16 / fp16 (the values
+    came from that type: exact) or fp32 (IEEE products)."""
+    if PRODUCTS == 2:
+        return tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+    elif PRODUCTS == 3:
+        return tl.dot(x.to(tl.float16), tl.trans(w.to(tl.float16)))
+    else:
+        return tl.dot(x, tl.trans(w), input_precision="ieee")
+
+
+@triton.jit
+def _slab_products(x, w, w_up, acc, acc_up, SWIGLU: tl.constexpr, PRODUCTS: tl.constexpr):
+    """acc += x . w for rows x [M, BLOCK_K] (fp32) and a loaded slab w [BLOCK_N, BLOCK_K]; acc_up with w_up, as
+    `products` chose: FLAT (one row) in the slab's own layout, reduced along its rows; DOT_* (16 rows and more) on
+    tensor cores; else (BROADCAST) over a [M, BLOCK_N, BLOCK_K] product, whose layout the compiler gives one element
+    a thread, so the slab is first converted to it through shared memory (43 barriers in the one-row gate/up kernel
+    of Qwen2.5-Coder-1.5B's shape)."""
+    if PRODUCTS >= 2:
+        acc += _dot(x, w, PRODUCTS)
+        if SWIGLU:
+            acc_up += _dot(x, w_up, PRODUCTS)
+    elif PRODUCTS == 1:
         row = tl.sum(x, axis=0)  # the one row, [BLOCK_K]
         acc += tl.sum(w * row[None, :], axis=1)[None, :]
         if SWIGLU:
@@ -243,7 +295,7 @@ def _row_products(
     x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
     LINES: tl.constexpr, ONE_TILE: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr,
-    FLAT: tl.constexpr,
+    PRODUCTS: tl.constexpr,
 ):  # fmt: skip
     """(acc, acc_up): rows rm of x times rows rn of W (and rows N + rn, the up half, with SWIGLU), fp32, for a program
     of a matrix-vector kernel, with its PDL wait (`enter`) and signal (`leave`) around the loads of x. ONE_TILE: rows
@@ -257,10 +309,10 @@ def _row_products(
         P1: tl.constexpr = BLOCK_K
         P2: tl.constexpr = BLOCK_K + K1
         P3: tl.constexpr = BLOCK_K + K1 + K2
-        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w0, u0, acc, acc_up, 0, BLOCK_K, SWIGLU, FLAT)
-        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w1, u1, acc, acc_up, P1, K1, SWIGLU, FLAT)
-        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w2, u2, acc, acc_up, P2, K2, SWIGLU, FLAT)
-        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w3, u3, acc, acc_up, P3, K3, SWIGLU, FLAT)
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w0, u0, acc, acc_up, 0, BLOCK_K, SWIGLU, PRODUCTS)
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w1, u1, acc, acc_up, P1, K1, SWIGLU, PRODUCTS)
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w2, u2, acc, acc_up, P2, K2, SWIGLU, PRODUCTS)
+        acc, acc_up = _piece_products(x_ptr, rm, m_ok, K, stride_xm, w3, u3, acc, acc_up, P3, K3, SWIGLU, PRODUCTS)
     else:
         if PREFETCH:  # the slab of W (both halves with SWIGLU) into L2 while the kernel before still runs
             _prefetch_slab(w_ptr, rn, N, K, stride_wn, SWIGLU, LINE, LINES)
@@ -271,7 +323,7 @@ def _row_products(
             x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             tile = w_ptr + rn[:, None] * stride_wn + kk[None, :]
             acc, acc_up = _tile_products(x.to(tl.float32), tile, n_ok[:, None] & k_ok[None, :], N, stride_wn, acc,
-                                         acc_up, SWIGLU, FLAT)  # fmt: skip
+                                         acc_up, SWIGLU, PRODUCTS)  # fmt: skip
     leave(PDL)
     return acc, acc_up
 
@@ -301,7 +353,7 @@ def _skinny_kernel(
     K1: tl.constexpr,
     K2: tl.constexpr,
     K3: tl.constexpr,
-    FLAT: tl.constexpr,
+    PRODUCTS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -309,19 +361,21 @@ def _skinny_kernel(
     n_ok = rn < N
     m_ok = rm < M
     acc, acc_up = _row_products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU, BLOCK_M,
-                                BLOCK_N, BLOCK_K, PDL, PREFETCH, LINE, LINES, ONE_TILE, K1, K2, K3, FLAT)  # fmt: skip
+                                BLOCK_N, BLOCK_K, PDL, PREFETCH, LINE, LINES, ONE_TILE, K1, K2, K3,
+                                PRODUCTS)  # fmt: skip
     acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """True where the kernel applies: <= MAX_ROWS rows, a row-contiguous weight, one dtype, a Triton device."""
+    """True where the kernel applies: <= MAX_ROWS rows (MAX_DOT_ROWS of 16-bit types), a row-contiguous weight, one
+    dtype, a Triton device."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (
         (x.is_cuda or interpreting())
-        and 0 < rows <= MAX_ROWS
         and x.dtype in SUPPORTED_DTYPES
+        and 0 < rows <= max_rows(x.dtype)
         and weight.dtype == x.dtype
         and weight.dim() == 2
         and weight.stride(1) == 1
@@ -340,7 +394,8 @@ def skinny_linear_triton(
     pdl: bool = False,
     prefetch: bool = False,
 ) -> torch.Tensor:
-    """The kernel itself (no fallback): x [..., K] with <= MAX_ROWS rows, weight [N, K] -> [..., N].
+    """The kernel itself (no fallback): x [..., K] with <= MAX_ROWS rows (MAX_DOT_ROWS of a 16-bit type), weight
+    [N, K] -> [..., N].
 
     swiglu: weight is [gate; up] stacked ([2I, K], as a fused gate/up projection) and the result is
     silu(x @ gate^T) * (x @ up^T), [..., I], without the [..., 2I] intermediate.
@@ -348,7 +403,8 @@ def skinny_linear_triton(
     the program's slab of W pulled into L2 before it waits for the kernel before."""
     if not supported(x, weight, bias):
         raise ValueError(
-            f"skinny_linear_triton needs <= {MAX_ROWS} rows of {SUPPORTED_DTYPES}, a weight [N, K] with unit "
+            f"skinny_linear_triton needs <= {MAX_ROWS} rows of {SUPPORTED_DTYPES} ({MAX_DOT_ROWS} of 16-bit types), "
+            "a weight [N, K] with unit "
             f"stride along K of the same dtype; got x {tuple(x.shape)} {x.dtype}, weight "
             f"{tuple(weight.shape)} {weight.dtype} stride {weight.stride()}"
         )
@@ -382,7 +438,7 @@ def skinny_linear_triton(
         BLOCK_M=block_m,
         BLOCK_N=cfg["block_n"],
         **tiles,
-        FLAT=ROW_FLAT and block_m == 1,
+        PRODUCTS=products(block_m, weight.dtype),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **launch_meta(x2.device, pdl, weight.dtype, tiles["BLOCK_K"], prefetch, launch_kind(weight.shape[0], k, tiles)),
@@ -391,12 +447,18 @@ def skinny_linear_triton(
 
 
 def preferred(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, min_weight: int | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    min_weight: int | None = None,
+    rows: int = 1,
 ) -> bool:
     """True where the kernel beats cuBLAS as measured (module doc): one row, a weight of at least `min_weight`
-    elements (None: MIN_WEIGHT), `supported`."""
+    elements (None: MIN_WEIGHT), `supported`; where a caller asks for up to `rows` rows, also more rows whose
+    products run on tensor cores (`one_or_dot`; not yet timed against cuBLAS)."""
     least = MIN_WEIGHT if min_weight is None else min_weight
-    return x.numel() == x.shape[-1] and weight.numel() >= least and supported(x, weight, bias)
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return 0 < m <= rows and one_or_dot(m, x.dtype) and weight.numel() >= least and supported(x, weight, bias)
 
 
 def skinny_swiglu(
@@ -406,10 +468,11 @@ def skinny_swiglu(
     pdl: bool = False,
     prefetch: bool = False,
     min_weight: int | None = None,
+    rows: int = 1,
 ) -> torch.Tensor | None:
-    """silu(gate) * up from a stacked [gate; up] weight in one kernel where it wins (`preferred`); None
-    elsewhere (the caller runs its matmul and activation). pdl, prefetch: as `skinny_linear_triton`'s."""
-    if preferred(x, weight, bias, min_weight) and weight.shape[0] % 2 == 0:
+    """silu(gate) * up from a stacked [gate; up] weight in one kernel where it wins (`preferred`, up to `rows`
+    rows); None elsewhere (the caller runs its matmul and activation). pdl, prefetch: as `skinny_linear_triton`'s."""
+    if preferred(x, weight, bias, min_weight, rows) and weight.shape[0] % 2 == 0:
         return skinny_linear_triton(x, weight, bias, swiglu=True, pdl=pdl, prefetch=prefetch)
     return None
 
@@ -421,9 +484,10 @@ def skinny_linear(
     pdl: bool = False,
     prefetch: bool = False,
     min_weight: int | None = None,
+    rows: int = 1,
 ) -> torch.Tensor:
-    """F.linear with the skinny kernel where it wins (`preferred`, weights from `min_weight` elements), F.linear
-    elsewhere. pdl, prefetch: as `skinny_linear_triton`'s."""
-    if preferred(x, weight, bias, min_weight):
+    """F.linear with the skinny kernel where it wins (`preferred`: weights from `min_weight` elements, up to `rows`
+    rows), F.linear elsewhere. pdl, prefetch: as `skinny_linear_triton`'s."""
+    if preferred(x, weight, bias, min_weight, rows):
         return skinny_linear_triton(x, weight, bias, pdl=pdl, prefetch=prefetch)
     return F.linear(x, weight, bias)

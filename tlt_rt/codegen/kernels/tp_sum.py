@@ -30,7 +30,15 @@ import triton
 import triton.language as tl
 
 from tlt_rt.codegen.kernels.pdl import interpreting, launch_meta
-from tlt_rt.codegen.kernels.skinny_gemm import MAX_ROWS, SUPPORTED_DTYPES, _row_products, row_tiles, skinny_meta
+from tlt_rt.codegen.kernels.skinny_gemm import (
+    BROADCAST,
+    FLAT,
+    MAX_ROWS,
+    SUPPORTED_DTYPES,
+    _row_products,
+    row_tiles,
+    skinny_meta,
+)
 from tlt_rt.models.tensor_parallel import set_fast_allreduce, symmetric_empty, use_allreduce
 
 __all__ = ["FLAG_WORDS", "SLOTS", "FusedSums", "SumBuffers", "row_parallel_sum", "sum_supported", "use_fused_sums"]
@@ -96,7 +104,7 @@ def _row_parallel_sum_kernel(
     K1: tl.constexpr,
     K2: tl.constexpr,
     K3: tl.constexpr,
-    FLAT: tl.constexpr,
+    PRODUCTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -105,7 +113,7 @@ def _row_parallel_sum_kernel(
     n_ok = rn < N
     m_ok = rm < M
     acc, _ = _row_products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, False, BLOCK_M, BLOCK_N,
-                           BLOCK_K, PDL, False, 1, 1, ONE_TILE, K1, K2, K3, FLAT)  # fmt: skip
+                           BLOCK_K, PDL, False, 1, 1, ONE_TILE, K1, K2, K3, PRODUCTS)  # fmt: skip
     # 1. this program's tile of the partial into this rank's slot
     slot = _peer(ptrs, RANK) + slot_base
     tl.store(slot + rm[:, None] * N + rn[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
@@ -233,7 +241,7 @@ def row_parallel_sum(
         BLOCK_N=cfg["block_n"],
         TAIL_N=min(tail or TAIL_ELEMS, triton.next_power_of_2(n)),
         **tiles,
-        FLAT=ROW_FLAT and m == 1,
+        PRODUCTS=FLAT if ROW_FLAT and m == 1 else BROADCAST,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **launch_meta(x.device, pdl, kind="tp"),
