@@ -340,23 +340,26 @@ def wide_variant(name: str) -> bool:
     tile (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept;
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
     `pdl:attn:bn=..,w=..,s=..,sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
-    split_waves). `pc=1`: rows within one tile in power-of-two pieces, not padded (meta "pieces", `row_tiles`).
-    `f=0|1` (any kind) sets `skinny_gemm.ROW_FLAT`: one row's products broadcast over three
-    dimensions or in the slab's layout (the default). Registers the variant; False for other names."""
-    if not name.startswith("pdl:"):
+    split_waves); `pdl:dot:bn=..` the tensor-core launch of 9-64 rows (`skinny_gemm.DOT_META`). `pc=1`: rows within
+    one tile in power-of-two pieces, not padded (meta "pieces", `row_tiles`). `f=0|1` (any kind) sets
+    `skinny_gemm.ROW_FLAT`: one row's products broadcast over three dimensions or in the slab's layout (the
+    default). `pdl-rows:...` the same on the chain of up to 64 rows. Registers the variant; False for other names."""
+    base, colon, rest = name.partition(":")
+    if not colon or base not in ("pdl", "pdl-rows"):
         return False
     from tlt_rt.codegen.kernels import decode_rope_attention, skinny_gemm
 
     keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages", "sw": "split_waves",
             "pc": "pieces"}  # fmt: skip
-    kind, _, spec = name[4:].rpartition(":")
+    kind, _, spec = rest.rpartition(":")
     module, attr = {
         "": (skinny_gemm, "ONE_ROW_WIDE"),
         "narrow": (skinny_gemm, "ONE_ROW_NARROW"),
         "attn": (decode_rope_attention, "DECODE_META"),
+        "dot": (skinny_gemm, "DOT_META"),
     }.get(kind, (None, None))
     if module is None:
-        raise ValueError(f"{name}: expected pdl:, pdl:narrow: or pdl:attn: before the settings")
+        raise ValueError(f"{name}: expected pdl:, pdl:narrow:, pdl:attn: or pdl:dot: before the settings")
     meta = dict(getattr(module, attr))
     knobs = {}
     for item in spec.split(","):
@@ -368,7 +371,7 @@ def wide_variant(name: str) -> bool:
             raise ValueError(f"{name}: expected pdl:bn=..,bk=..,w=..,s=..,pc=..,f=0|1 (any of them), got {item!r}")
         meta[keys[key]] = int(value)
     KNOBS[name] = {(module.__name__, attr): meta, **knobs}
-    VARIANTS[name] = VARIANTS["pdl"]
+    VARIANTS[name] = VARIANTS[base]
     return True
 
 

@@ -157,6 +157,10 @@ def test_compare_names_its_variants_and_refuses_a_glue_flag_beside_them(capsys):
     knob = KNOBS["pdl:bn=16,w=8"][("tlt_rt.codegen.kernels.skinny_gemm", "ONE_ROW_WIDE")]
     assert knob["block_n"] == 16 and knob["num_warps"] == 8
     assert wide_variant("pdl:narrow:bn=2") and wide_variant("pdl:attn:sw=4") and not wide_variant("base")
+    assert wide_variant("pdl-rows:dot:bn=16,bk=256") and VARIANTS["pdl-rows:dot:bn=16,bk=256"] == VARIANTS["pdl-rows"]
+    dot = KNOBS["pdl-rows:dot:bn=16,bk=256"][("tlt_rt.codegen.kernels.skinny_gemm", "DOT_META")]
+    assert dot["block_n"] == 16 and dot["block_k"] == 256 and dot["whole"] == 0
+    assert not wide_variant("pdl-3d") and not wide_variant("pdl-first:bn=2")
     assert wide_variant("pdl:narrow:bn=4,f=1")  # with one row's products in the slab's layout
     flat = KNOBS["pdl:narrow:bn=4,f=1"]
     assert flat[("tlt_rt.codegen.kernels.skinny_gemm", "ROW_FLAT")] is True

@@ -57,11 +57,10 @@ SKINNY_META = {
     2: {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
     4: {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
     8: {"block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 3},
-    # tensor-core products (`products`), tiles streamed through the pipeline (whole 0): first settings, untimed
-    16: {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4, "whole": 0},
-    32: {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4, "whole": 0},
-    64: {"block_n": 32, "block_k": 64, "num_warps": 4, "num_stages": 4, "whole": 0},
 }
+# 9-64 rows of 16-bit weights, products on tensor cores (`products`): tiles streamed through the software pipeline
+# (whole 0). First settings, not yet timed (`step_costs.py --compare pdl-rows pdl-rows:dot:bn=..` sweeps them).
+DOT_META = {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4, "whole": 0}
 
 
 NARROW_N = 8192
@@ -109,6 +108,8 @@ def skinny_meta(rows: int, weight_rows: int, k: int | None = None) -> dict:
     """The launch meta-parameters for `rows` rows of `k` elements (None: wider than one tile) against a weight of
     `weight_rows` rows (a stacked [gate; up] counted whole)."""
     block_m = triton.next_power_of_2(rows)
+    if block_m >= DOT_MIN_ROWS:
+        return DOT_META
     if block_m == 1 and weight_rows < NARROW_N:
         return ONE_ROW_NARROW
     if block_m == 1 and k is not None and k <= ONE_ROW_WIDE["block_k"]:
