@@ -6,7 +6,9 @@
 #   benchmarks/gpu_pdl.sh OUT          (logs and records in OUT; TESTS=0 leaves the tests out)
 # Settings: VARIANTS (step_costs.py --compare names, the first the baseline), BATCHES (1 8 32), ROUNDS (5), PROFILE
 # (0; 1: each variant's kernels at the first batch), TABLE (0: block tables as wide as the context; 2624: as an
-# engine's of the Qwen RL configs, whose attention then splits the context into one-tile chunks).
+# engine's of the Qwen RL configs, whose attention then splits the context into one-tile chunks), RATIO (0; 1: then
+# what a speculative step costs in plain steps on the 1.5B shape, step_ratio.py, by default, with the one-row chain
+# and with the chain of up to 64 rows).
 set -u
 out=${1:?OUT}
 mkdir -p "$out"
@@ -26,3 +28,13 @@ for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
       --out "$out/pdl-$model.jsonl" > "$out/pdl-$model.log" 2>&1
   grep -A20 "variants side by side" "$out/pdl-$model.log" || tail -20 "$out/pdl-$model.log"
 done
+if [ "${RATIO:-0}" = 1 ]; then
+  for engine in "" "decode_chain=true pdl=true" "decode_chain=true pdl=true decode_chain_rows=64"; do
+    name=$(echo "${engine:-default}" | tr ' =' '_-')
+    # shellcheck disable=SC2086  # the settings split into KEY=VALUE words
+    timeout 200 python benchmarks/step_ratio.py --model qwen2.5-coder-1.5b --batch 1 --strategies 8_4_32 6_2_12 \
+        --rounds 3 --draft-vocab 8192 ${engine:+--engine $engine} --out "$out/ratio-$name.jsonl" \
+        > "$out/ratio-$name.log" 2>&1
+    echo "step ratio, engine ${engine:-default}:"; tail -2 "$out/ratio-$name.log"
+  done
+fi
