@@ -218,3 +218,6 @@ def test_a_chain_of_more_rows_takes_one_row_and_tensor_core_rows(monkeypatch):
     assert taken == [1, 9, 16, 64]
     assert not preferred(torch.randn(16, 32, device=DEVICE).bfloat16(), w16)  # one row unless asked
     assert not preferred(torch.randn(16, 32, device=DEVICE), w32, rows=64)
+    narrow = torch.randn(64, 8, device=DEVICE).bfloat16()  # rows of 8 elements: no tensor-core tile
+    assert not supported(torch.randn(16, 8, device=DEVICE).bfloat16(), narrow)
+    assert supported(torch.randn(8, 8, device=DEVICE).bfloat16(), narrow)

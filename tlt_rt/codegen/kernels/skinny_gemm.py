@@ -370,13 +370,14 @@ def _skinny_kernel(
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """True where the kernel applies: <= MAX_ROWS rows (MAX_DOT_ROWS of 16-bit types), a row-contiguous weight, one
-    dtype, a Triton device."""
+    """True where the kernel applies: <= MAX_ROWS rows (MAX_DOT_ROWS of 16-bit types, rows of at least 16 elements
+    past MAX_ROWS: tensor-core tiles), a row-contiguous weight, one dtype, a Triton device."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (
         (x.is_cuda or interpreting())
         and x.dtype in SUPPORTED_DTYPES
         and 0 < rows <= max_rows(x.dtype)
+        and (rows <= MAX_ROWS or x.shape[-1] >= DOT_MIN_ROWS)
         and weight.dtype == x.dtype
         and weight.dim() == 2
         and weight.stride(1) == 1
