@@ -5,7 +5,8 @@
 # dimensions as at 925a864 (pdl-3d), and as it is (pdl). Equal logits hashes say the variants computed the same step.
 #   benchmarks/gpu_pdl.sh OUT          (logs and records in OUT; TESTS=0 leaves the tests out)
 # Settings: VARIANTS (step_costs.py --compare names, the first the baseline), BATCHES (1 8 32), ROUNDS (5), PROFILE
-# (0; 1: each variant's kernels at the first batch), TABLE (0: block tables as wide as the context; 2624: as an
+# (0; 1: each variant's kernels at the first batch), VERIFY (tree sizes of verify steps to time too, e.g. "16 48";
+# none by default), TABLE (0: block tables as wide as the context; 2624: as an
 # engine's of the Qwen RL configs, whose attention then splits the context into one-tile chunks), RATIO (0; 1: then
 # what a speculative step costs in plain steps on the 1.5B shape, step_ratio.py, by default, with the one-row chain
 # and with the chain of up to 64 rows).
@@ -23,7 +24,7 @@ read -r -a variants <<< "${VARIANTS:-base pdl-before pdl-3d pdl}"
 profile=(); [ "${PROFILE:-0}" = 1 ] && profile=(--profile)
 for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
   timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch ${BATCHES:-1 8 32} \
-      --ctx 1024 --table "${TABLE:-0}" --verify --compare "${variants[@]}" --skinny-min-weight 0 \
+      --ctx 1024 --table "${TABLE:-0}" --verify ${VERIFY:-} --compare "${variants[@]}" --skinny-min-weight 0 \
       --rounds "${ROUNDS:-5}" "${profile[@]}" \
       --out "$out/pdl-$model.jsonl" > "$out/pdl-$model.log" 2>&1
   grep -A20 "variants side by side" "$out/pdl-$model.log" || tail -20 "$out/pdl-$model.log"
