@@ -67,14 +67,15 @@ def play_two_ranks(ranks: Ranks, xs, ws, slot: int, meta=WIDE):
     return y0, y1
 
 
+SHAPES = [(1, 40, 48, torch.float32), (3, 24, 200, torch.float32), (1, 33, 130, torch.bfloat16),
+          (8, 16, 64, torch.float16)]  # fmt: skip
+
+
+# flat: one row's products in the slab's layout (tp_sum.ROW_FLAT), which only one-row launches take
 @pytest.mark.parametrize(
-    "rows, n, k, dtype",
-    [(1, 40, 48, torch.float32), (3, 24, 200, torch.float32), (1, 33, 130, torch.bfloat16), (8, 16, 64, torch.float16)],
+    "rows, n, k, dtype, flat", [(*s, False) for s in SHAPES] + [(*s, True) for s in SHAPES if s[0] == 1]
 )
-@pytest.mark.parametrize("flat", [False, True])  # one row's products in the slab's layout (tp_sum.ROW_FLAT)
 def test_two_ranks_sum_their_partials_in_rank_order(rows, n, k, dtype, flat, monkeypatch):
-    if flat and rows > 1:
-        pytest.skip("ROW_FLAT is one row's")
     monkeypatch.setattr(tp_sum, "ROW_FLAT", flat)
     g = torch.Generator().manual_seed(rows * 1000 + n)
     xs = [torch.randn(rows, k, generator=g).to(dtype) for _ in range(2)]
