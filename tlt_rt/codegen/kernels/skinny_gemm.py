@@ -6,15 +6,17 @@ W (rows contiguous along K, as nn.Linear stores them) in BLOCK_K tiles and multi
 M rows of x at once, accumulating in float32; no split-K, so there is no second pass and no atomics. Where the
 slab fits a thread's registers (`row_tiles`) it is loaded whole instead, every load issued at once (before the
 PDL wait): one padded tile for rows within BLOCK_K, power-of-two pieces for wider ones.
-Products run on CUDA cores (a tile's arithmetic intensity is M flops per weight element, far from what
-tensor cores need at M <= 8). The kernel takes M <= MAX_ROWS, but `skinny_linear` sends it only what it
-wins: one row against a weight of at least MIN_WEIGHT elements. Measured on an H100 (bench_linear.py,
-Qwen2.5-7B shapes, share of the copy bandwidth): one row, gate/up 98% against cuBLAS's 94%, down 88% / 85%,
-LM head 104% / 96% (L2 helps both), but q/k/v and o (< 20M elements) 67-73% against 71-78%, and at 2-8 rows
-cuBLAS's tensor-core kernels stay at 72-95% where this one drops under 70%. Everything else goes to F.linear
-(more rows, small weights, unsupported dtypes, strided weights, no Triton), so callers never need to check.
-In a whole graphed decode step the gain stayed within run-to-run noise, so the engine's glue uses it only
-when asked (`model_kernels.KernelGlue(skinny=True)`, `benchmarks/step_costs.py --skinny`).
+Up to 8 rows the products run on CUDA cores (a tile's arithmetic intensity is M flops per weight element, far
+from what tensor cores need at M <= 8), one row's in the layout the slab was loaded in (ROW_FLAT); 9-64 rows of
+16-bit weights on tensor cores (`products`). The kernel takes M <= MAX_ROWS (MAX_DOT_ROWS of 16-bit types), but
+`skinny_linear` sends it only what it wins: one row against a weight of at least MIN_WEIGHT elements (and,
+where a caller asks for more rows, tensor-core rows: a decode chain's batches and verify rows). Measured on an
+H100 (bench_linear.py, Qwen2.5-7B shapes, share of the copy bandwidth): one row, gate/up 98% against cuBLAS's
+94%, down 88% / 85%, LM head 104% / 96% (L2 helps both), but q/k/v and o (< 20M elements) 67-73% against
+71-78%, and at 2-8 rows cuBLAS's tensor-core kernels stay at 72-95% where this one drops under 70%. Everything
+else goes to F.linear (more rows, small weights, unsupported dtypes, strided weights, no Triton), so callers
+never need to check. In a whole graphed decode step the gain stayed within run-to-run noise, so the engine's
+glue uses it only when asked (`model_kernels.KernelGlue(skinny=True)`, `benchmarks/step_costs.py --skinny`).
 """
 
 from __future__ import annotations
@@ -242,8 +244,8 @@ def _piece_products(
 
 @triton.jit
 def _dot(x, w, PRODUCTS: tl.constexpr):
-    """x [M, BLOCK_K] . w [BLOCK_N, BLOCK_K]^T on tensor cores, fp32 out: operands as bf16 / fp16 (the values
-    came from that type: exact) or fp32 (IEEE products)."""
+    """x [M, BLOCK_K] . w [BLOCK_N, BLOCK_K]^T on tensor cores, fp32 out: operands as bf16 (PRODUCTS 2, DOT_BF16)
+    or fp16 (3, DOT_FP16), exact as the values came from that type, or fp32 (4, DOT_FP32: IEEE products)."""
     if PRODUCTS == 2:
         return tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
     elif PRODUCTS == 3:
