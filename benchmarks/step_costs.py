@@ -340,7 +340,8 @@ def wide_variant(name: str) -> bool:
     tile (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept;
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
     `pdl:attn:bn=..,w=..,s=..,sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
-    split_waves); `pdl:dot:bn=..` the tensor-core launch of 9-64 rows (`skinny_gemm.DOT_META`). `pc=1`: rows within
+    split_waves); `pdl:dot:bn=..` / `pdl:dotnarrow:bn=..` the tensor-core launch of 9-64 rows for weights of many /
+    fewer rows (`skinny_gemm.DOT_META` / `DOT_NARROW`). `pc=1`: rows within
     one tile in power-of-two pieces, not padded (meta "pieces", `row_tiles`). `f=0|1` (any kind) sets
     `skinny_gemm.ROW_FLAT`: one row's products broadcast over three dimensions or in the slab's layout (the
     default). `pdl-rows:...` the same on the chain of up to 64 rows. Registers the variant; False for other names."""
@@ -357,9 +358,10 @@ def wide_variant(name: str) -> bool:
         "narrow": (skinny_gemm, "ONE_ROW_NARROW"),
         "attn": (decode_rope_attention, "DECODE_META"),
         "dot": (skinny_gemm, "DOT_META"),
+        "dotnarrow": (skinny_gemm, "DOT_NARROW"),
     }.get(kind, (None, None))
     if module is None:
-        raise ValueError(f"{name}: expected pdl:, pdl:narrow:, pdl:attn: or pdl:dot: before the settings")
+        raise ValueError(f"{name}: expected pdl:, pdl:narrow:, pdl:attn:, pdl:dot: or pdl:dotnarrow: before settings")
     meta = dict(getattr(module, attr))
     knobs = {}
     for item in spec.split(","):

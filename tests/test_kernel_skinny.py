@@ -149,6 +149,8 @@ def test_tensor_core_rows_match_linear(m, swiglu):
 def test_products_by_row_block_and_dtype(monkeypatch):
     import tlt_rt.codegen.kernels.skinny_gemm as sk
 
+    assert sk.skinny_meta(16, 1536, 8960) is sk.DOT_NARROW and sk.skinny_meta(33, 2 * 8960, 1536) is sk.DOT_META
+
     monkeypatch.setattr(sk.pdl_module, "interpreting", lambda: False)  # as on a GPU
     assert sk.products(1, torch.bfloat16) == (sk.FLAT if sk.ROW_FLAT else sk.BROADCAST)
     assert sk.products(8, torch.bfloat16) == sk.BROADCAST and sk.products(16, torch.bfloat16) == sk.DOT_BF16

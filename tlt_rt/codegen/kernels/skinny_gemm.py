@@ -61,8 +61,11 @@ SKINNY_META = {
     8: {"block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 3},
 }
 # 9-64 rows of 16-bit weights, products on tensor cores (`products`): tiles streamed through the software pipeline
-# (whole 0). First settings, not yet timed (`step_costs.py --compare pdl-rows pdl-rows:dot:bn=..` sweeps them).
+# (whole 0); weights of fewer than NARROW_N rows (q/k/v, o, down of the Qwen2.5-Coder shapes) in narrower programs,
+# so that more of them share the weight (down: 96 programs of 16 rows, not 48 of 32). First settings, not yet timed
+# (`step_costs.py --compare pdl-rows pdl-rows:dot:bn=.. pdl-rows:dotnarrow:bn=..` sweeps them).
 DOT_META = {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4, "whole": 0}
+DOT_NARROW = {"block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 4, "whole": 0}
 
 
 NARROW_N = 8192
@@ -111,7 +114,7 @@ def skinny_meta(rows: int, weight_rows: int, k: int | None = None) -> dict:
     `weight_rows` rows (a stacked [gate; up] counted whole)."""
     block_m = triton.next_power_of_2(rows)
     if block_m >= DOT_MIN_ROWS:
-        return DOT_META
+        return DOT_NARROW if weight_rows < NARROW_N else DOT_META
     if block_m == 1 and weight_rows < NARROW_N:
         return ONE_ROW_NARROW
     if block_m == 1 and k is not None and k <= ONE_ROW_WIDE["block_k"]:
