@@ -341,10 +341,10 @@ def wide_variant(name: str) -> bool:
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
     `pdl:attn:bn=..,w=..,s=..,sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
     split_waves); `pdl:dot:bn=..` / `pdl:dotnarrow:bn=..` the tensor-core launch of 9-64 rows for weights of many /
-    fewer rows (`skinny_gemm.DOT_META` / `DOT_NARROW`). `pc=1`: rows within
-    one tile in power-of-two pieces, not padded (meta "pieces", `row_tiles`). `f=0|1` (any kind) sets
-    `skinny_gemm.ROW_FLAT`: one row's products broadcast over three dimensions or in the slab's layout (the
-    default). `pdl-rows:...` the same on the chain of up to 64 rows. Registers the variant; False for other names."""
+    fewer rows (`skinny_gemm.DOT_META` / `DOT_NARROW`). `pc=1`: rows within one tile in power-of-two pieces, not
+    padded (meta "pieces", `row_tiles`). `f=0|1` (any kind) sets `skinny_gemm.ROW_FLAT`: one row's products
+    broadcast over three dimensions or in the slab's layout (the default). `pdl-rows:...` the same on the chain of
+    up to 64 rows. Registers the variant; False for other names."""
     base, colon, rest = name.partition(":")
     if not colon or base not in ("pdl", "pdl-rows"):
         return False
@@ -484,15 +484,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--label", default="", help="tag written into each row (variant under test)")
     ap.add_argument("--compare", nargs="+", default=None, metavar="VARIANT",
                     help=f"glue variants side by side, the first the baseline ({', '.join(VARIANTS)}; "
-                         "pdl:bn=..,bk=..,w=..,s=.., pdl:narrow:.. or pdl:attn:..,sw=.. for pdl with another launch "
-                         "setting: see wide_variant)")  # fmt: skip
+                         "pdl[-rows]:[narrow:|attn:|dot:|dotnarrow:]bn=..,.. for pdl with another launch setting: "
+                         "see wide_variant)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=5, help="with --compare: interleaved rounds of --iters replays")
     args = ap.parse_args(argv)
     for name in args.compare or []:
         try:
             if not (name in VARIANTS or wide_variant(name)):
                 ap.error(
-                    f"--compare: unknown variant {name!r}; one of {', '.join(VARIANTS)} or pdl:[narrow:|attn:]bn=.."
+                    f"--compare: unknown variant {name!r}; one of {', '.join(VARIANTS)} or "
+                    "pdl[-rows]:[narrow:|attn:|dot:|dotnarrow:]bn=.."
                 )
         except ValueError as e:
             ap.error(str(e))

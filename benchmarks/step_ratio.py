@@ -282,13 +282,14 @@ def main(argv=None) -> None:
                     help="rollout settings for both engines, e.g. decode_chain=true pdl=true")  # fmt: skip
     args = ap.parse_args(argv)
     engine_options(args.engine)  # a bad setting fails before any engine is built
+    source = "checkpoint"  # the default model
     if args.model is not None:
         try:
-            model_source(args.model)
+            source = model_source(args.model)
         except ValueError as e:
             ap.error(str(e))
     warnings.simplefilter("ignore")
-    tok = None if args.model is not None and model_source(args.model) != "checkpoint" else load_tokenizer(args.model)
+    tok = load_tokenizer(args.model) if source == "checkpoint" else None  # a shape of random weights has none
     strategies = [Strategy.parse(s) for s in args.strategies]
     options = [None, *strategies]
     names = ["off", *args.strategies]

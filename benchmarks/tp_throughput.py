@@ -252,15 +252,12 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         shard = shard_for_tp(model)
         if cuda:
             torch.cuda.empty_cache()
-        default_flat = None
         if any(kind.startswith("fused") for kind in args.allreduce):
             from tlt_rt.codegen.kernels import tp_sum  # local: Triton, for GPU runs only
 
-            default_flat = tp_sum.ROW_FLAT
+            default_flat = tp_sum.ROW_FLAT  # a kind without f= runs with the kernel's own setting
         for kind in args.allreduce:  # the same shard, its sums through each all-reduce in turn (steps captured anew)
             if kind.startswith("fused"):
-                from tlt_rt.codegen.kernels import tp_sum  # local: Triton, for GPU runs only
-
                 meta, tail, flat = fused_settings(kind)
                 tp_sum.ROW_FLAT = default_flat if flat is None else flat  # read as each step is captured
                 tp_sum.use_fused_sums(shard, pdl=args.pdl, meta=meta, tail=tail)
