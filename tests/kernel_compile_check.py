@@ -365,6 +365,17 @@ def pdl_cases():
             q, k, v, torch.arange(1), _t(64), cache[0], cache[1], torch.arange(1),
             torch.zeros(1, 64, dtype=torch.int32), torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True,
         )  # fmt: skip
+    pdl.SIGNAL_FIRST = frozenset()
+    from tlt_rt.codegen.kernels.probe import Stamps
+
+    rope_dec.PROBE = Stamps("cpu", 1 << 12)  # time stamps of each program (benchmarks/attention_timeline.py)
+    try:
+        rope_dec.decode_rope_attention(
+            q, k, v, torch.arange(1), _t(64), cache[0], cache[1], torch.arange(1),
+            torch.zeros(1, 64, dtype=torch.int32), torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True,
+        )  # fmt: skip
+    finally:
+        rope_dec.PROBE = None
     norm_linear.norm_linear(x, r, nw, 1e-6, _t(2048, 1536, dtype=BF16), _t(2048, dtype=BF16), pdl=True)
     skinny_gemm.skinny_linear_triton(x, _t(1536, 1536, dtype=BF16), pdl=True)  # o
     skinny_gemm.skinny_linear_triton(_t(1, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True)  # down

@@ -107,6 +107,23 @@ def test_reading_ahead_of_the_wait_changes_nothing(monkeypatch):
             torch.testing.assert_close(x, y, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("chunk_tiles,tight", [(1, False), (2, True), (3, True)])
+def test_chunks_of_several_tiles_and_the_padded_merge_match_the_reference(monkeypatch, chunk_tiles, tight):
+    """CHUNK_TILES: each split's chunk at least that many tiles (fewer splits hold positions, the rest stay empty);
+    TIGHT_MERGE off: the merge over the products' padded rows. Both the same attention, within fp32 rounding."""
+    import tlt_rt.codegen.kernels.decode_rope_attention as mod
+
+    monkeypatch.setattr(mod, "CHUNK_TILES", chunk_tiles)
+    monkeypatch.setattr(mod, "TIGHT_MERGE", tight)
+    (q, k, v, positions, slots, k_cache, v_cache), meta = _case([3, 70, 200], 6, 2, 32, torch.float32, 9)
+    inv_freq = rope_inv_freq_of(32, 10000.0).to(DEVICE)
+    want, want_k, _ = _reference(q, k, v, positions, slots, k_cache, v_cache, meta, inv_freq, 0.2)
+    got = decode_rope_attention(q, k, v, positions, inv_freq, k_cache, v_cache, slots, meta.block_tables,
+                                meta.seq_lens, 0.2, num_splits=6)  # fmt: skip
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(k_cache, want_k, atol=1e-6, rtol=1e-6)
+
+
 def test_bf16_within_rounding_of_the_two_kernels():
     (q, k, v, positions, slots, k_cache, v_cache), meta = _case([1, 40, 100], 6, 2, 64, torch.bfloat16, 3)
     inv_freq = rope_inv_freq_of(64, 1e6).to(DEVICE)

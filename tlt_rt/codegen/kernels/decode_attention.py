@@ -87,7 +87,8 @@ def _merge_splits(
     stride_ps, stride_od,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):  # fmt: skip
-    """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M) over BLOCK_S splits at a time (online in M).
+    """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M) over BLOCK_S splits at a time (online in M); returns
+    the rows' denominators (a timing probe's dependency).
 
     Loads bypass L1 (.cg): the partials were written by other programs of the same launch."""
     offs_d = tl.arange(0, HEAD_DIM)
@@ -110,6 +111,7 @@ def _merge_splits(
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
     tl.store(OUT + out_rows[:, None] + offs_d[None, :] * stride_od, out.to(OUT.dtype.element_ty),
              mask=rows_ok[:, None])  # fmt: skip
+    return den
 
 
 @triton.jit

@@ -43,14 +43,26 @@ from tlt_rt.codegen.kernels.paged import (
     num_sms,
     split_counters,
 )
-from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave, load_early
+from tlt_rt.codegen.kernels.pdl import enter, interpreting, launch_meta, leave, load_early
+from tlt_rt.codegen.kernels.probe import Stamps, as_dep, clock, put, stamp
 
-__all__ = ["EARLY_LOADS", "decode_rope_attention"]
+__all__ = ["EARLY_LOADS", "PROBE", "STAMPS", "decode_rope_attention"]
 
 # Under PDL, each program reads the step's lengths, positions and tables and its chunk's first tile of the cache
 # before its wait (`kernels.pdl`), while the q/k/v projection before it still runs; False waits first (kept so
 # that `benchmarks/step_costs.py --compare` can measure what the early reads buy).
 EARLY_LOADS = True
+# A `probe.Stamps` to time each program's phases into (`benchmarks/attention_timeline.py`), or None (compiled out).
+# Per program, STAMPS int64 in this order: placed, past its wait, q/k/v read, its chunk attended, arrived at the
+# merge count (split launches), merged (the last program of a (sequence, KV head) only; 0 in the others).
+PROBE: Stamps | None = None
+STAMPS = 8
+# The split merge reads the group's query heads only (next power of two of the group), not the rows the products pad
+# to 16; False pads it as the products (kept to measure what the tighter merge buys: fewer passes over the splits).
+TIGHT_MERGE = True
+# Fewest tiles of BLOCK_N positions in one split's chunk: 1 spreads a context over as many programs as the launch has;
+# more gives each program more tiles and the merge fewer partials.
+CHUNK_TILES = 1
 
 
 @triton.jit
@@ -102,8 +114,8 @@ def _decode_rope_attention_kernel(
     Q, K, V,  # [B, Hq, D], [B, Hkv, D] x2: this step's projections, before rotary (strided views)
     POS, INV_FREQ, SLOTS,  # [B] rotary positions, [D/2] fp32, [B] resolved cache slots of the new token
     K_CACHE, V_CACHE,  # [num_blocks * page, Hkv, D] (slot-major views)
-    BLOCK_TABLES, SEQ_LENS, OUT, O_PART, LSE_PART, COUNTERS,
-    n_kv_heads, num_splits, qk_scale,
+    BLOCK_TABLES, SEQ_LENS, OUT, O_PART, LSE_PART, COUNTERS, PROBE_BUF,
+    n_kv_heads, num_splits, qk_scale, probe_off,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
     stride_cs, stride_ch, stride_btb,
     stride_ob, stride_oh, stride_od,
@@ -111,17 +123,21 @@ def _decode_rope_attention_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HALF: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
+    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, PROBE_ON: tl.constexpr,
 ):  # fmt: skip
-    if not EARLY:
-        enter(PDL)
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
+    if PROBE_ON:
+        probe = probe_off + (pid * num_splits + split) * 8
+        placed = clock(split)  # stored after the wait: nothing is written before it
+    if not EARLY:
+        enter(PDL)
     b = pid // n_kv_heads
     kvh = pid % n_kv_heads
     # With EARLY, ahead of the wait (kernels.pdl), what the kernel before (this step's q/k/v projection) does not
     # write: the step's lengths, positions and tables, and the chunk's first tile of the cache's earlier positions.
     seq_len = load_early(SEQ_LENS + b, True, 0)
-    chunk_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    chunk_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), CHUNK) * BLOCK_N
     start = split * chunk_len
     end = tl.minimum(start + chunk_len, seq_len)
     last = seq_len - 1  # the new token's position: from registers, never from the cache
@@ -133,6 +149,9 @@ def _decode_rope_attention_kernel(
     ang = load_early(POS + b, True, 0).to(tl.float32) * load_early(INV_FREQ + d, True, 0.0)
     if EARLY:
         enter(PDL)
+    if PROBE_ON:
+        put(PROBE_BUF, probe, placed)
+        stamp(PROBE_BUF, probe + 1, split)
     c = tl.cos(ang)
     s = tl.sin(ang)
     offs_g = tl.arange(0, BLOCK_G)
@@ -142,6 +161,8 @@ def _decode_rope_attention_kernel(
     q1, q2 = _rotate(tl.load(src, mask=g_ok[:, None], other=0.0).to(tl.float32),
                      tl.load(src + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32), c[None, :], s[None, :],
                      Q.dtype.element_ty)  # fmt: skip
+    if PROBE_ON:
+        stamp(PROBE_BUF, probe + 2, as_dep(tl.sum(tl.sum(q1, 1), 0)))
     src = K + b * stride_kb + kvh * stride_kh + d
     k1, k2 = _rotate(tl.load(src).to(tl.float32), tl.load(src + HALF).to(tl.float32), c, s, K.dtype.element_ty)
     src = V + b * stride_vb + kvh * stride_vh + d
@@ -188,6 +209,8 @@ def _decode_rope_attention_kernel(
         m_i = m_new
 
     leave(PDL)
+    if PROBE_ON:
+        stamp(PROBE_BUF, probe + 3, as_dep(tl.sum(l_i, 0)))
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out_rows = b * stride_ob + heads * stride_oh
     if SPLIT:
@@ -201,9 +224,30 @@ def _decode_rope_attention_kernel(
         tl.store(part, acc1 / l_safe[:, None], mask=write[:, None])
         tl.store(part + HALF, acc2 / l_safe[:, None], mask=write[:, None])
         if MERGE:
-            if _arrive_last(COUNTERS, pid, num_splits):
-                _merge_splits(O_PART, LSE_PART, OUT, o_rows, lse_rows, out_rows, g_ok, n_used, stride_ps,
-                              stride_od, BLOCK_G, BLOCK_S, 2 * HALF)  # fmt: skip
+            last_one = _arrive_last(COUNTERS, pid, num_splits)
+            if PROBE_ON:
+                stamp(PROBE_BUF, probe + 4, last_one.to(tl.int32))
+            if last_one:
+                # the merge reads the group's rows only (BLOCK_M, not the dot's padded BLOCK_G): more splits a step
+                offs_m = tl.arange(0, BLOCK_M)
+                m_heads = kvh * GROUP + offs_m
+                den = _merge_splits(
+                    O_PART,
+                    LSE_PART,
+                    OUT,
+                    b * stride_pb + m_heads * stride_ph,
+                    b * stride_lb + m_heads * stride_lh,
+                    b * stride_ob + m_heads * stride_oh,
+                    offs_m < GROUP,
+                    n_used,
+                    stride_ps,
+                    stride_od,
+                    BLOCK_M,
+                    BLOCK_S,
+                    2 * HALF,
+                )
+                if PROBE_ON:
+                    stamp(PROBE_BUF, probe + 5, as_dep(tl.sum(den, 0)))
     else:
         dst = OUT + out_rows[:, None] + d[None, :] * stride_od
         tl.store(dst, (acc1 / l_safe[:, None]).to(OUT.dtype.element_ty), mask=g_ok[:, None])
@@ -262,18 +306,22 @@ def decode_rope_attention(
     else:
         o_part = lse_part = out
     block_g = max(16, triton.next_power_of_2(group))
+    block_m = triton.next_power_of_2(group) if TIGHT_MERGE else block_g  # the merge's rows (no dot there)
+    probe = None if interpreting() else PROBE  # the interpreter has no timer
     fp32_dot = dot_in_fp32(_decode_rope_attention_kernel, q.dtype)
     _decode_rope_attention_kernel[(b * n_kv, num_splits)](
         q, k, v, positions, inv_freq, slots, kc, vc, block_tables, seq_lens, out, o_part, lse_part,
-        seq_lens if counters is None else counters,
-        n_kv, num_splits, scale * LOG2E,
+        seq_lens if counters is None else counters, seq_lens if probe is None else probe.buf,
+        n_kv, num_splits, scale * LOG2E, 0 if probe is None else probe.take(b * n_kv * num_splits, STAMPS),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kc.stride(0), kc.stride(1), block_tables.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         GROUP=group, BLOCK_G=block_g, HALF=head_dim // 2, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
-        MERGE=counters is not None, BLOCK_S=merge_block_s(block_g, num_splits, head_dim),
-        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EARLY=EARLY_LOADS,
+        MERGE=counters is not None, BLOCK_S=merge_block_s(block_m, num_splits, head_dim),
+        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EARLY=EARLY_LOADS, BLOCK_M=block_m,
+        CHUNK=CHUNK_TILES,
+        PROBE_ON=probe is not None,
         num_warps=meta["num_warps"], num_stages=meta["num_stages"], **launch_meta(q.device, pdl, kind="attention"),
     )  # fmt: skip
     if split and counters is None:
