@@ -332,9 +332,6 @@ KNOBS = {
     "pdl-before": {**STREAMED, **LATE_KV, **THREE_D, **FOUR_ROWS, **ONE_ROW},
     # decode attention's split merge over the products' 16 padded rows, not the group's (TIGHT_MERGE off)
     "pdl-merge-padded": {(ROPE_ATTN, "TIGHT_MERGE"): False},
-    # each split's chunk at least 2 / 4 tiles: fewer programs hold positions, fewer partials to merge
-    "pdl-chunk2": {(ROPE_ATTN, "CHUNK_TILES"): 2},
-    "pdl-chunk4": {(ROPE_ATTN, "CHUNK_TILES"): 4},
 }
 for _name in KNOBS:
     VARIANTS[_name] = VARIANTS["pdl"]

@@ -60,9 +60,6 @@ STAMPS = 8
 # The split merge reads the group's query heads only (next power of two of the group), not the rows the products pad
 # to 16; False pads it as the products (kept to measure what the tighter merge buys: fewer passes over the splits).
 TIGHT_MERGE = True
-# Fewest tiles of BLOCK_N positions in one split's chunk: 1 spreads a context over as many programs as the launch has;
-# more gives each program more tiles and the merge fewer partials.
-CHUNK_TILES = 1
 
 
 @triton.jit
@@ -123,7 +120,7 @@ def _decode_rope_attention_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HALF: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, PROBE_ON: tl.constexpr,
+    BLOCK_M: tl.constexpr, PROBE_ON: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -137,7 +134,7 @@ def _decode_rope_attention_kernel(
     # With EARLY, ahead of the wait (kernels.pdl), what the kernel before (this step's q/k/v projection) does not
     # write: the step's lengths, positions and tables, and the chunk's first tile of the cache's earlier positions.
     seq_len = load_early(SEQ_LENS + b, True, 0)
-    chunk_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), CHUNK) * BLOCK_N
+    chunk_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk_len
     end = tl.minimum(start + chunk_len, seq_len)
     last = seq_len - 1  # the new token's position: from registers, never from the cache
@@ -320,7 +317,6 @@ def decode_rope_attention(
         GROUP=group, BLOCK_G=block_g, HALF=head_dim // 2, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
         MERGE=counters is not None, BLOCK_S=merge_block_s(block_m, num_splits, head_dim),
         DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EARLY=EARLY_LOADS, BLOCK_M=block_m,
-        CHUNK=CHUNK_TILES,
         PROBE_ON=probe is not None,
         num_warps=meta["num_warps"], num_stages=meta["num_stages"], **launch_meta(q.device, pdl, kind="attention"),
     )  # fmt: skip
