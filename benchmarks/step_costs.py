@@ -330,8 +330,6 @@ KNOBS = {
     "pdl-first-attn-o": {(PDL, "SIGNAL_FIRST"): frozenset({"attention", "narrow"})},
     "pdl-first-all": {(PDL, "SIGNAL_FIRST"): frozenset({"attention", "norm", "narrow", "long", "wide"})},
     "pdl-before": {**STREAMED, **LATE_KV, **THREE_D, **FOUR_ROWS, **ONE_ROW},
-    # decode attention's split merge over the products' 16 padded rows, not the group's (TIGHT_MERGE off)
-    "pdl-merge-padded": {(ROPE_ATTN, "TIGHT_MERGE"): False},
 }
 for _name in KNOBS:
     VARIANTS[_name] = VARIANTS["pdl"]

@@ -107,20 +107,6 @@ def test_reading_ahead_of_the_wait_changes_nothing(monkeypatch):
             torch.testing.assert_close(x, y, atol=0, rtol=0)
 
 
-def test_the_merge_over_the_products_padded_rows_matches_the_reference(monkeypatch):
-    """TIGHT_MERGE off: the split merge over the products' 16 padded rows, not the group's: the same attention."""
-    import tlt_rt.codegen.kernels.decode_rope_attention as mod
-
-    monkeypatch.setattr(mod, "TIGHT_MERGE", False)
-    (q, k, v, positions, slots, k_cache, v_cache), meta = _case([3, 70, 200], 6, 2, 32, torch.float32, 9)
-    inv_freq = rope_inv_freq_of(32, 10000.0).to(DEVICE)
-    want, want_k, _ = _reference(q, k, v, positions, slots, k_cache, v_cache, meta, inv_freq, 0.2)
-    got = decode_rope_attention(q, k, v, positions, inv_freq, k_cache, v_cache, slots, meta.block_tables,
-                                meta.seq_lens, 0.2, num_splits=6)  # fmt: skip
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(k_cache, want_k, atol=1e-6, rtol=1e-6)
-
-
 def test_bf16_within_rounding_of_the_two_kernels():
     (q, k, v, positions, slots, k_cache, v_cache), meta = _case([1, 40, 100], 6, 2, 64, torch.bfloat16, 3)
     inv_freq = rope_inv_freq_of(64, 1e6).to(DEVICE)

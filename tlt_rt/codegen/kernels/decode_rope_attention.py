@@ -57,9 +57,6 @@ EARLY_LOADS = True
 # merge count (split launches), merged (the last program of a (sequence, KV head) only; 0 in the others).
 PROBE: Stamps | None = None
 STAMPS = 8
-# The split merge reads the group's query heads only (next power of two of the group), not the rows the products pad
-# to 16; False pads it as the products (kept to measure what the tighter merge buys: fewer passes over the splits).
-TIGHT_MERGE = True
 
 
 @triton.jit
@@ -120,7 +117,7 @@ def _decode_rope_attention_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HALF: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-    BLOCK_M: tl.constexpr, PROBE_ON: tl.constexpr,
+    PROBE_ON: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -225,24 +222,8 @@ def _decode_rope_attention_kernel(
             if PROBE_ON:
                 stamp(PROBE_BUF, probe + 4, last_one.to(tl.int32))
             if last_one:
-                # the merge reads the group's rows only (BLOCK_M, not the dot's padded BLOCK_G): more splits a step
-                offs_m = tl.arange(0, BLOCK_M)
-                m_heads = kvh * GROUP + offs_m
-                den = _merge_splits(
-                    O_PART,
-                    LSE_PART,
-                    OUT,
-                    b * stride_pb + m_heads * stride_ph,
-                    b * stride_lb + m_heads * stride_lh,
-                    b * stride_ob + m_heads * stride_oh,
-                    offs_m < GROUP,
-                    n_used,
-                    stride_ps,
-                    stride_od,
-                    BLOCK_M,
-                    BLOCK_S,
-                    2 * HALF,
-                )
+                den = _merge_splits(O_PART, LSE_PART, OUT, o_rows, lse_rows, out_rows, g_ok, n_used, stride_ps,
+                                    stride_od, BLOCK_G, BLOCK_S, 2 * HALF)  # fmt: skip
                 if PROBE_ON:
                     stamp(PROBE_BUF, probe + 5, as_dep(tl.sum(den, 0)))
     else:
@@ -303,7 +284,6 @@ def decode_rope_attention(
     else:
         o_part = lse_part = out
     block_g = max(16, triton.next_power_of_2(group))
-    block_m = triton.next_power_of_2(group) if TIGHT_MERGE else block_g  # the merge's rows (no dot there)
     probe = None if interpreting() else PROBE  # the interpreter has no timer
     fp32_dot = dot_in_fp32(_decode_rope_attention_kernel, q.dtype)
     _decode_rope_attention_kernel[(b * n_kv, num_splits)](
@@ -315,8 +295,8 @@ def decode_rope_attention(
         out.stride(0), out.stride(1), out.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         GROUP=group, BLOCK_G=block_g, HALF=head_dim // 2, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
-        MERGE=counters is not None, BLOCK_S=merge_block_s(block_m, num_splits, head_dim),
-        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EARLY=EARLY_LOADS, BLOCK_M=block_m,
+        MERGE=counters is not None, BLOCK_S=merge_block_s(block_g, num_splits, head_dim),
+        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EARLY=EARLY_LOADS,
         PROBE_ON=probe is not None,
         num_warps=meta["num_warps"], num_stages=meta["num_stages"], **launch_meta(q.device, pdl, kind="attention"),
     )  # fmt: skip
