@@ -1,12 +1,15 @@
 """Decode-sized matmuls: cuBLAS (F.linear) against the skinny Triton kernel, as achieved HBM bandwidth.
 
     python benchmarks/bench_linear.py --model qwen2.5-7b --rows 1 2 4 8 [--tune]
+    python benchmarks/bench_linear.py --model qwen2.5-coder-1.5b --rows 16 32 64 --tune --tune-rows 32 \
+        --tune-block-n 16 32 64 128 --tune-block-k 64 128 256 --tune-stages 3 4 5   # tensor-core rows
 
 For each weight shape of one decoder layer (fused q/k/v, o, fused gate/up, down) and the LM head, and each
 row count, the matmul is captured REPEAT times in one CUDA graph over enough weight copies that no copy is
 still in L2 when it is read again; the median replay time / REPEAT is one matmul. GB/s counts the weight
 bytes only (activations are a few KB). --tune sweeps the kernel's launch meta-parameters and prints the
-best per (rows, shape) next to the current defaults.
+best per (rows, shape) next to the current defaults (from 9 rows of bf16 the kernel multiplies on tensor cores,
+streaming W through shared memory: configs whose stages fit SHARED_BUDGET are tried).
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_costs import append_jsonl, hbm_bandwidth, time_replays  # noqa: E402
 
-from tlt_rt.codegen.kernels.skinny_gemm import NARROW_N, ONE_ROW_NARROW, SKINNY_META, skinny_linear_triton  # noqa: E402
+from tlt_rt.codegen.kernels.skinny_gemm import (  # noqa: E402
+    DOT_BF16,
+    DOT_META,
+    NARROW_N,
+    ONE_ROW_NARROW,
+    SKINNY_META,
+    products,
+    skinny_linear_triton,
+)
 from tlt_rt.models.shapes import SHAPES  # noqa: E402
 
 
@@ -31,6 +42,19 @@ def layer_shapes(name: str) -> dict[str, tuple[int, int]]:
     h, d = s["hidden_size"], s["head_dim"]
     q, kv, i = s["num_attention_heads"] * d, s["num_key_value_heads"] * d, s["intermediate_size"]
     return {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i), "lm_head": (s["vocab_size"], h)}
+
+
+SHARED_BUDGET = 200 << 10  # bytes of shared memory a tensor-core launch's pipeline stages may take (sm_90: 227 KB)
+
+
+def fits(rows: int, cfg: dict) -> bool:
+    """Whether --tune tries `cfg` for `rows` rows: CUDA-core products hold a [rows, BLOCK_N, BLOCK_K] product in
+    registers (at most 32,768 elements); tensor-core ones (9+ rows of bf16) stage each of num_stages tiles of the rows
+    and of W in shared memory."""
+    bm = 1 << (rows - 1).bit_length()
+    if products(bm, torch.bfloat16) >= DOT_BF16:
+        return (bm + cfg["block_n"]) * cfg["block_k"] * 2 * cfg["num_stages"] <= SHARED_BUDGET
+    return bm * cfg["block_n"] * cfg["block_k"] <= 32768
 
 
 def time_op(fn, weights: list[torch.Tensor], x: torch.Tensor, repeat: int, iters: int = 15) -> float:
@@ -89,11 +113,12 @@ def main(argv: list[str] | None = None) -> None:
                 device=torch.cuda.get_device_name(),
             )  # fmt: skip
             if a.tune and m in a.tune_rows:
-                bm = 1 << (m - 1).bit_length()
                 best = None
                 for cfg in grid:
-                    if bm * cfg["block_n"] * cfg["block_k"] > 32768:  # register budget of the product tile
+                    if not fits(m, cfg):
                         continue
+                    if m > 8:  # tensor-core rows: W streamed in BLOCK_K tiles, as DOT_META
+                        cfg = {**cfg, "whole": 0}
                     try:
                         t = time_op(lambda x, w, c=cfg: skinny_linear_triton(x, w, meta=c), weights, x, repeat, iters=5)
                     except Exception:  # noqa: BLE001 - a config that does not compile is skipped
@@ -105,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         del weights
         torch.cuda.empty_cache()
     print(f"HBM copy bandwidth {bw / 1e9:.0f} GB/s on {torch.cuda.get_device_name()}; defaults {SKINNY_META}")
-    print(f"one row against a weight of fewer than {NARROW_N} rows: {ONE_ROW_NARROW}")
+    print(f"one row against a weight of fewer than {NARROW_N} rows: {ONE_ROW_NARROW}; 9-64 rows: {DOT_META}")
     print(f"{'shape':8} {'N':>7} {'K':>6} {'rows':>4} {'cuBLAS us':>9} {'%bw':>5} {'skinny us':>9} {'%bw':>5}  tuned")
     for r in rows:
         tuned = f"{r['tuned_us']:8.1f} {r['tuned_pct']:5.1f} {r['tuned']}" if "tuned" in r else ""
