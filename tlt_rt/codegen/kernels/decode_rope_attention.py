@@ -117,12 +117,12 @@ def _decode_rope_attention_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HALF: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-    PROBE_ON: tl.constexpr,
+    PROBE_ON: tl.constexpr, N_STAMPS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     if PROBE_ON:
-        probe = probe_off + (pid * num_splits + split) * 8
+        probe = probe_off + (pid * num_splits + split) * N_STAMPS
         placed = clock(split)  # stored after the wait: nothing is written before it
     if not EARLY:
         enter(PDL)
@@ -297,7 +297,7 @@ def decode_rope_attention(
         GROUP=group, BLOCK_G=block_g, HALF=head_dim // 2, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
         MERGE=counters is not None, BLOCK_S=merge_block_s(block_g, num_splits, head_dim),
         DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EARLY=EARLY_LOADS,
-        PROBE_ON=probe is not None,
+        PROBE_ON=probe is not None, N_STAMPS=STAMPS,
         num_warps=meta["num_warps"], num_stages=meta["num_stages"], **launch_meta(q.device, pdl, kind="attention"),
     )  # fmt: skip
     if split and counters is None:
