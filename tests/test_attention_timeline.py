@@ -58,3 +58,16 @@ def test_plot_of_one_layer(tmp_path):
     out = tmp_path / "t.png"
     plot_layer(launch(10_000, programs=6), str(out), "a layer")
     assert out.stat().st_size > 2000
+
+
+def test_stamps_hand_out_slots_in_launch_order_and_refuse_past_the_end():
+    from tlt_rt.codegen.kernels.probe import Stamps
+
+    st = Stamps("cpu", size=40)
+    assert st.take(2, 8) == 0 and st.take(3, 8) == 16  # a launch of 2 programs, then one of 3
+    st.buf[16:40] = torch.arange(24)
+    first, second = st.read()
+    assert first.shape == (2, 8) and second.shape == (3, 8)
+    assert second[2, 7].item() == 23
+    with pytest.raises(ValueError, match="full"):
+        st.take(1, 8)
