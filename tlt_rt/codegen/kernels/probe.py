@@ -3,11 +3,13 @@
 `stamp(BUF, i, dep)` writes the GPU's global nanosecond timer (`%globaltimer`) to BUF[i] once `dep` (a scalar of
 the program's data: a sum of what it loaded, a count it got back) is in registers, so a stamp after a load is
 the time its data arrived, not the time it was asked for. Stamps cost a few instructions and one store each;
-kernels take them only under a constexpr (PROBE), compiled out otherwise, and never under the interpreter
-(it has no timer). `benchmarks/attention_timeline.py` reads them for decode attention inside a captured step.
+kernels take them only under a constexpr (decode attention's PROBE_ON), compiled out otherwise, and never under
+the interpreter (it has no timer). `benchmarks/attention_timeline.py` reads them for decode attention inside a
+captured step.
 
-A launcher takes its stamps' place in a buffer from `Stamps.take(n)`: one slot of `n` int64 per program, in
-launch order, so the launches of a captured step (one per layer) land side by side and a replay overwrites them.
+A launcher takes its stamps' place in a buffer from `Stamps.take(programs, per_program)`: `per_program` int64
+for each of its programs, in launch order, so the launches of a captured step (one per layer) land side by side
+and a replay overwrites them.
 """
 
 from __future__ import annotations

@@ -62,8 +62,9 @@ SKINNY_META = {
 }
 # 9-64 rows of 16-bit weights, products on tensor cores (`products`): tiles streamed through the software pipeline
 # (whole 0); weights of fewer than NARROW_N rows (q/k/v, o, down of the Qwen2.5-Coder shapes) in narrower programs,
-# so that more of them share the weight (down: 96 programs of 16 rows, not 48 of 32). First settings, not yet timed
-# (`step_costs.py --compare pdl-rows pdl-rows:dot:bn=.. pdl-rows:dotnarrow:bn=..` sweeps them).
+# so that more of them share the weight (down: 96 programs of 16 rows, not 48 of 32). First settings: in the step
+# 0.42-0.80x of cuBLAS's (H200, 3ace447; too few weight bytes in flight a program), so the chain stays at one row
+# (`bench_linear.py --tune --tune-rows 32` and `step_costs.py --compare pdl-rows:dot:bn=..` sweep them).
 DOT_META = {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4, "whole": 0}
 DOT_NARROW = {"block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 4, "whole": 0}
 
@@ -148,7 +149,8 @@ def row_tiles(k: int, cfg: dict, slab_rows: int) -> dict:
     `slab_rows` rows of W (BLOCK_N, twice that with SwiGLU's two halves); the rows are read before the PDL wait
     where ONE_TILE. K within one BLOCK_K tile: one tile, padded to a power of two (pieces of it measured slower
     with products over three dimensions: each is a reduction across the program's threads of its own), or with
-    cfg["pieces"] in its `row_pieces` (1,536 as 1,024 + 512: no padded registers; with ROW_FLAT, not yet timed);
+    cfg["pieces"] in its `row_pieces` (1,536 as 1,024 + 512: no padded registers; with ROW_FLAT 0.98x / 0.84x a step on
+    Qwen2.5-Coder-1.5B / 0.5B, H200, 3ace447: off);
     wider rows whole, in the pieces of `row_pieces` all issued at once, where the slab fits cfg["whole"]
     (WHOLE_ELEMS) elements a thread; else streamed in BLOCK_K tiles."""
     block_k = min(cfg["block_k"], triton.next_power_of_2(k))
@@ -462,7 +464,7 @@ def preferred(
 ) -> bool:
     """True where the kernel beats cuBLAS as measured (module doc): one row, a weight of at least `min_weight`
     elements (None: MIN_WEIGHT), `supported`; where a caller asks for up to `rows` rows, also more rows whose
-    products run on tensor cores (`one_or_dot`; not yet timed against cuBLAS)."""
+    products run on tensor cores (`one_or_dot`; so far slower than cuBLAS in a step: `DOT_META`)."""
     least = MIN_WEIGHT if min_weight is None else min_weight
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return 0 < m <= rows and one_or_dot(m, x.dtype) and weight.numel() >= least and supported(x, weight, bias)
