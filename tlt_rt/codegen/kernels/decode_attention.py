@@ -91,13 +91,30 @@ def _merge_splits(
     the rows' denominators (a timing probe's dependency).
 
     Loads bypass L1 (.cg): the partials were written by other programs of the same launch."""
+    return _merge_row_splits(O_PART, LSE_PART, OUT, o_rows, lse_rows, out_rows, rows_ok, n_used, n_used,
+                             stride_ps, stride_od, BLOCK_R, BLOCK_S, HEAD_DIM, False)  # fmt: skip
+
+
+@triton.jit
+def _merge_row_splits(
+    O_PART, LSE_PART, OUT, o_rows, lse_rows, out_rows, rows_ok,
+    row_used,  # with PER_ROW [BLOCK_R, 1]: the splits each row reads (else unused: every row reads n_used)
+    n_used,  # the most any row reads (the loop's bound)
+    stride_ps, stride_od,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, PER_ROW: tl.constexpr,
+):  # fmt: skip
+    """`_merge_splits` where rows may hold different numbers of written partials (tree attention's combine: rows
+    of several sequences, each reading only the splits its own length used)."""
     offs_d = tl.arange(0, HEAD_DIM)
     m = tl.full([BLOCK_R], -1e30, dtype=tl.float32)
     den = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
     for s0 in range(0, n_used, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
-        ok = rows_ok[:, None] & (offs_s < n_used)[None, :]
+        if PER_ROW:
+            ok = rows_ok[:, None] & (offs_s[None, :] < row_used)
+        else:
+            ok = rows_ok[:, None] & (offs_s < n_used)[None, :]
         lse = tl.load(LSE_PART + lse_rows[:, None] + offs_s[None, :], mask=ok, other=float("-inf"),
                       cache_modifier=".cg")  # fmt: skip
         o = tl.load(O_PART + o_rows[:, None, None] + offs_s[None, :, None] * stride_ps + offs_d[None, None, :],

@@ -14,10 +14,13 @@ Split-K cuts the prefix into chunks of whole tiles sized on the device from the 
 attention does; the last split that holds prefix positions (split 0 when there are none) also walks the W
 window positions under the mask: in the prefix's own loop for small tiles (a tile may then hold the
 prefix's tail and the window's head), in a loop of their own for large ones (MERGE_MAX_ROWS).
-Partials are merged by a second kernel (`decode_attention.combine_splits`).
-Decode attention merges inside its launch instead; here that made one program read the T x group rows of
-every split in turn, and a verify step slower (H100, Qwen2.5-7B shape). The reference is
-`tlt_rt.models.attention.paged_attention_reference` (mode "verify").
+Partials are merged by a second kernel (`_combine_tree_kernel`). Only the splits a sequence's prefix reaches
+write partials, and the merge reads only those: the split count is sized from the block table's capacity
+(an engine's whole context), so a short prefix under a wide table leaves most splits empty (a 32,768-position
+table and a 100-token prefix: 2 of 64), and their partials were most of the launch's traffic (~13 MB a layer
+for 32 tree tokens on Qwen2.5-1.5B's heads). Decode attention merges inside its launch instead; here that made
+one program read the T x group rows of every split in turn, and a verify step slower (H100, Qwen2.5-7B shape).
+The reference is `tlt_rt.models.attention.paged_attention_reference` (mode "verify").
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from tlt_rt.codegen.kernels.decode_attention import (
     LOG2E,
     TABLE_STRIDE,
     _attend_tile,
-    combine_splits,
+    _merge_row_splits,
 )
 from tlt_rt.codegen.kernels.paged import (
     check_paged_inputs,
@@ -38,6 +41,7 @@ from tlt_rt.codegen.kernels.paged import (
     clamp_splits,
     dot_in_fp32,
     dot_precision,
+    merge_block_s,
     num_sms,
 )
 from tlt_rt.models.attention import paged_attention_reference
@@ -51,6 +55,17 @@ TREE_META = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2, "sp
 # batch 1) that sped a 12-token verify's attention up by 12% and slowed a 32-token one (128-row tiles) by 17%:
 # there the mask work every tile then does costs more than the loop iteration it saves.
 MERGE_MAX_ROWS = 64
+
+
+@triton.jit
+def _tree_chunks(seq_len, n_window, num_splits, BLOCK_N: tl.constexpr):
+    """(prefix, chunk_len, n_used) of a sequence of `seq_len` positions (its last `n_window` the window): the
+    prefix cut into `num_splits` chunks of whole tiles, and how many of them hold positions (at least one: the
+    last used split also walks the window). The attention and combine kernels must agree on it."""
+    prefix = seq_len - n_window
+    chunk_len = tl.cdiv(tl.cdiv(tl.maximum(prefix, 0), num_splits), BLOCK_N) * BLOCK_N
+    n_used = tl.maximum(tl.cdiv(tl.maximum(prefix, 0), tl.maximum(chunk_len, 1)), 1)
+    return prefix, chunk_len, n_used
 
 
 @triton.jit(do_not_specialize=TABLE_STRIDE)
@@ -98,9 +113,7 @@ def _tree_attention_kernel(
     kvh = (pid // num_m_blocks) % n_kv_heads
     b = pid // (num_m_blocks * n_kv_heads)
     seq_len = tl.load(SEQ_LENS + b)
-    prefix = seq_len - n_window
-    chunk_len = tl.cdiv(tl.cdiv(tl.maximum(prefix, 0), num_splits), BLOCK_N) * BLOCK_N
-    n_used = tl.maximum(tl.cdiv(tl.maximum(prefix, 0), tl.maximum(chunk_len, 1)), 1)
+    prefix, chunk_len, n_used = _tree_chunks(seq_len, n_window, num_splits, BLOCK_N)
 
     # rows of the tile: r = token * GROUP + head-in-group
     rows = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -164,14 +177,57 @@ def _tree_attention_kernel(
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
-    if SPLIT:  # every split writes (an empty one lse = -inf): the combine kernel reads them all
+    if SPLIT:  # the splits the prefix reaches write (a padding row's lse = -inf); the combine reads those only
+        write = tl.where(split < n_used, row_ok, False)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(LSE_PART + q_rows * stride_ln + heads * stride_lh + split, lse, mask=row_ok)
+        tl.store(LSE_PART + q_rows * stride_ln + heads * stride_lh + split, lse, mask=write)
         tl.store(O_PART + q_rows[:, None] * stride_pn + heads[:, None] * stride_ph + split * stride_ps
-                 + offs_d[None, :], o, mask=row_ok[:, None])  # fmt: skip
+                 + offs_d[None, :], o, mask=write[:, None])  # fmt: skip
     else:
         tl.store(OUT + q_rows[:, None] * stride_on + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
                  o.to(OUT.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
+
+
+@triton.jit
+def _combine_tree_kernel(
+    # pointers
+    O_PART,  # [B*T, Hq, S, D] fp32: row n's splits 0 .. n_used(n)-1 written, the rest never
+    LSE_PART,  # [B*T, Hq, S] fp32, base 2
+    OUT,  # [B*T, Hq, D]
+    SEQ_LENS,  # [B] int32, as the attention kernel read them
+    # sizes
+    n_rows,  # B * T * Hq
+    n_heads,
+    n_tree,
+    n_window,
+    num_splits,
+    # strides
+    stride_pn, stride_ph, stride_ps,
+    stride_ln, stride_lh,
+    stride_on, stride_oh, stride_od,
+    # meta
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # the attention kernel's tile: its chunks are whole tiles
+):  # fmt: skip
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows_ok = rows < n_rows
+    n = rows // n_heads
+    h = rows % n_heads
+    seq_len = tl.load(SEQ_LENS + n // n_tree, mask=rows_ok, other=0)
+    _, _, n_used = _tree_chunks(seq_len, n_window, num_splits, BLOCK_N)
+    n_used = tl.where(rows_ok, n_used, 0)
+    _merge_row_splits(O_PART, LSE_PART, OUT, n * stride_pn + h * stride_ph, n * stride_ln + h * stride_lh,
+                      n * stride_on + h * stride_oh, rows_ok, n_used[:, None], tl.max(n_used, 0), stride_ps,
+                      stride_od, BLOCK_R, BLOCK_S, HEAD_DIM, True)  # fmt: skip
+
+
+def split_partials(rows: int, n_heads: int, num_splits: int, head_dim: int, device) -> tuple[torch.Tensor, ...]:
+    """(o_part [rows, Hq, S, D], lse_part [rows, Hq, S]), fp32, uninitialised: the splits a prefix does not reach
+    are never written nor read."""
+    o_part = torch.empty(rows, n_heads, num_splits, head_dim, device=device, dtype=torch.float32)
+    return o_part, torch.empty(rows, n_heads, num_splits, device=device, dtype=torch.float32)
 
 
 def paged_tree_attention(
@@ -220,8 +276,7 @@ def paged_tree_attention(
     fp32_dot = dot_in_fp32(_tree_attention_kernel, q.dtype)
     split = num_splits > 1
     if split:
-        o_part = torch.empty(b * t, n_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
-        lse_part = torch.empty(b * t, n_heads, num_splits, device=q.device, dtype=torch.float32)
+        o_part, lse_part = split_partials(b * t, n_heads, num_splits, head_dim, q.device)
     else:
         o_part = lse_part = out  # unused by the kernel
     mask_u8 = tree_mask.view(torch.uint8)
@@ -243,5 +298,14 @@ def paged_tree_attention(
         num_stages=meta["num_stages"],
     )  # fmt: skip
     if split:
-        combine_splits(o_part, lse_part, out)
+        block_r = 16
+        _combine_tree_kernel[(triton.cdiv(b * t * n_heads, block_r),)](
+            o_part, lse_part, out, seq_lens,
+            b * t * n_heads, n_heads, t, w, num_splits,
+            o_part.stride(0), o_part.stride(1), o_part.stride(2),
+            lse_part.stride(0), lse_part.stride(1),
+            out.stride(0), out.stride(1), out.stride(2),
+            BLOCK_R=block_r, BLOCK_S=merge_block_s(block_r, num_splits, head_dim), HEAD_DIM=head_dim,
+            BLOCK_N=block_n,
+        )  # fmt: skip
     return out
