@@ -203,7 +203,7 @@ def test_tree_splits_past_the_prefix_are_neither_written_nor_read(monkeypatch):
     meta = AttnMetadata("verify", torch.arange(len(lens) + 1, dtype=torch.int32, device=DEVICE) * t, seq_lens,
                         tables, torch.zeros(len(lens) * t, dtype=torch.long, device=DEVICE), t, mask)  # fmt: skip
     check_close(out, paged_attention_reference(q, k, v, meta, 0.125), torch.float32)
-    (o_part, lse_part), = kept
+    [(o_part, lse_part)] = kept
     for b, used in enumerate([1, 1, 2, 5]):
         rows = slice(b * t, (b + 1) * t)
         assert not o_part[rows, :, :used].isnan().any() and not lse_part[rows, :, :used].isnan().any()
