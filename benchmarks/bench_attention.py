@@ -13,6 +13,10 @@ the pytest-benchmark rounds are eager (launch + synchronize included: ~0.17 ms f
     python benchmarks/bench_attention.py --tune --decode 1x1024 16x4096 --best-out best.json   # decode only
     python benchmarks/bench_attention.py --tune --shape qwen2.5-coder-1.5b --decode 1x1024 32x1024
         # another model's attention heads (tlt_rt/models/shapes.py)
+    python benchmarks/bench_attention.py --tree-splits --shape qwen2.5-coder-1.5b --table 32768 2624 \
+        --cases 1x128x32 1x1024x32 32x128x32 1x128x4
+        # tree attention under an engine-wide block table: every split's partials written and merged
+        # (tree_attention.EVERY_SPLIT) against the used splits' only, in interleaved rounds
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import datetime
 import itertools
 import json
+import statistics
 import subprocess
 import sys
 
@@ -49,13 +54,17 @@ def set_heads(shape: str) -> None:
     print(f"# attention heads of {shape}: {N_HEADS} query, {N_KV} KV, head size {HEAD_DIM}")
 
 
-def make_case(batch: int, ctx: int, n_tree: int, device: str = "cuda"):
-    """Every sequence holds `ctx` tokens (the last n_tree of them the tree) in a shuffled paged cache."""
+def make_case(batch: int, ctx: int, n_tree: int, device: str = "cuda", table: int = 0):
+    """Every sequence holds `ctx` tokens (the last n_tree of them the tree) in a shuffled paged cache; `table`
+    > ctx: block tables as wide as that many positions (an engine's, sized for its longest context), the
+    columns past the sequence holding block 0."""
     blocks_per_seq = -(-ctx // PAGE)
     num_blocks = batch * blocks_per_seq
     k = torch.randn(num_blocks, PAGE, N_KV, HEAD_DIM, device=device, dtype=DTYPE)
     v = torch.randn_like(k)
     tables = torch.randperm(num_blocks, device=device).view(batch, blocks_per_seq).int()
+    if table > ctx:
+        tables = torch.cat([tables, tables.new_zeros(batch, -(-table // PAGE) - blocks_per_seq)], 1)
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
     q = torch.randn(batch * n_tree, N_HEADS, HEAD_DIM, device=device, dtype=DTYPE)
     cu = torch.arange(batch + 1, dtype=torch.int32, device=device) * n_tree
@@ -162,6 +171,18 @@ def main() -> None:
             set_heads(args.shape)
         cases = None if args.decode is None else [(*map(int, c.split("x")), 1) for c in args.decode]
         return tune(cases, args.best_out)
+    if "--tree-splits" in sys.argv:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--tree-splits", action="store_true")
+        ap.add_argument("--shape", default=None, help="the attention heads of this model shape (default Qwen2.5-7B)")
+        ap.add_argument("--table", type=int, nargs="+", default=[32768, 2624], help="block-table widths, positions")
+        ap.add_argument("--cases", nargs="+", default=["1x128x32", "1x1024x32", "32x128x32", "1x128x4"],
+                        help="BATCHxCONTEXTxTREE (context counts the tree tokens)")  # fmt: skip
+        ap.add_argument("--rounds", type=int, default=7)
+        args = ap.parse_args()
+        if args.shape:
+            set_heads(args.shape)
+        return tree_splits([tuple(map(int, c.split("x"))) for c in args.cases], args.table, args.rounds)
     copy_gbs = copy_bandwidth_gbs()
     print(f"# bench_attention: {torch.cuda.get_device_name()}, {datetime.date.today()}, commit {_commit()}")
     print(f"# command: python benchmarks/bench_attention.py; Qwen2.5-7B attention, {DTYPE}, page {PAGE}")
@@ -184,6 +205,40 @@ def main() -> None:
               f"{ms['torch'] / ms['tlt']:.1f}x | {gbs:.0f} | {100 * gbs / copy_gbs:.0f}% | {tflops:.0f} |")  # fmt: skip
         del q, k, v, meta
         torch.cuda.empty_cache()
+
+
+def tree_splits(cases: list[tuple[int, int, int]], tables: list[int], rounds: int = 7) -> None:
+    """Tree attention with every split's partials written and merged (`tree_attention.EVERY_SPLIT`) against the
+    used splits' only, per (batch, context, tree tokens) case and block-table width: medians of `rounds`
+    interleaved CUDA-graph timings, and whether the two outputs are bitwise equal."""
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"# bench_attention --tree-splits: {torch.cuda.get_device_name()}, {datetime.date.today()}, commit "
+          f"{_commit()}; {N_HEADS} query / {N_KV} KV heads of size {HEAD_DIM}, {DTYPE}, page {PAGE}; "
+          f"copy {copy_gbs:.0f} GB/s; medians of {rounds} interleaved rounds\n")  # fmt: skip
+    print("| batch | context | tree | table | splits | every split ms | used splits ms | x | equal |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    default = tree_attention.EVERY_SPLIT
+    try:
+        for (batch, ctx, n_tree), table in itertools.product(cases, tables):
+            q, k, v, meta = make_case(batch, ctx, n_tree, table=table)
+            fn = providers(q, k, v, meta)["tlt"]
+            times: dict[bool, list[float]] = {True: [], False: []}
+            outs = {}
+            for _ in range(rounds):
+                for every in (True, False):
+                    tree_attention.EVERY_SPLIT = every
+                    times[every].append(time_ms(fn))
+                    outs[every] = fn()
+            every_ms, used_ms = (statistics.median(times[e]) for e in (True, False))
+            positions = meta.block_tables.shape[1] * PAGE
+            splits = tree_attention.tree_tiling(batch, n_tree, n_tree, N_HEADS, N_KV, HEAD_DIM, positions, q.device)[3]
+            equal = "yes" if torch.equal(outs[True], outs[False]) else "NO"
+            print(f"| {batch} | {ctx} | {n_tree} | {table} | {splits} | {every_ms:.4f} | {used_ms:.4f} | "
+                  f"{every_ms / used_ms:.2f}x | {equal} |", flush=True)  # fmt: skip
+            del q, k, v, meta, fn, outs
+            torch.cuda.empty_cache()
+    finally:
+        tree_attention.EVERY_SPLIT = default
 
 
 def tune(decode_cases: list[tuple[int, int, int]] | None = None, best_out: str | None = None) -> None:

@@ -210,6 +210,23 @@ def test_tree_splits_past_the_prefix_are_neither_written_nor_read(monkeypatch):
         assert o_part[rows, :, used:].isnan().all() and lse_part[rows, :, used:].isnan().all()
 
 
+def test_tree_every_split_path_gives_the_same_bits(monkeypatch):
+    """Writing and merging every split (empty ones as lse = -inf, zero output) gives the bits of the used ones
+    alone: the empty splits weigh exactly 0 in the merge."""
+    import tlt_rt.codegen.kernels.tree_attention as tree
+
+    t, lens = 4, [4, 70, 150]
+    k, v, tables = make_paged(lens, 2, 64, 16, torch.bfloat16, 30, True, "plain")
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(len(lens) * t, 4, 64, device=DEVICE).to(torch.bfloat16)
+    mask = torch.ones(len(lens), t, t, dtype=torch.bool).tril().to(DEVICE)
+    outs = []
+    for every in (True, False):
+        monkeypatch.setattr(tree, "EVERY_SPLIT", every)
+        outs.append(paged_tree_attention(q, k, v, tables, seq_lens, mask, 0.125, num_splits=12))
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_tree_chain_mask_is_causal_decode():
     """A chain tree is causal attention; its last token equals a decode step over the same cache."""
     t, lens = 5, [37, 80]

@@ -55,6 +55,9 @@ TREE_META = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2, "sp
 # batch 1) that sped a 12-token verify's attention up by 12% and slowed a 32-token one (128-row tiles) by 17%:
 # there the mask work every tile then does costs more than the loop iteration it saves.
 MERGE_MAX_ROWS = 64
+# True: every split writes its partials and the combine reads them all, the used ones or not (as before the
+# splits a prefix does not reach were skipped); for side-by-side timing (`bench_attention.py --tree-splits`)
+EVERY_SPLIT = False
 
 
 @triton.jit
@@ -106,6 +109,7 @@ def _tree_attention_kernel(
     MERGE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    EVERY_SPLIT: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -179,6 +183,8 @@ def _tree_attention_kernel(
     o = acc / l_safe[:, None]
     if SPLIT:  # the splits the prefix reaches write (a padding row's lse = -inf); the combine reads those only
         write = tl.where(split < n_used, row_ok, False)
+        if EVERY_SPLIT:
+            write = row_ok
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(LSE_PART + q_rows * stride_ln + heads * stride_lh + split, lse, mask=write)
         tl.store(O_PART + q_rows[:, None] * stride_pn + heads[:, None] * stride_ph + split * stride_ps
@@ -210,6 +216,7 @@ def _combine_tree_kernel(
     BLOCK_S: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,  # the attention kernel's tile: its chunks are whole tiles
+    EVERY_SPLIT: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     rows_ok = rows < n_rows
@@ -218,6 +225,8 @@ def _combine_tree_kernel(
     seq_len = tl.load(SEQ_LENS + n // n_tree, mask=rows_ok, other=0)
     _, _, n_used = _tree_chunks(seq_len, n_window, num_splits, BLOCK_N)
     n_used = tl.where(rows_ok, n_used, 0)
+    if EVERY_SPLIT:
+        n_used = tl.where(rows_ok, num_splits, 0)
     _merge_row_splits(O_PART, LSE_PART, OUT, n * stride_pn + h * stride_ph, n * stride_ln + h * stride_lh,
                       n * stride_on + h * stride_oh, rows_ok, n_used[:, None], tl.max(n_used, 0), stride_ps,
                       stride_od, BLOCK_R, BLOCK_S, HEAD_DIM, True)  # fmt: skip
@@ -228,6 +237,22 @@ def split_partials(rows: int, n_heads: int, num_splits: int, head_dim: int, devi
     are never written nor read."""
     o_part = torch.empty(rows, n_heads, num_splits, head_dim, device=device, dtype=torch.float32)
     return o_part, torch.empty(rows, n_heads, num_splits, device=device, dtype=torch.float32)
+
+
+def tree_tiling(
+    b: int, t: int, w: int, n_heads: int, n_kv: int, head_dim: int, table_positions: int, device, num_splits=None
+) -> tuple[int, int, int, int]:
+    """(block_m, num_m_blocks, block_n, num_splits) of a launch: B sequences of T tree tokens with a W-position
+    window, block tables of `table_positions` positions. Host ints only (no sync on the lengths)."""
+    meta = TREE_META
+    wide = head_dim > 128
+    block_m = min(meta["block_m"] // (2 if wide else 1), max(16, triton.next_power_of_2(t * (n_heads // n_kv))))
+    num_m_blocks = triton.cdiv(t * (n_heads // n_kv), block_m)
+    block_n = meta["block_n"] // (2 if wide else 1)
+    max_prefix = max(table_positions - w, 0)
+    if num_splits is None:
+        num_splits = choose_num_splits(b * n_kv * num_m_blocks, max_prefix, num_sms(device), meta["split_waves"])
+    return block_m, num_m_blocks, block_n, clamp_splits(num_splits, max_prefix, block_n)
 
 
 def paged_tree_attention(
@@ -259,18 +284,10 @@ def paged_tree_attention(
     assert tree_mask.device == q.device, f"tree_mask is on {tree_mask.device}, q on {q.device}"
     assert q.shape[0] == b * t, f"q must hold B*T={b * t} rows, got {q.shape[0]}"
 
-    group = n_heads // n_kv
-    rows = t * group
-    meta = TREE_META
-    wide = head_dim > 128
-    block_m = min(meta["block_m"] // (2 if wide else 1), max(16, triton.next_power_of_2(rows)))
-    num_m_blocks = triton.cdiv(rows, block_m)
-    block_n = meta["block_n"] // (2 if wide else 1)
-    max_prefix = max(block_tables.shape[1] * page - w, 0)  # host bound: no sync on seq_lens
-    if num_splits is None:
-        waves = meta["split_waves"]
-        num_splits = choose_num_splits(b * n_kv * num_m_blocks, max_prefix, num_sms(q.device), waves)
-    num_splits = clamp_splits(num_splits, max_prefix, block_n)
+    block_m, num_m_blocks, block_n, num_splits = tree_tiling(
+        b, t, w, n_heads, n_kv, head_dim, block_tables.shape[1] * page, q.device, num_splits
+    )
+    group, meta = n_heads // n_kv, TREE_META
 
     out = torch.empty_like(q)
     fp32_dot = dot_in_fp32(_tree_attention_kernel, q.dtype)
@@ -293,7 +310,7 @@ def paged_tree_attention(
         lse_part.stride(0), lse_part.stride(1),
         GROUP=group, BLOCK_M=block_m, HEAD_DIM=head_dim, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
         MERGE_WINDOW=block_m <= MERGE_MAX_ROWS,
-        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot,
+        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EVERY_SPLIT=EVERY_SPLIT,
         num_warps=meta["num_warps"] if block_m * head_dim >= meta["block_m"] * 128 else 4,
         num_stages=meta["num_stages"],
     )  # fmt: skip
@@ -306,6 +323,6 @@ def paged_tree_attention(
             lse_part.stride(0), lse_part.stride(1),
             out.stride(0), out.stride(1), out.stride(2),
             BLOCK_R=block_r, BLOCK_S=merge_block_s(block_r, num_splits, head_dim), HEAD_DIM=head_dim,
-            BLOCK_N=block_n,
+            BLOCK_N=block_n, EVERY_SPLIT=EVERY_SPLIT,
         )  # fmt: skip
     return out
