@@ -18,6 +18,10 @@ steps (prefill included). The markdown table is printed last.
 `--profile DIR` profiles one more generate per row on rank 0 (torch profiler, `tlt_rt.train.profile.profiled`):
 where a TP=N step's time goes beside TP=1's: matmuls, collectives, host waits between kernels.
 
+`--host-profile DIR` runs one more generate per row under cProfile on rank 0 (every rank runs it): the engine
+loop's host functions by own and by cumulative time, where a TP=N step's host work beyond TP=1's goes (a
+lockstep broadcast, a wait on the device, the postprocessing).
+
 `--sd STRATEGY` also times speculative decoding with that strategy at TP=1 and TP=N: a drafter of random
 weights (the same on every rank, replicated: it reads the target's full embedding and head, `TargetHeads`, its
 own head over `--draft-vocab` ids as trained drafters have), greedy, so its tokens must again be TP=1's plain
@@ -28,8 +32,10 @@ ones. Its accept length is that of an untrained drafter, so what the rows tell i
 from __future__ import annotations
 
 import argparse
+import cProfile
 import faulthandler
 import os
+import pstats
 import signal
 import socket
 import sys
@@ -161,6 +167,22 @@ def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: in
             rows.append((tp, b, mode, b * args.max_new_tokens / secs, 1e3 * secs / steps, equal, bare))
             print(f"TP={tp} {mode} batch {b}: {rows[-1][3]:.1f} tok/s, {rows[-1][4]:.2f} ms/step (bare step "
                   f"{bare:.2f}), equal {equal} ({setup})", flush=True)  # fmt: skip
+        if args.host_profile is not None:  # one more generate under cProfile on rank 0 (all ranks run it)
+            params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
+            prof = cProfile.Profile() if rank == 0 else None
+            if prof is not None:
+                prof.enable()
+            engine.generate(prompts, params)
+            if prof is not None:
+                prof.disable()
+                args.host_profile.mkdir(parents=True, exist_ok=True)
+                path = args.host_profile / f"host-tp{tp.replace(' ', '-')}-{mode}-b{b}.txt"
+                with path.open("w") as f:
+                    f.write(f"# TP={tp} {mode}, batch {b}: one generate of {args.max_new_tokens} tokens, cProfile, "
+                            f"rank 0\n")  # fmt: skip
+                    for key in ("tottime", "cumulative"):
+                        pstats.Stats(prof, stream=f).sort_stats(key).print_stats(30)
+                print(f"  host profile: {path}", flush=True)
         if args.profile is not None:  # one more generate of the same prompts, profiled on rank 0 (all ranks run it)
             path = args.profile / f"tp{tp.replace(' ', '-')}-{mode}-b{b}.txt" if rank == 0 else None
             params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
@@ -314,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="after each timed row, profile one more generate of it on rank 0 into DIR (kernels by "
                     "kind: matmul, collectives, ...; the wall time's busy share; host waits by caller)")  # fmt: skip
+    ap.add_argument("--host-profile", type=Path, default=None, metavar="DIR",
+                    help="after each timed row, one more generate of it under cProfile on rank 0 into DIR (host "
+                    "functions by own and cumulative time)")  # fmt: skip
     ap.add_argument("--draft-vocab", type=int, default=8192,
                     help="with --sd: target ids the random drafter's head covers, as a trained one's reduced head "
                     "(8,192 in the Qwen configs); 0 = the full vocabulary")  # fmt: skip
