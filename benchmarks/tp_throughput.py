@@ -26,7 +26,10 @@ lockstep broadcast, a wait on the device, the postprocessing).
 weights (the same on every rank, replicated: it reads the target's full embedding and head, `TargetHeads`, its
 own head over `--draft-vocab` ids as trained drafters have), greedy, so its tokens must again be TP=1's plain
 ones. Its accept length is that of an untrained drafter, so what the rows tell is the cost of a speculative step:
-`SD/plain` is its ms per step over the plain engine's at the same TP and batch.
+`SD/plain` is its ms per step over the plain engine's at the same TP and batch. `--drafter-tp shard replicate`
+times the TP=N engine's speculative steps with the drafter's decoder layer cut like the target's
+(`shard_drafter_for_tp`) and whole on every rank, a row each (default `auto`: `lockstep_engine`'s rule, by the
+layer's size).
 """
 
 from __future__ import annotations
@@ -290,11 +293,14 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
             note(rank, t_rank, f"TP={label} plain engine built")
             run_rows(engine, label, "plain", args, arch, device, ref if rank == 0 else None, rows, rank)
             del engine
-            if sd:
-                engine = lockstep_engine(shard, None, drafter_for(arch, heads, device, args.draft_vocab), **sd)
-                note(rank, t_rank, f"TP={label} {args.sd} engine built")
-                run_rows(engine, label, args.sd, args, arch, device, ref if rank == 0 else None, rows, rank)
-                del engine
+            for how in args.drafter_tp if sd else []:  # the drafter whole on every rank, or cut like the target
+                drafter = drafter_for(arch, heads, device, args.draft_vocab)
+                engine = lockstep_engine(shard, None, drafter, drafter_tp=how, **sd)
+                mode = args.sd if len(args.drafter_tp) == 1 else f"{args.sd} {how}"
+                cut = "sharded" if getattr(drafter, "tp", None) else "whole"
+                note(rank, t_rank, f"TP={label} {mode} engine built (drafter {cut})")
+                run_rows(engine, label, mode, args, arch, device, ref if rank == 0 else None, rows, rank)
+                del engine, drafter
         if rank == 0:
             out["rows"] = rows
             out["arch"] = f"{args.shape if not args.smoke else 'smoke'} ({arch.num_hidden_layers} layers, {dtype})"
@@ -342,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-vocab", type=int, default=8192,
                     help="with --sd: target ids the random drafter's head covers, as a trained one's reduced head "
                     "(8,192 in the Qwen configs); 0 = the full vocabulary")  # fmt: skip
+    ap.add_argument("--drafter-tp", nargs="+", default=["auto"], choices=["auto", "shard", "replicate"],
+                    help="with --sd, the TP=N engine's drafter: cut like the target (shard), whole on every rank "
+                    "(replicate), or by its layer's size (auto); several: a row each")  # fmt: skip
     ap.add_argument("--sd", default=None, metavar="STRATEGY",
                     help="also time speculative steps of this strategy (e.g. 8_4_32), a random drafter")  # fmt: skip
     args = ap.parse_args(argv)

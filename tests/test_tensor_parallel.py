@@ -205,6 +205,63 @@ def check_lockstep(case: str, rank: int) -> None:
     assert eng.policy.inner.stats()["explore_steps"] == 0  # only rank 0's policy decided, with epsilon 0
 
 
+def check_sharded_drafter(case: str, rank: int) -> None:
+    """A drafter sharded like the target (`shard_drafter_for_tp`) computes the unsharded one's features and
+    logits; a full drafter state (a trained replica pushed to the serving copy) loads into the shard slice by
+    slice; `replicated_state` leaves the per-rank slices out; and a lockstep engine with `drafter_tp="shard"`
+    emits TP=1's greedy tokens with every rank's strategies alike."""
+    from tlt_rt.models.drafter import Drafter
+    from tlt_rt.models.tensor_parallel import replicated_state, shard_drafter_for_tp
+    from tlt_rt.rollout.engine import Engine
+    from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine
+    from tlt_rt.rollout.params import SamplingParams
+
+    full = _build(case)
+    torch.manual_seed(5)
+    drafter = Drafter(full.arch, full).eval()
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.normal_(0, 0.2)
+    sharded = shard_drafter_for_tp(copy.deepcopy(drafter).bind(full))
+    assert sharded.arch.num_key_value_heads == full.arch.num_key_value_heads // WORLD
+    assert sharded.make_cache(3, 4).k.shape[-2] == full.arch.num_key_value_heads // WORLD
+    ids = torch.randint(0, full.arch.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    hidden = torch.randn(2, 9, full.arch.hidden_size, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want, got = drafter(ids, hidden), sharded(ids, hidden)
+        _close(got.hidden, want.hidden, "sharded drafter features")
+        _close(got.logits, want.logits, "sharded drafter logits")
+        for p in drafter.parameters():  # a trained replica's new weights, pushed whole
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.1)
+        sharded.load_state_dict(drafter.state_dict())
+        _close(sharded(ids, hidden).logits, drafter(ids, hidden).logits, "sharded drafter after a full load")
+    kept = replicated_state(sharded)
+    assert "fc.weight" in kept and not any(k.startswith("layers.0.self_attn.") and "proj" in k for k in kept), kept
+    with pytest.raises(ValueError, match="already sharded"):
+        shard_drafter_for_tp(sharded)
+    if case != "qwen2-tied":  # the engine's control flow once
+        return
+    shard = copy.deepcopy(full)
+    heads = TargetHeads(shard)
+    shard_for_tp(shard)
+    serving = Drafter(full.arch, heads).eval()
+    serving.load_state_dict(drafter.state_dict())
+    kw = dict(block_size=4, max_batch=4, max_prefill_tokens=8, strategies=["3_2_4"])
+    with pytest.raises(ValueError, match="drafter_tp"):
+        lockstep_engine(shard, None, drafter=serving, speculative="on", drafter_tp="half", **kw)
+    eng = lockstep_engine(shard, None, drafter=serving, speculative="on", drafter_tp="shard", **kw)
+    assert serving.tp is not None and eng.runner.drafter.drafter is serving
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=10, stop_token_ids=[])
+    prompts = [[1, 2, 3, 4, 5], [42]]
+    want_tokens = Engine(full, speculative="off", **kw).generate(prompts, params)
+    got_tokens = eng.generate(prompts, params)
+    assert [o.token_ids for o in got_tokens] == [o.token_ids for o in want_tokens], "sharded-drafter TP=2 tokens"
+    assert eng.stats()["sd_steps"] > 0
+    every = [None] * WORLD
+    dist.all_gather_object(every, [e["tokens"] for e in eng.timeline if e["kind"] != "prefill"])
+    assert every[0] == every[1], "the ranks' sharded drafters drafted different trees"
+
+
 class SmallSums:
     """A stand-in fast all-reduce: sums tensors of at most `most` elements itself (through gloo, into the tensor)
     and counts them, declines larger ones, which must then go through the ordinary all-reduce."""
@@ -340,7 +397,7 @@ def check_fast_allreduce(case: str, rank: int) -> None:
 CHECKS = {"dense": check_dense, "dense_grad": check_dense_grad, "paged": check_paged, "engine": check_engine,
           "lockstep": check_lockstep, "fast_allreduce": check_fast_allreduce,
           "direct_allreduce": check_direct_allreduce, "fused_shards": check_fused_shards,
-          "row_parallel_slots": check_row_parallel_slots}  # fmt: skip
+          "row_parallel_slots": check_row_parallel_slots, "sharded_drafter": check_sharded_drafter}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- harness

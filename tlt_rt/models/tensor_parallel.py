@@ -9,7 +9,9 @@
                       embed to zeros and an all-reduce sums the slices
     lm_head           vocab-parallel: logits of that slice, all-gathered to [..., V] (tied weights stay tied)
 Norms, rotary and the residual stream stay replicated, so both forwards run unchanged and `hidden` is the
-full hidden state on every rank. Query head i of a rank reads local KV head i // (n_heads/n_kv), which is
+full hidden state on every rank. `shard_drafter_for_tp` cuts an EAGLE drafter's decoder layer the same way
+(its fc and head stay whole): each rank reads half its layer's weights a draft level for two sums.
+Query head i of a rank reads local KV head i // (n_heads/n_kv), which is
 the GQA mapping of the full model restricted to the rank's heads. `model.arch` carries the per-rank head
 counts, so `make_cache` holds [L, blocks, bs, n_kv/world, D] and the engine sizes blocks per rank;
 `model.tp.full_arch` keeps the original.
@@ -172,6 +174,18 @@ def _param(t: torch.Tensor, requires_grad: bool) -> nn.Parameter:
     return nn.Parameter(t.detach().clone().contiguous(), requires_grad=requires_grad)
 
 
+def _take_slice(state_dict: dict, key: str, param: torch.Tensor | None, cut) -> None:
+    """Replace a full-shaped `state_dict[key]` by this rank's slice of it (`cut`), so that loading the unsharded
+    layer's state (a trained drafter pushed to a sharded serving copy) fills the shard; a shard-shaped entry
+    stays as it is, and any other shape is left for the load to reject."""
+    t = state_dict.get(key)
+    if t is None or param is None or tuple(t.shape) == tuple(param.shape):
+        return
+    part = cut(t)
+    if tuple(part.shape) == tuple(param.shape):
+        state_dict[key] = part
+
+
 class ColumnParallelLinear(nn.Module):
     """Rows [start, end) of a Linear: replicated input -> this rank's slice of the output features. In inference its
     forward is F.linear of the input, so the engine fuses the q/k/v and the gate/up slices of a rank into one
@@ -185,6 +199,14 @@ class ColumnParallelLinear(nn.Module):
         self.weight = _param(full.weight[start:end], rg)
         self.bias = None if full.bias is None else _param(full.bias[start:end], rg)
         self.tp = tp
+        self.start, self.end = start, end
+        self.full_out = full.weight.shape[0]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        full_rows = lambda t: t[self.start : self.end] if t.shape[0] == self.full_out else t  # noqa: E731
+        _take_slice(state_dict, prefix + "weight", self.weight, full_rows)
+        _take_slice(state_dict, prefix + "bias", self.bias, full_rows)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def in_features(self) -> int:
@@ -210,6 +232,13 @@ class RowParallelLinear(nn.Module):
         self.bias = None if full.bias is None else _param(full.bias, rg)
         self.tp = tp
         self.slot = slot
+        self.start, self.end = start, end
+        self.full_in = full.weight.shape[1]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        full_cols = lambda t: t[:, self.start : self.end] if t.dim() == 2 and t.shape[1] == self.full_in else t  # noqa: E731
+        _take_slice(state_dict, prefix + "weight", self.weight, full_cols)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = None
@@ -292,19 +321,9 @@ def shard_for_tp(model: CausalLM, group=None, rank: int | None = None, world: in
     if world == 1:
         return model
     tp = TPInfo(group, rank, world, a)
-    hq, hkv, inter = a.num_attention_heads // world, a.num_key_value_heads // world, a.intermediate_size // world
-    d = a.head_dim
     for layer in model.model.layers:
-        at = layer.self_attn
-        at.q_proj = ColumnParallelLinear(at.q_proj, rank * hq * d, (rank + 1) * hq * d, tp)
-        at.k_proj = ColumnParallelLinear(at.k_proj, rank * hkv * d, (rank + 1) * hkv * d, tp)
-        at.v_proj = ColumnParallelLinear(at.v_proj, rank * hkv * d, (rank + 1) * hkv * d, tp)
-        at.o_proj = RowParallelLinear(at.o_proj, rank * hq * d, (rank + 1) * hq * d, tp, slot=0)
-        at.n_heads, at.n_kv = hq, hkv
-        mlp = layer.mlp
-        mlp.gate_proj = ColumnParallelLinear(mlp.gate_proj, rank * inter, (rank + 1) * inter, tp)
-        mlp.up_proj = ColumnParallelLinear(mlp.up_proj, rank * inter, (rank + 1) * inter, tp)
-        mlp.down_proj = RowParallelLinear(mlp.down_proj, rank * inter, (rank + 1) * inter, tp, slot=1)
+        _shard_layer(layer, tp)
+    hq, hkv = a.num_attention_heads // world, a.num_key_value_heads // world
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     emb = VocabParallelEmbedding(model.model.embed_tokens, tp)
     head = emb.weight if tied else vocab_shard(model.lm_head.weight, tp)[0]
@@ -313,6 +332,70 @@ def shard_for_tp(model: CausalLM, group=None, rank: int | None = None, world: in
     model.arch = replace(a, num_attention_heads=hq, num_key_value_heads=hkv)
     model.tp = tp
     return model
+
+
+def _shard_layer(layer: nn.Module, tp: TPInfo) -> None:
+    """Cut one decoder layer in place into rank `tp.rank`'s shard (heads, MLP rows and o / down columns)."""
+    a, rank, world = tp.full_arch, tp.rank, tp.world
+    hq, hkv, inter = a.num_attention_heads // world, a.num_key_value_heads // world, a.intermediate_size // world
+    d = a.head_dim
+    at = layer.self_attn
+    at.q_proj = ColumnParallelLinear(at.q_proj, rank * hq * d, (rank + 1) * hq * d, tp)
+    at.k_proj = ColumnParallelLinear(at.k_proj, rank * hkv * d, (rank + 1) * hkv * d, tp)
+    at.v_proj = ColumnParallelLinear(at.v_proj, rank * hkv * d, (rank + 1) * hkv * d, tp)
+    at.o_proj = RowParallelLinear(at.o_proj, rank * hq * d, (rank + 1) * hq * d, tp, slot=0)
+    at.n_heads, at.n_kv = hq, hkv
+    mlp = layer.mlp
+    mlp.gate_proj = ColumnParallelLinear(mlp.gate_proj, rank * inter, (rank + 1) * inter, tp)
+    mlp.up_proj = ColumnParallelLinear(mlp.up_proj, rank * inter, (rank + 1) * inter, tp)
+    mlp.down_proj = RowParallelLinear(mlp.down_proj, rank * inter, (rank + 1) * inter, tp, slot=1)
+
+
+DRAFTER_TP_KINDS = ("auto", "shard", "replicate")
+# "auto" shards a drafter whose decoder layer holds at least this many bytes: each draft level then reads half of
+# them on a rank of TP=2 and pays two small sums (~5-7 us each over NVLink, H200). Qwen2.5-7B's layer (466 MB in
+# bf16) is far above it, Qwen2.5-Coder-1.5B's (94 MB: ~11 us of reads saved a level) about at the sums' cost.
+SHARD_DRAFTER_MIN_BYTES = 128 << 20
+
+
+def drafter_layer_bytes(drafter: nn.Module) -> int:
+    """Bytes of the drafter's decoder layer(s): what each draft level reads besides fc and the head."""
+    return sum(p.numel() * p.element_size() for p in drafter.layers.parameters())
+
+
+def shard_drafter_for_tp(drafter: nn.Module, group=None, rank: int | None = None, world: int | None = None,
+                         fast=None) -> nn.Module:  # fmt: skip
+    """Cut an EAGLE drafter's decoder layer in place into this rank's tensor-parallel shard, as `shard_for_tp`
+    cuts the target's layers; fc (its input is the replicated token embedding and feature), the fused-feature
+    Linear and the head stay whole, and the residual stream stays replicated, so every rank drafts the same tree.
+    Its KV cache then holds this rank's KV heads (`drafter.arch`). `fast`: the sums' fast all-reduce (the target
+    shard's `tp.fast`). A full drafter state loads into the shard (each parallel Linear takes its slice), so a
+    trained replica is pushed to it as to an unsharded copy. Collective in effect: every rank shards alike."""
+    world = dist.get_world_size(group) if world is None else world
+    rank = dist.get_rank(group) if rank is None else rank
+    if getattr(drafter, "tp", None) is not None:
+        raise ValueError("drafter is already sharded for tensor parallelism")
+    a = drafter.arch
+    check_tp_divisible(a, world)
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    if world == 1:
+        return drafter
+    tp = TPInfo(group, rank, world, a, fast)
+    for layer in drafter.layers:
+        _shard_layer(layer, tp)
+    drafter.arch = replace(a, num_attention_heads=a.num_attention_heads // world,
+                           num_key_value_heads=a.num_key_value_heads // world)  # fmt: skip
+    drafter.tp = tp
+    return drafter
+
+
+def replicated_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """`module.state_dict()` without the column- and row-parallel Linears' entries: what every rank of a TP group
+    holds alike (for a drafter sharded by `shard_drafter_for_tp`, fc, norms and the head's buffers)."""
+    kinds = (ColumnParallelLinear, RowParallelLinear)
+    parallel = [name + "." for name, m in module.named_modules() if isinstance(m, kinds)]
+    return {k: v for k, v in module.state_dict().items() if not any(k.startswith(p) for p in parallel)}
 
 
 def use_allreduce(model: CausalLM, kind: str) -> CausalLM:

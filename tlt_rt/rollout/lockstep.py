@@ -7,6 +7,7 @@ inputs and so agrees by itself: the scheduler and block manager are deterministi
 and the replicated drafter sees identical hidden states. Two things are not:
 
 - the KV block count: sized from the free GPU memory of each rank, so the ranks agree on the smallest;
+  (a drafter sharded like the target, `drafter_tp`, drafts alike too: its sums give every rank the same rows)
 - the SD policy: its `CostTable` is refined online from each rank's own wall-clock timings, so the ranks'
   choices would drift apart. `LockstepPolicy` lets rank 0 of the group decide and broadcasts the choice
   (one int64 per decode step); the other ranks' tables still learn from their timings but are never read.
@@ -22,6 +23,12 @@ import torch.distributed as dist
 from torch import nn
 
 from tlt_rt.models.llama import CausalLM
+from tlt_rt.models.tensor_parallel import (
+    DRAFTER_TP_KINDS,
+    SHARD_DRAFTER_MIN_BYTES,
+    drafter_layer_bytes,
+    shard_drafter_for_tp,
+)
 from tlt_rt.rollout.block_manager import auto_num_blocks
 from tlt_rt.rollout.config import EngineConfig, engine_config
 from tlt_rt.rollout.engine import Engine
@@ -99,12 +106,22 @@ def lockstep_engine(
     config: EngineConfig | None = None,
     *,
     max_context: int | None = None,
+    drafter_tp: str = "auto",
     **options,
 ) -> Engine:
     """An `Engine` on this rank's TP shard `target` that stays in lockstep with the other ranks of `group`.
 
-    Collective: every rank of `group` calls it with the same options (and a replicated drafter, if any).
+    Collective: every rank of `group` calls it with the same options (and the same drafter, if any). `drafter_tp`:
+    "shard" cuts the drafter's decoder layer like the target's (`shard_drafter_for_tp`, in place; its sums go
+    through the target's), "replicate" keeps it whole on every rank, "auto" shards a layer of at least
+    `SHARD_DRAFTER_MIN_BYTES`.
     """
+    if drafter_tp not in DRAFTER_TP_KINDS:
+        raise ValueError(f"drafter_tp must be one of {DRAFTER_TP_KINDS}, got {drafter_tp!r}")
+    tp = getattr(target, "tp", None)
+    if drafter is not None and tp is not None and getattr(drafter, "tp", None) is None:
+        if drafter_tp == "shard" or (drafter_tp == "auto" and drafter_layer_bytes(drafter) >= SHARD_DRAFTER_MIN_BYTES):
+            shard_drafter_for_tp(drafter, group, fast=tp.fast)
     cfg = engine_config(config, **options)
     if cfg.num_blocks <= 0:
         cfg = dataclasses.replace(cfg, num_blocks=agreed_num_blocks(target, cfg.block_size, group))

@@ -9,6 +9,8 @@ import ray
 import torch
 import torch.distributed as dist
 
+from tlt_rt.models.tensor_parallel import replicated_state
+
 BUCKET_BYTES = 64 << 20  # gradient all-reduce bucket
 
 
@@ -51,9 +53,10 @@ def busiest_rank(my_steps: int, device: torch.device) -> int:
 @torch.no_grad()
 def check_same_drafter(drafter, group, what: str = "drafter") -> None:
     """Raise where the ranks of `group` hold different drafters (their draft vocabularies, or the sums of their
-    weights, differ). Collective over `group`. The ranks of a tensor-parallel engine draft alike only with equal
-    drafters; one that differs makes its rank verify another tree, and the engines leave lockstep silently (a
-    collective that never completes, or tokens drawn from sums of the ranks' different forwards)."""
+    weights, differ; a drafter sharded like the target compares the weights every rank holds whole). Collective
+    over `group`. The ranks of a tensor-parallel engine draft alike only with equal drafters; one that differs
+    makes its rank verify another tree, and the engines leave lockstep silently (a collective that never
+    completes, or tokens drawn from sums of the ranks' different forwards)."""
     device = next(drafter.parameters()).device
     d2t = drafter.d2t
     ids = torch.zeros(2, dtype=torch.float64, device=device)
@@ -61,7 +64,7 @@ def check_same_drafter(drafter, group, what: str = "drafter") -> None:
         d = d2t.to(device, torch.float64)
         ids[0], ids[1] = d.sum(), (d * torch.arange(1, d.numel() + 1, device=device, dtype=torch.float64)).sum()
     sums = torch.stack(
-        [t.detach().sum(dtype=torch.float64) for t in drafter.state_dict().values() if t.is_floating_point()]
+        [t.detach().sum(dtype=torch.float64) for t in replicated_state(drafter).values() if t.is_floating_point()]
     )
     mine = torch.cat([ids, sums, torch.tensor([-1.0 if d2t is None else d2t.numel()], device=device,
                                               dtype=torch.float64)])  # fmt: skip
