@@ -132,9 +132,11 @@ def test_fsdp_learner_gives_the_unsharded_update(reference_run, tiny, tmp_path):
 def test_tensor_parallel_engine_steps_and_learns(ray_cluster, tiny, tmp_path):
     # one DP replica of two TP ranks (two processes), speculative decoding on: the lockstep engine; the drafter trains
     # online over a reduced vocabulary that rank 0 rebuilds from its answers, and after each merge the ranks check
-    # that they serve the same drafter (rank 1 kept its first vocabulary and the engines left lockstep, before)
+    # that they serve the same drafter (rank 1 kept its first vocabulary and the engines left lockstep, before); the
+    # serving drafter is cut over the ranks like the target, so each merge pushes the trained replica into shards
     records = train(tiny_config(tiny, tmp_path, "tp2", "rl.steps=3", "cluster.num_workers=1",
-                                "cluster.tensor_parallel=2", "drafter.train_online=true", "drafter.batch_tokens=32",
+                                "cluster.tensor_parallel=2", "cluster.drafter_tp=shard",
+                                "drafter.train_online=true", "drafter.batch_tokens=32",
                                 "drafter.draft_vocab=16", "drafter.tail_fraction=0.5", "rollout.max_new_tokens=48",
                                 "rl.prompts_per_step=2"))  # fmt: skip
     assert len(records) == 3 and records[0]["policy_version"] == 1 and records[0]["samples_trained"] > 0

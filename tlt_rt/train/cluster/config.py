@@ -18,6 +18,12 @@ class ClusterConfig:
         help="Ranks one engine shards the target over (one process each, in lockstep): GPUs, equal to "
         "gpus_per_worker; on CPU workers, processes of cpus_per_worker cores each.",
     )
+    drafter_tp: Literal["auto", "shard", "replicate"] = option(
+        "auto",
+        help="With tensor_parallel > 1, the engine's drafter: its decoder layer cut over the ranks like the "
+        "target's (shard: half its weights read a draft level on TP=2, two small sums), whole on every rank "
+        "(replicate), or sharded where that layer holds at least 128 MiB (auto: Qwen2.5-7B's and up).",
+    )
     ray_address: str | None = option(None, help="Ray cluster to join; null = start a local one.")
     cpus_per_worker: int = option(1, help="CPU cores reserved per worker (its torch thread count on CPU workers).")
     gpus_per_node: int = option(8, help="GPUs per machine, for the placement plan (--dry-run).")

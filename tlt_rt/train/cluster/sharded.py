@@ -100,7 +100,8 @@ class ShardedWorker(Worker):
         if tp > 1:
             self.tp_group = groups[self.rank]
             shard_for_tp(self.engine_model, self.tp_group)
-            engine = lockstep_engine(self.engine_model, self.tp_group, **self.engine_options())
+            engine = lockstep_engine(self.engine_model, self.tp_group, drafter_tp=self.cfg.cluster.drafter_tp,
+                                     **self.engine_options())  # fmt: skip
         else:
             engine = Engine(self.engine_model, **self.engine_options())
         self.rollout_role.engine = engine
