@@ -178,10 +178,12 @@ def test_tree_window_matches_reference(data, n_tree, extra, batch, n_kv, group, 
     check_close(out, fp32_reference(q, k, v, meta, scale), dtype)
 
 
-def test_tree_splits_past_the_prefix_are_neither_written_nor_read(monkeypatch):
+@pytest.mark.parametrize("splits", [16, 24])
+def test_tree_splits_past_the_prefix_are_neither_written_nor_read(splits, monkeypatch):
     """A table far wider than the prefixes (an engine's whole context) splits the prefix into many chunks, most
-    empty: their partials stay as allocated (NaN here) and the combine, whose 16-row blocks here hold rows of
-    two sequences with different used counts, never reads them."""
+    empty: above `EVERY_SPLIT_MAX` splits their partials stay as allocated (NaN here) and the combine, whose 16-row
+    blocks here hold rows of two sequences with different used counts, never reads them; up to it every split
+    writes (an empty one zeros) and the combine reads them all."""
     import tlt_rt.codegen.kernels.tree_attention as tree
 
     kept = []
@@ -193,9 +195,10 @@ def test_tree_splits_past_the_prefix_are_neither_written_nor_read(monkeypatch):
         return parts
 
     monkeypatch.setattr(tree, "split_partials", nan_partials)
-    t, prefixes, splits = 3, [0, 40, 100, 260], 16  # 1 / 1 / 2 / 5 of 16 splits of 64-position tiles used
+    assert tree.EVERY_SPLIT is None and tree.EVERY_SPLIT_MAX == 16
+    t, prefixes = 3, [0, 40, 100, 260]  # 1 / 1 / 2 / 5 splits of 64-position tiles used
     lens = [p + t for p in prefixes]
-    k, v, tables = make_paged(lens, 2, 64, 16, torch.float32, 40, True, "plain")
+    k, v, tables = make_paged(lens, 2, 64, 16, torch.float32, 100, True, "plain")
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     q = torch.randn(len(lens) * t, 6, 64, device=DEVICE)  # 3 tokens x 6 heads: 18 rows a sequence
     mask = torch.ones(len(lens), t, t, dtype=torch.bool).tril().to(DEVICE)
@@ -204,7 +207,8 @@ def test_tree_splits_past_the_prefix_are_neither_written_nor_read(monkeypatch):
                         tables, torch.zeros(len(lens) * t, dtype=torch.long, device=DEVICE), t, mask)  # fmt: skip
     check_close(out, paged_attention_reference(q, k, v, meta, 0.125), torch.float32)
     [(o_part, lse_part)] = kept
-    for b, used in enumerate([1, 1, 2, 5]):
+    assert o_part.shape[2] == splits
+    for b, used in enumerate([1, 1, 2, 5] if splits > tree.EVERY_SPLIT_MAX else [splits] * 4):
         rows = slice(b * t, (b + 1) * t)
         assert not o_part[rows, :, :used].isnan().any() and not lse_part[rows, :, :used].isnan().any()
         assert o_part[rows, :, used:].isnan().all() and lse_part[rows, :, used:].isnan().all()

@@ -14,12 +14,13 @@ Split-K cuts the prefix into chunks of whole tiles sized on the device from the 
 attention does; the last split that holds prefix positions (split 0 when there are none) also walks the W
 window positions under the mask: in the prefix's own loop for small tiles (a tile may then hold the
 prefix's tail and the window's head), in a loop of their own for large ones (MERGE_MAX_ROWS).
-Partials are merged by a second kernel (`_combine_tree_kernel`). Only the splits a sequence's prefix reaches
-write partials, and the merge reads only those: the split count is sized from the block table's capacity
-(an engine's whole context), so a short prefix under a wide table leaves most splits empty (a 32,768-position
-table and a 100-token prefix: 2 of 64), and their partials were most of the launch's traffic (~13 MB a layer
-for 32 tree tokens on Qwen2.5-1.5B's heads). Decode attention merges inside its launch instead; here that made
-one program read the T x group rows of every split in turn, and a verify step slower (H100, Qwen2.5-7B shape).
+Partials are merged by a second kernel (`_combine_tree_kernel`). Above `EVERY_SPLIT_MAX` splits only those a
+sequence's prefix reaches write partials, and the merge reads only those: the split count is sized from the
+block table's capacity (an engine's whole context), so a short prefix under a wide table leaves most splits
+empty (a 32,768-position table and a 100-token prefix: 2 of 64), and their partials were most of the launch's
+traffic (~13 MB a layer for 32 tree tokens on Qwen2.5-1.5B's heads). Decode attention merges inside its launch
+instead; here that made one program read the T x group rows of every split in turn, and a verify step slower
+(H100, Qwen2.5-7B shape).
 The reference is `tlt_rt.models.attention.paged_attention_reference` (mode "verify").
 """
 
@@ -55,9 +56,14 @@ TREE_META = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2, "sp
 # batch 1) that sped a 12-token verify's attention up by 12% and slowed a 32-token one (128-row tiles) by 17%:
 # there the mask work every tile then does costs more than the loop iteration it saves.
 MERGE_MAX_ROWS = 64
-# True: every split writes its partials and the combine reads them all, the used ones or not (as before the
-# splits a prefix does not reach were skipped); for side-by-side timing (`bench_attention.py --tree-splits`)
-EVERY_SPLIT = False
+# Up to this many splits every split writes its partials and the combine reads them all, used or not; above it
+# only the used ones. On an H200 (`bench_attention.py --tree-splits`, Qwen2.5-Coder-1.5B and Qwen2.5-7B heads,
+# `c2ceae0`) the used splits alone took a 32-token verify's attention under a 32,768-position table (64 splits,
+# 2 used) from 21.3 to 15.2 us, a drafter level's (4 tokens) from 14.2 to 9.4; under a 2,624-position table
+# (10 splits) they cost 0.0-0.7 us more (the combine's length read before its loads), at batch 32 (2 splits, both
+# used) 0.3 / 6.7 us more.
+EVERY_SPLIT_MAX = 16
+EVERY_SPLIT: bool | None = None  # True / False forces one way (side-by-side timing); None: by EVERY_SPLIT_MAX
 
 
 @triton.jit
@@ -292,6 +298,7 @@ def paged_tree_attention(
     out = torch.empty_like(q)
     fp32_dot = dot_in_fp32(_tree_attention_kernel, q.dtype)
     split = num_splits > 1
+    every = EVERY_SPLIT if EVERY_SPLIT is not None else num_splits <= EVERY_SPLIT_MAX
     if split:
         o_part, lse_part = split_partials(b * t, n_heads, num_splits, head_dim, q.device)
     else:
@@ -310,7 +317,7 @@ def paged_tree_attention(
         lse_part.stride(0), lse_part.stride(1),
         GROUP=group, BLOCK_M=block_m, HEAD_DIM=head_dim, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
         MERGE_WINDOW=block_m <= MERGE_MAX_ROWS,
-        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EVERY_SPLIT=EVERY_SPLIT,
+        DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EVERY_SPLIT=every,
         num_warps=meta["num_warps"] if block_m * head_dim >= meta["block_m"] * 128 else 4,
         num_stages=meta["num_stages"],
     )  # fmt: skip
@@ -323,6 +330,6 @@ def paged_tree_attention(
             lse_part.stride(0), lse_part.stride(1),
             out.stride(0), out.stride(1), out.stride(2),
             BLOCK_R=block_r, BLOCK_S=merge_block_s(block_r, num_splits, head_dim), HEAD_DIM=head_dim,
-            BLOCK_N=block_n, EVERY_SPLIT=EVERY_SPLIT,
+            BLOCK_N=block_n, EVERY_SPLIT=every,
         )  # fmt: skip
     return out
