@@ -179,7 +179,7 @@ def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: in
             if prof is not None:
                 prof.disable()
                 args.host_profile.mkdir(parents=True, exist_ok=True)
-                path = args.host_profile / f"host-tp{tp.replace(' ', '-')}-{mode}-b{b}.txt"
+                path = args.host_profile / f"host-tp{tp}-{mode}-b{b}.txt".replace(" ", "-")
                 with path.open("w") as f:
                     f.write(f"# TP={tp} {mode}, batch {b}: one generate of {args.max_new_tokens} tokens, cProfile, "
                             f"rank 0\n")  # fmt: skip
@@ -187,7 +187,7 @@ def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: in
                         pstats.Stats(prof, stream=f).sort_stats(key).print_stats(30)
                 print(f"  host profile: {path}", flush=True)
         if args.profile is not None:  # one more generate of the same prompts, profiled on rank 0 (all ranks run it)
-            path = args.profile / f"tp{tp.replace(' ', '-')}-{mode}-b{b}.txt" if rank == 0 else None
+            path = args.profile / f"tp{tp}-{mode}-b{b}.txt".replace(" ", "-") if rank == 0 else None
             params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
             with profiled(path, f"TP={tp} {mode}, batch {b}: one generate of {args.max_new_tokens} tokens", device,
                           CALLER_OPS):  # fmt: skip
