@@ -193,6 +193,8 @@ BAD = [
     ("", ("cluster.tensor_parallel=0",), ["cluster.tensor_parallel"]),
     ("", ("rl.learner_shard=zero3",), ["rl.learner_shard"]),
     ("", ("cluster.gpus_per_worker=3", "cluster.tensor_parallel=2"), ["cluster.tensor_parallel"]),
+    ("", ("cluster.tensor_parallel=2", "cluster.tp_allreduce=oneshot"), ["cluster.tp_allreduce", "GPU workers"]),
+    ("", ("cluster.drafter_tp=half",), ["cluster.drafter_tp"]),
     ("", ("rollout.max_new_tokens=2048",), ["rollout.max_new_tokens", "model.max_context"]),
     ("", ("rollout.num_blocks=2",), ["rollout.num_blocks", "model.max_context"]),
     ("", ("name=a/b",), ["name"]),

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from tlt_rt.models import save_target
-from tlt_rt.models.tensor_parallel import check_tp_divisible, shard_for_tp
+from tlt_rt.models.tensor_parallel import check_tp_divisible, shard_for_tp, use_allreduce
 from tlt_rt.rollout import Engine
 from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine
 from tlt_rt.train.cluster.comm import all_reduce_sum, check_same_drafter
@@ -100,6 +100,8 @@ class ShardedWorker(Worker):
         if tp > 1:
             self.tp_group = groups[self.rank]
             shard_for_tp(self.engine_model, self.tp_group)
+            if self.cfg.cluster.tp_allreduce != "nccl":  # collective: every rank of the group sets it up alike
+                use_allreduce(self.engine_model, self.cfg.cluster.tp_allreduce)
             engine = lockstep_engine(self.engine_model, self.tp_group, drafter_tp=self.cfg.cluster.drafter_tp,
                                      **self.engine_options())  # fmt: skip
         else:
