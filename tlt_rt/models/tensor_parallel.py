@@ -310,20 +310,13 @@ def shard_for_tp(model: CausalLM, group=None, rank: int | None = None, world: in
     Every rank must call this on an identical model (same weights), with the same group. rank/world default
     to this process's place in `group`. world == 1 returns the model unchanged.
     """
-    world = dist.get_world_size(group) if world is None else world
-    rank = dist.get_rank(group) if rank is None else rank
-    if getattr(model, "tp", None) is not None:
-        raise ValueError("model is already sharded for tensor parallelism")
-    a = model.arch
-    check_tp_divisible(a, world)
-    if not 0 <= rank < world:
-        raise ValueError(f"rank must be in [0, {world}), got {rank}")
-    if world == 1:
+    tp = _tp_info(model, "model", group, rank, world)
+    if tp is None:
         return model
-    tp = TPInfo(group, rank, world, a)
+    a = tp.full_arch
     for layer in model.model.layers:
         _shard_layer(layer, tp)
-    hq, hkv = a.num_attention_heads // world, a.num_key_value_heads // world
+    hq, hkv = a.num_attention_heads // tp.world, a.num_key_value_heads // tp.world
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     emb = VocabParallelEmbedding(model.model.embed_tokens, tp)
     head = emb.weight if tied else vocab_shard(model.lm_head.weight, tp)[0]
@@ -332,6 +325,20 @@ def shard_for_tp(model: CausalLM, group=None, rank: int | None = None, world: in
     model.arch = replace(a, num_attention_heads=hq, num_key_value_heads=hkv)
     model.tp = tp
     return model
+
+
+def _tp_info(module: nn.Module, what: str, group, rank: int | None, world: int | None, fast=None) -> TPInfo | None:
+    """The TPInfo `module` (with its `arch`) is cut by, this process's place in `group` where rank / world are None;
+    None for a world of one. Raises ValueError for a module already cut, a rank outside the world, or heads and
+    MLP rows the world does not divide."""
+    world = dist.get_world_size(group) if world is None else world
+    rank = dist.get_rank(group) if rank is None else rank
+    if getattr(module, "tp", None) is not None:
+        raise ValueError(f"{what} is already sharded for tensor parallelism")
+    check_tp_divisible(module.arch, world)
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    return None if world == 1 else TPInfo(group, rank, world, module.arch, fast)
 
 
 def _shard_layer(layer: nn.Module, tp: TPInfo) -> None:
@@ -353,8 +360,9 @@ def _shard_layer(layer: nn.Module, tp: TPInfo) -> None:
 
 DRAFTER_TP_KINDS = ("auto", "shard", "replicate")
 # "auto" shards a drafter whose decoder layer holds at least this many bytes: each draft level then reads half of
-# them on a rank of TP=2 and pays two small sums (~5-7 us each over NVLink, H200). Qwen2.5-7B's layer (466 MB in
-# bf16) is far above it, Qwen2.5-Coder-1.5B's (94 MB: ~11 us of reads saved a level) about at the sums' cost.
+# them on a rank of TP=2 and pays two small sums. Measured on 2x H200 (`tp_throughput.py --drafter-tp shard
+# replicate`, 8_4_32, batch 1): Qwen2.5-7B's layer (466 MB in bf16) sharded made the SD step 5.65 ms against 5.88
+# whole; Qwen2.5-Coder-1.5B's (94 MB) 3.91 against 3.69 (one-shot sums; NCCL 4.06 against 3.94).
 SHARD_DRAFTER_MIN_BYTES = 128 << 20
 
 
@@ -371,21 +379,14 @@ def shard_drafter_for_tp(drafter: nn.Module, group=None, rank: int | None = None
     Its KV cache then holds this rank's KV heads (`drafter.arch`). `fast`: the sums' fast all-reduce (the target
     shard's `tp.fast`). A full drafter state loads into the shard (each parallel Linear takes its slice), so a
     trained replica is pushed to it as to an unsharded copy. Collective in effect: every rank shards alike."""
-    world = dist.get_world_size(group) if world is None else world
-    rank = dist.get_rank(group) if rank is None else rank
-    if getattr(drafter, "tp", None) is not None:
-        raise ValueError("drafter is already sharded for tensor parallelism")
-    a = drafter.arch
-    check_tp_divisible(a, world)
-    if not 0 <= rank < world:
-        raise ValueError(f"rank must be in [0, {world}), got {rank}")
-    if world == 1:
+    tp = _tp_info(drafter, "drafter", group, rank, world, fast)
+    if tp is None:
         return drafter
-    tp = TPInfo(group, rank, world, a, fast)
+    a = tp.full_arch
     for layer in drafter.layers:
         _shard_layer(layer, tp)
-    drafter.arch = replace(a, num_attention_heads=a.num_attention_heads // world,
-                           num_key_value_heads=a.num_key_value_heads // world)  # fmt: skip
+    drafter.arch = replace(a, num_attention_heads=a.num_attention_heads // tp.world,
+                           num_key_value_heads=a.num_key_value_heads // tp.world)  # fmt: skip
     drafter.tp = tp
     return drafter
 
