@@ -1,5 +1,7 @@
 """Tensor parallelism on GPUs: greedy decoding at TP=2 over NCCL, with CUDA graphs, emits exactly TP=1's tokens in
-fp32 (Qwen2.5-7B's shape, a quarter of its layers, random weights), plain and speculative (a replicated drafter)."""
+fp32 (Qwen2.5-7B's shape, a quarter of its layers, random weights), plain and speculative: the drafter cut over the
+ranks like the target (`drafter_tp` auto: its layer is far above the rule's size) with NCCL sums, and whole on every
+rank with the fused sums."""
 
 from __future__ import annotations
 
@@ -57,6 +59,6 @@ def test_tp2_gives_tp1_greedy_tokens_in_fp32_with_graphs(tmp_path):
 def test_tp2_with_fused_sums_inside_the_row_parallel_kernel_gives_tp1_tokens(tmp_path):
     """`--allreduce fused`: every o and down projection of the one-row plain steps is the Triton kernel that sums
     over the ranks inside (`kernels.tp_sum`); 8-row steps and the speculative steps' verify rows the one-shot sum."""
-    out = run_tp(tmp_path, ["--allreduce", "fused"])
+    out = run_tp(tmp_path, ["--allreduce", "fused", "--drafter-tp", "replicate"])
     rows = [line for line in out.splitlines() if line.startswith("| 2 fused |")]
     assert len(rows) == 4 and all(line.rstrip().endswith("| yes |") for line in rows), out[-2000:]
