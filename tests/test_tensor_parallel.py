@@ -430,3 +430,45 @@ def test_heads_must_divide():
     with pytest.raises(ValueError, match=r"arch\.intermediate_size"):
         shard_for_tp(odd_mlp, rank=0, world=2)
     assert shard_for_tp(model, rank=0, world=1) is model
+
+
+def test_drafter_shards_without_a_group_and_refuses_what_it_cannot_cut():
+    """`shard_drafter_for_tp` with an explicit place (no process group): each rank's layer holds its slice of the
+    full drafter's weights, fc and the head's rows stay whole, a full state loads slice by slice and a state of
+    another shape is refused; heads the world does not divide are refused by name, and a world of one is a no-op."""
+    from tlt_rt.models.drafter import Drafter
+    from tlt_rt.models.tensor_parallel import drafter_layer_bytes, replicated_state, shard_drafter_for_tp
+
+    full = _build("llama-bias-vocab97")
+    torch.manual_seed(2)
+    drafter = Drafter(full.arch, full).eval()
+    a, d = full.arch, full.arch.head_dim
+    for rank in range(WORLD):
+        cut = shard_drafter_for_tp(copy.deepcopy(drafter).bind(full), rank=rank, world=WORLD)
+        at, mlp = cut.layers[0].self_attn, cut.layers[0].mlp
+        hq = a.num_attention_heads // WORLD
+        full_at = drafter.layers[0].self_attn
+        assert torch.equal(at.q_proj.weight, full_at.q_proj.weight[rank * hq * d : (rank + 1) * hq * d])
+        assert torch.equal(at.o_proj.weight, full_at.o_proj.weight[:, rank * hq * d : (rank + 1) * hq * d])
+        inter = a.intermediate_size // WORLD
+        assert torch.equal(
+            mlp.down_proj.weight, drafter.layers[0].mlp.down_proj.weight[:, rank * inter : (rank + 1) * inter]
+        )
+        assert torch.equal(cut.fc.weight, drafter.fc.weight)
+        layer = drafter.layers[0]
+        whole_parts = [layer.post_attention_layernorm.weight, layer.self_attn.o_proj.bias, layer.mlp.down_proj.bias]
+        kept = sum(t.numel() * t.element_size() for t in whole_parts)  # what every rank keeps whole
+        assert drafter_layer_bytes(cut) == (drafter_layer_bytes(drafter) - kept) // WORLD + kept
+        state = {k: v + 1 for k, v in drafter.state_dict().items()}
+        cut.load_state_dict(state)
+        assert torch.equal(
+            at.q_proj.weight, state["layers.0.self_attn.q_proj.weight"][rank * hq * d : (rank + 1) * hq * d]
+        )
+        assert torch.equal(replicated_state(cut)["fc.weight"], state["fc.weight"])
+        bad = dict(state, **{"layers.0.mlp.up_proj.weight": torch.zeros(3, a.hidden_size)})
+        with pytest.raises(RuntimeError, match="up_proj"):
+            cut.load_state_dict(bad)
+    with pytest.raises(ValueError, match=r"arch\.num_attention_heads divisible by 3"):
+        shard_drafter_for_tp(copy.deepcopy(drafter).bind(full), rank=0, world=3)
+    whole = copy.deepcopy(drafter).bind(full)
+    assert shard_drafter_for_tp(whole, rank=0, world=1) is whole and getattr(whole, "tp", None) is None
