@@ -188,9 +188,10 @@ def _tree_attention_kernel(
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if SPLIT:  # the splits the prefix reaches write (a padding row's lse = -inf); the combine reads those only
-        write = tl.where(split < n_used, row_ok, False)
         if EVERY_SPLIT:
             write = row_ok
+        else:
+            write = tl.where(split < n_used, row_ok, False)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(LSE_PART + q_rows * stride_ln + heads * stride_lh + split, lse, mask=write)
         tl.store(O_PART + q_rows[:, None] * stride_pn + heads[:, None] * stride_ph + split * stride_ps
@@ -228,11 +229,12 @@ def _combine_tree_kernel(
     rows_ok = rows < n_rows
     n = rows // n_heads
     h = rows % n_heads
-    seq_len = tl.load(SEQ_LENS + n // n_tree, mask=rows_ok, other=0)
-    _, _, n_used = _tree_chunks(seq_len, n_window, num_splits, BLOCK_N)
-    n_used = tl.where(rows_ok, n_used, 0)
     if EVERY_SPLIT:
         n_used = tl.where(rows_ok, num_splits, 0)
+    else:
+        seq_len = tl.load(SEQ_LENS + n // n_tree, mask=rows_ok, other=0)
+        _, _, n_used = _tree_chunks(seq_len, n_window, num_splits, BLOCK_N)
+        n_used = tl.where(rows_ok, n_used, 0)
     _merge_row_splits(O_PART, LSE_PART, OUT, n * stride_pn + h * stride_ph, n * stride_ln + h * stride_lh,
                       n * stride_on + h * stride_oh, rows_ok, n_used[:, None], tl.max(n_used, 0), stride_ps,
                       stride_od, BLOCK_R, BLOCK_S, HEAD_DIM, True)  # fmt: skip
