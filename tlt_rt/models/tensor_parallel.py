@@ -174,16 +174,13 @@ def _param(t: torch.Tensor, requires_grad: bool) -> nn.Parameter:
     return nn.Parameter(t.detach().clone().contiguous(), requires_grad=requires_grad)
 
 
-def _take_slice(state_dict: dict, key: str, param: torch.Tensor | None, cut) -> None:
-    """Replace a full-shaped `state_dict[key]` by this rank's slice of it (`cut`), so that loading the unsharded
-    layer's state (a trained drafter pushed to a sharded serving copy) fills the shard; a shard-shaped entry
-    stays as it is, and any other shape is left for the load to reject."""
+def _take_slice(state_dict: dict, key: str, full_shape: tuple[int, ...], cut) -> None:
+    """Replace `state_dict[key]` by this rank's slice of it (`cut`) where it has the unsharded layer's
+    `full_shape`, so that loading that layer's state (a trained drafter pushed to a sharded serving copy) fills
+    the shard; a shard-shaped entry stays as it is, and any other shape is left for the load to reject."""
     t = state_dict.get(key)
-    if t is None or param is None or tuple(t.shape) == tuple(param.shape):
-        return
-    part = cut(t)
-    if tuple(part.shape) == tuple(param.shape):
-        state_dict[key] = part
+    if t is not None and tuple(t.shape) == full_shape:
+        state_dict[key] = cut(t)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -200,12 +197,13 @@ class ColumnParallelLinear(nn.Module):
         self.bias = None if full.bias is None else _param(full.bias[start:end], rg)
         self.tp = tp
         self.start, self.end = start, end
-        self.full_out = full.weight.shape[0]
+        self.full_shape = tuple(full.weight.shape)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        full_rows = lambda t: t[self.start : self.end] if t.shape[0] == self.full_out else t  # noqa: E731
-        _take_slice(state_dict, prefix + "weight", self.weight, full_rows)
-        _take_slice(state_dict, prefix + "bias", self.bias, full_rows)
+        rows = lambda t: t[self.start : self.end]  # noqa: E731
+        _take_slice(state_dict, prefix + "weight", self.full_shape, rows)
+        if self.bias is not None:
+            _take_slice(state_dict, prefix + "bias", self.full_shape[:1], rows)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
@@ -233,11 +231,10 @@ class RowParallelLinear(nn.Module):
         self.tp = tp
         self.slot = slot
         self.start, self.end = start, end
-        self.full_in = full.weight.shape[1]
+        self.full_shape = tuple(full.weight.shape)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        full_cols = lambda t: t[:, self.start : self.end] if t.dim() == 2 and t.shape[1] == self.full_in else t  # noqa: E731
-        _take_slice(state_dict, prefix + "weight", self.weight, full_cols)
+        _take_slice(state_dict, prefix + "weight", self.full_shape, lambda t: t[:, self.start : self.end])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
