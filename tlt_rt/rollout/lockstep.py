@@ -4,10 +4,10 @@ Each collective inside the target's forward must be entered by every rank with t
 rank must take the same scheduling and speculative decisions. Most of the loop is a pure function of the
 inputs and so agrees by itself: the scheduler and block manager are deterministic, logits are all-gathered
 (identical on every rank), sampling draws counter-based uniforms from per-sequence seeds (rollout/step/rng.py),
-and the replicated drafter sees identical hidden states. Two things are not:
+and the drafter sees identical hidden states (whole on every rank, or sharded like the target with `drafter_tp`:
+its sums give every rank the same rows). Two things are not:
 
 - the KV block count: sized from the free GPU memory of each rank, so the ranks agree on the smallest;
-  (a drafter sharded like the target, `drafter_tp`, drafts alike too: its sums give every rank the same rows)
 - the SD policy: its `CostTable` is refined online from each rank's own wall-clock timings, so the ranks'
   choices would drift apart. `LockstepPolicy` lets rank 0 of the group decide and broadcasts the choice
   (one int64 per decode step); the other ranks' tables still learn from their timings but are never read.
