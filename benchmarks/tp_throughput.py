@@ -57,7 +57,13 @@ from tlt_rt.models.arch import ArchConfig  # noqa: E402
 from tlt_rt.models.drafter import Drafter  # noqa: E402
 from tlt_rt.models.llama import CausalLM  # noqa: E402
 from tlt_rt.models.shapes import KNOWN_SHAPES  # noqa: E402
-from tlt_rt.models.tensor_parallel import ALLREDUCE_KINDS, check_tp_divisible, shard_for_tp, use_allreduce  # noqa: E402
+from tlt_rt.models.tensor_parallel import (  # noqa: E402
+    ALLREDUCE_KINDS,
+    DRAFTER_TP_KINDS,
+    check_tp_divisible,
+    shard_for_tp,
+    use_allreduce,
+)
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
 from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine  # noqa: E402
 from tlt_rt.train.profile import CALLER_OPS, profiled  # noqa: E402
@@ -348,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-vocab", type=int, default=8192,
                     help="with --sd: target ids the random drafter's head covers, as a trained one's reduced head "
                     "(8,192 in the Qwen configs); 0 = the full vocabulary")  # fmt: skip
-    ap.add_argument("--drafter-tp", nargs="+", default=["auto"], choices=["auto", "shard", "replicate"],
+    ap.add_argument("--drafter-tp", nargs="+", default=["auto"], choices=DRAFTER_TP_KINDS,
                     help="with --sd, the TP=N engine's drafter: cut like the target (shard), whole on every rank "
                     "(replicate), or by its layer's size (auto); several: a row each")  # fmt: skip
     ap.add_argument("--sd", default=None, metavar="STRATEGY",
