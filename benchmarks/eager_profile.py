@@ -70,11 +70,11 @@ class Script:
         self.steps += 1
         return self.strategy if self.steps == self.plain_steps + 1 else None
 
-    def decode_step(self, sched, params, keep_hidden):
+    def decode_step(self, sched, params, keep_hidden, overlap=False):
         if self.prefill_s is None:  # the first decode step ends the prefill phase
             sync(self.engine.device)
             self.prefill_s = time.perf_counter() - self.t_start
-        return self._decode(sched, params, keep_hidden)
+        return self._decode(sched, params, keep_hidden, overlap)
 
     def step(self, seqs, tables, strategy, params, keep_hidden=False):
         sync(self.engine.device)

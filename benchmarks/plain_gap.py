@@ -132,7 +132,7 @@ def main(argv=None) -> None:
         for name in ("off", "auto"):
             engines[name] = Engine.from_pretrained(None, speculative=name, dtype="bfloat16", device="cuda",
                                                    strategies=args.strategies, max_batch=b,
-                                                   num_blocks=256 + 32 * b)  # fmt: skip
+                                                   num_blocks=256 + 32 * b, overlap=False)  # fmt: skip
             clocks[name] = Clock()
             instrument(engines[name], clocks[name], overrule=name == "auto")
             prepare_engine(engines[name], prompts)

@@ -22,6 +22,10 @@ where a TP=N step's time goes beside TP=1's: matmuls, collectives, host waits be
 loop's host functions by own and by cumulative time, where a TP=N step's host work beyond TP=1's goes (a
 lockstep broadcast, a wait on the device, the postprocessing).
 
+`--overlap on off` times each plain engine with its steps queued one ahead of the host's postprocessing
+(`rollout.overlap`, the default) and one step at a time (rows `plain serial`, priced in the last column against
+`plain`): the host work the overlap hides.
+
 `--sd STRATEGY` also times speculative decoding with that strategy at TP=1 and TP=N: a drafter of random
 weights (the same on every rank, replicated: it reads the target's full embedding and head, `TargetHeads`, its
 own head over `--draft-vocab` ids as trained drafters have), greedy, so its tokens must again be TP=1's plain
@@ -264,11 +268,13 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         rows = []
         model = build(arch, dtype, device)
         ref: dict[int, list] = {}
+        plain_modes = [("plain" if ov == "on" else "plain serial", ov == "on") for ov in args.overlap]
         if rank == 0:  # TP=1: the whole model on one device
-            engine = Engine(model, **kw)
-            note(rank, t_rank, "TP=1 plain engine built")
-            run_rows(engine, "1", "plain", args, arch, device, ref, rows, rank)
-            del engine
+            for mode, overlap in plain_modes:
+                engine = Engine(model, **kw, overlap=overlap)
+                note(rank, t_rank, f"TP=1 {mode} engine built")
+                run_rows(engine, "1", mode, args, arch, device, ref, rows, rank)
+                del engine
             if sd:
                 engine = Engine(model, drafter=drafter_for(arch, model, device, args.draft_vocab), **sd)
                 note(rank, t_rank, f"TP=1 {args.sd} engine built")
@@ -295,10 +301,11 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
             else:
                 use_allreduce(shard, kind)
             label = f"{args.tp}" if kind == "nccl" else f"{args.tp} {kind}"
-            engine = lockstep_engine(shard, None, **kw)
-            note(rank, t_rank, f"TP={label} plain engine built")
-            run_rows(engine, label, "plain", args, arch, device, ref if rank == 0 else None, rows, rank)
-            del engine
+            for mode, overlap in plain_modes:
+                engine = lockstep_engine(shard, None, **kw, overlap=overlap)
+                note(rank, t_rank, f"TP={label} {mode} engine built")
+                run_rows(engine, label, mode, args, arch, device, ref if rank == 0 else None, rows, rank)
+                del engine
             for how in args.drafter_tp if sd else []:  # the drafter whole on every rank, or cut like the target
                 drafter = drafter_for(arch, heads, device, args.draft_vocab)
                 engine = lockstep_engine(shard, None, drafter, drafter_tp=how, **sd)
@@ -357,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter-tp", nargs="+", default=["auto"], choices=DRAFTER_TP_KINDS,
                     help="with --sd, the TP=N engine's drafter: cut like the target (shard), whole on every rank "
                     "(replicate), or by its layer's size (auto); several: a row each")  # fmt: skip
+    ap.add_argument("--overlap", nargs="+", default=["on"], choices=("on", "off"),
+                    help="plain engines with rollout.overlap on (the next step queued while the host postprocesses "
+                    "this one) and/or off (one step at a time: rows 'plain serial'); the first one listed is the "
+                    "plain row SD steps are priced against")  # fmt: skip
     ap.add_argument("--sd", default=None, metavar="STRATEGY",
                     help="also time speculative steps of this strategy (e.g. 8_4_32), a random drafter")  # fmt: skip
     args = ap.parse_args(argv)

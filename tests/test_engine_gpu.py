@@ -289,3 +289,28 @@ def test_captured_steps_read_weights_updated_in_place(speculative):
     ref = Engine(new.cuda(), block_size=16, enforce_eager=True, attn_backend="torch").generate(PROMPTS, params)
     assert [o.token_ids for o in after] == [o.token_ids for o in ref]
     assert [o.token_ids for o in before] != [o.token_ids for o in after]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_plain_steps_one_ahead_keep_every_token_and_log_prob(temperature):
+    # captured steps of buckets 4 / 8 / 16: a sample stopping inside a bucket leaves the step queued behind it
+    # standing, its other rows' results bit for bit those of the step the engine would have run without it
+    params = SamplingParams(n=3, temperature=temperature, seed=3, max_new_tokens=48)
+    outs, launches = [], []
+    for overlap in (False, True):
+        target, _ = _pair()
+        eng = Engine(target, speculative="off", block_size=16, graph_batches=[4, 8, 16], overlap=overlap)
+        real, seen = eng.runner.launch, []
+
+        def launch(*args, _real=real, _seen=seen, **kw):
+            _seen.append(kw.get("after") is not None)
+            return _real(*args, **kw)
+
+        eng.runner.launch = launch
+        got = eng.generate(PROMPTS, params)
+        outs.append([(o.token_ids, o.logprobs, o.finish_reason) for o in got])
+        launches.append((len(seen), sum(seen), eng.stats()["decode_steps"]))
+    assert outs[1] == outs[0]
+    assert any(reason == "stop" for _, _, reason in outs[1])
+    n, ahead, steps = launches[1]
+    assert ahead > steps // 2 and n - steps < sum(reason == "stop" for _, _, reason in outs[1])

@@ -15,13 +15,15 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("tp,sd", [(2, "3_2_4"), (4, None)])
 def test_tp_ranks_give_the_unsharded_tokens(tp, sd):
     """Plain decoding at TP=N, and with --sd speculative decoding at TP=1 and TP=N (a replicated random drafter),
-    all emit TP=1 plain decoding's greedy tokens; the SD rows carry their step's cost over a plain step's."""
-    cmd = [sys.executable, "benchmarks/tp_throughput.py", "--smoke", "--tp", str(tp)] + (["--sd", sd] if sd else [])
+    all emit TP=1 plain decoding's greedy tokens; the SD rows carry their step's cost over a plain step's. Without
+    --sd, plain engines with steps queued ahead and one at a time (`--overlap on off`), the same tokens."""
+    cmd = [sys.executable, "benchmarks/tp_throughput.py", "--smoke", "--tp", str(tp)]
+    cmd += ["--sd", sd] if sd else ["--overlap", "on", "off"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     table = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table]
-    modes = ["plain"] + ([sd] if sd else [])
+    modes = ["plain"] + ([sd] if sd else ["plain serial"])
     assert sorted((r[0], r[1], r[2]) for r in rows) == sorted(
         (t, b, m) for t in ("1", str(tp)) for b in ("1", "4") for m in modes
     )

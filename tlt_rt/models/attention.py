@@ -119,6 +119,11 @@ def _gather_cache(cache: torch.Tensor, block_tables: torch.Tensor, length: int) 
     return cache.view(nb * bs, h, d)[slots]
 
 
+# on the host, decode attention reads keys up to the batch's longest sequence, not the tables' static bound
+# (a row's last bits then depend on the batch it runs in; tests turn it off to run as a captured step does)
+TIGHT_HOST_BOUND = True
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
     """q [B, Tq, Hq, D], k/v [B, L, Hkv, D], allowed [B, Tq, L] -> [B, Tq, Hq, D] in fp32 math.
 
@@ -139,7 +144,7 @@ def paged_attention_reference(
     if meta.mode in ("decode", "verify"):
         b, t = meta.num_seqs, meta.max_q_len
         max_len = meta.block_tables.shape[1] * k_cache.shape[1]  # a static bound: CUDA graphs capture this
-        if q.device.type == "cpu":  # on the host the batch's longest sequence is free to read, and tighter
+        if q.device.type == "cpu" and TIGHT_HOST_BOUND:  # the batch's longest sequence: free to read, tighter
             max_len = max(1, min(max_len, int(meta.seq_lens.max())))
         k = _gather_cache(k_cache, meta.block_tables, max_len)
         v = _gather_cache(v_cache, meta.block_tables, max_len)

@@ -166,6 +166,11 @@ class BlockManager:
             self._dirty.add(seq_id)
         return True
 
+    def blocks_short(self, seq_ids: list[int], num_tokens: list[int]) -> int:
+        """How many blocks `ensure_many(seq_ids, num_tokens)` would take from the free list."""
+        bs, tables = self.block_size, self._tables
+        return sum(max(0, -(-n // bs) - len(tables[s])) for s, n in zip(seq_ids, num_tokens, strict=True))
+
     def ensure_many(self, seq_ids: list[int], num_tokens: list[int]) -> int:
         """`ensure` for each (sequence, positions) in turn, stopping at the first one blocks are short for;
         returns how many succeeded. A table already large enough costs one comparison (a decode step's

@@ -112,6 +112,13 @@ class EngineConfig:
     enforce_eager: bool = option(
         False, help="Run every step eagerly, without CUDA graphs: slower, for debugging and profiling."
     )
+    overlap: bool = option(
+        True,
+        help="With speculation off, queue each plain decode step before the host postprocesses the one before "
+        "(its roots copied on the device), so the host's work between steps overlaps the device's. Exact: a step "
+        "that could differ from the one run without overlap (a sample stopped, a prefill due) is dropped and "
+        "run again; false = one step at a time.",
+    )
     fuse_norm: bool = option(
         False,
         help="CUDA: a decode step of one row runs each layer's residual add and RMSNorm inside its q/k/v and "

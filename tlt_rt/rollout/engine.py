@@ -36,8 +36,10 @@ from tlt_rt.rollout.scheduler import Scheduler
 from tlt_rt.rollout.sequence import PrefillJob, Sequence, flush_hidden
 from tlt_rt.rollout.stats import EngineStats
 from tlt_rt.rollout.step import prepare
+from tlt_rt.rollout.step.io import distinct, row_params
 from tlt_rt.rollout.step.prefill import prefill
 from tlt_rt.rollout.step.rng import sequence_seed
+from tlt_rt.rollout.step.target import batch_mode
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,8 @@ class Engine:
         self.timeline = self._stats.timeline  # read by benchmarks, the tail trainer and the RL records
         self._next_id = 0
         self._last_step: str | None = None  # what the last step ran: "prefill" or a decode option's name
+        self._pending = None  # a plain step queued ahead and not yet collected (`EngineConfig.overlap`)
+        self._t_collected = 0.0  # perf_counter when the last decode step was collected
 
     @property
     def drafter_runner(self):
@@ -179,9 +183,10 @@ class Engine:
             for k in range(0, len(group), self.max_batch):
                 sched.waiting.append(PrefillJob(self.new_id(), list(p), group=group[k : k + self.max_batch]))
         self._stats.t_start = t_start = time.perf_counter()
+        self._pending = None
         with self.on_stream():
             while sched.busy:
-                self._step(sched, params, keep_hidden)
+                self._step(sched, params, keep_hidden, self.config.overlap)
             if params.return_hidden:
                 flush_hidden(sched.done)
         self._stats.gen_time += time.perf_counter() - t_start
@@ -194,36 +199,61 @@ class Engine:
         return Scheduler(self.blocks, self.max_batch, self.max_prefill_tokens, counts, stop, self.max_context,
                          self.config.prefill_min_samples)  # fmt: skip
 
-    def _step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool) -> None:
-        """schedule -> run -> postprocess: a prefill of waiting work, else a decode step of the running."""
+    def _step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool, overlap: bool = False) -> None:
+        """schedule -> run -> postprocess: a prefill of waiting work, else a decode step of the running.
+        overlap: plain steps may be queued one ahead (`EngineConfig.overlap`; within one generate call)."""
         jobs = sched.admit()
         if jobs:
+            if self._pending is not None:  # the step in flight first, as it would have run without overlap
+                self._decode_step(sched, params, keep_hidden, overlap=False)
             t0 = time.perf_counter()
             n = prefill(self.runner, sched, jobs, params, keep_hidden)
             self._stats.record("prefill", None, len(jobs), n, t0, len(sched.running))
             self._last_step = "prefill"
         elif sched.running:
-            self._decode_step(sched, params, keep_hidden)
+            self._decode_step(sched, params, keep_hidden, overlap)
         else:
             raise RuntimeError("no sequence can run: the KV cache is too small for the waiting work")
 
-    def _decode_step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool) -> None:
-        """One plain or speculative step of every running sample, as the SD policy decides."""
-        strategy, behind = None, 0
-        if self.runner.drafter is not None:  # rows an SD step would catch up first, counted only when needed
-            auto = self.speculative == "auto"
-            count = rows_once(functools.partial(self.runner.drafter.rows_behind, sched.running)) if auto else 0
-            strategy = self.policy.decide(len(sched.running), count)
-            behind = count() if strategy is not None and auto else 0  # the policy's count, if it made one
-        sched.reserve(1 if strategy is None else scratch_tokens(strategy))
-        if not sched.running:
-            return
-        seqs = list(sched.running)
-        tables = self.blocks.packed([s.seq_id for s in seqs])
-        t0 = time.perf_counter()
-        out = self.runner.step(seqs, tables, strategy, params, keep_hidden)
+    def _decode_step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool, overlap: bool) -> None:
+        """One plain or speculative step of every running sample, as the SD policy decides; with `overlap` and
+        speculation off, each plain step is queued before the one before it is collected (`_launch_ahead`)."""
+        step, self._pending = self._pending, None
+        if step is None:
+            strategy, behind = None, 0
+            if self.runner.drafter is not None:  # rows an SD step would catch up first, counted only when needed
+                auto = self.speculative == "auto"
+                count = rows_once(functools.partial(self.runner.drafter.rows_behind, sched.running)) if auto else 0
+                strategy = self.policy.decide(len(sched.running), count)
+                behind = count() if strategy is not None and auto else 0  # the policy's count, if it made one
+            sched.reserve(1 if strategy is None else scratch_tokens(strategy))
+            if not sched.running:
+                return
+            seqs = list(sched.running)
+            tables = self.blocks.packed([s.seq_id for s in seqs])
+            if not overlap or self.runner.drafter is not None:  # one step at a time
+                t0 = time.perf_counter()
+                out = self.runner.step(seqs, tables, strategy, params, keep_hidden)
+                self._apply(sched, seqs, strategy, out, t0, behind)
+                return
+            step = self.runner.launch(seqs, tables, None, params, keep_hidden)
+        ahead = self._launch_ahead(sched, step, params, keep_hidden)
+        out, seqs = self.runner.collect(step), step.seqs
+        if any(s.finished for s in seqs):  # queued ahead: rows of samples that stopped in the step before
+            keep = [i for i, s in enumerate(seqs) if not s.finished]
+            seqs, out = [seqs[i] for i in keep], out.rows(keep)
+        self._apply(sched, seqs, None, out, max(step.t0, self._t_collected), 0)
+        if ahead is not None and not self._keeps(sched, ahead, params):
+            self.runner.collect(ahead)  # dropped (run again on the samples left); collected so its buffers are free
+            ahead = None
+        self._pending = ahead
+
+    def _apply(self, sched: Scheduler, seqs: list[Sequence], strategy, out, t0: float, behind: int) -> None:
+        """Postprocess a collected step begun at `t0` (a step queued ahead: where the one before was collected)
+        and count it for the policy and the stats."""
         emitted = sched.postprocess(seqs, out)
-        dt = time.perf_counter() - t0
+        t_end = time.perf_counter()
+        dt, self._t_collected = t_end - t0, t_end
         b = len(seqs)
         # a step after another kind of step may carry that one's leftovers (a sync, cold caches): the policy
         # keeps such a plain step out of plain decoding's price
@@ -232,6 +262,45 @@ class Engine:
         self.policy.observe(b, strategy, dt, emitted / b, behind, switched=last != option)
         self._stats.decode_step(strategy, out.accept_len)
         self._stats.record("sd" if strategy else "decode", strategy, b, emitted, t0, len(sched.running), dt, behind)
+
+    def _launch_ahead(self, sched: Scheduler, step, params: SamplingParams, keep_hidden: bool):
+        """Queue the plain step after `step` (plain, not yet collected) before collecting it, so the host's
+        postprocessing overlaps the device's next step; None where that step could differ from the one the
+        engine would run after postprocessing: speculation on, a sample preempted for blocks, or a prefill
+        that could come first.
+
+        Its batch is `step`'s less the samples `step` ends by their length limit (known before its results);
+        a sample that `step` ends with a stop token is known only after, and `_keeps` decides then."""
+        stop_ctx = self.max_context
+        seqs, rows = [], []
+        for i, s in enumerate(step.seqs):  # still running after `step` whatever it samples
+            n = len(s.output)
+            if not s.finished and min(s.max_new_tokens - n, stop_ctx - len(s.prompt) - n) >= 2:
+                seqs.append(s)
+                rows.append(i)
+        alive = sum(not s.finished for s in step.seqs)
+        if not seqs or (len(seqs) < alive and sched.waiting):  # samples end: a prefill may run next
+            return None
+        ids, need = [s.seq_id for s in seqs], [s.num_cached + 2 for s in seqs]
+        if self.blocks.blocks_short(ids, need) > self.blocks.num_free:  # it would preempt
+            return None
+        if self.blocks.ensure_many(ids, need) != len(ids):
+            raise RuntimeError("blocks counted free for the step ahead were not")
+        roots = None if len(rows) == len(step.seqs) else rows
+        return self.runner.launch(seqs, self.blocks.packed(ids), None, params, keep_hidden, after=step, roots=roots)
+
+    def _keeps(self, sched: Scheduler, ahead, params: SamplingParams) -> bool:
+        """Whether the step queued ahead stands after the step before it was postprocessed: none of its samples
+        stopped, or (captured steps) the rest would run in the same graph, with no prefill before them. A
+        captured step's rows do not depend on one another, so the samples left get the same results."""
+        alive = [s for s in ahead.seqs if not s.finished]
+        if len(alive) == len(ahead.seqs):
+            return True
+        if not alive or sched.waiting or self.runner.pool is None:
+            return False
+        ran = self.runner.key(len(ahead.seqs), option_name(None), ahead.mode, 0)
+        mode = batch_mode(distinct(row_params(alive, params)))
+        return ran is not None and ran == self.runner.key(len(alive), option_name(None), mode, 0)
 
     def on_stream(self):
         """The engine's own CUDA stream as a context (`model_runner.on_stream`)."""

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -29,7 +31,16 @@ from tlt_rt.rollout.policy.costs import option_name
 from tlt_rt.rollout.sequence import Sequence
 from tlt_rt.rollout.step.drafting import DrafterRunner
 from tlt_rt.rollout.step.graph import StepArgs, StepGraphs, StepValues, layout
-from tlt_rt.rollout.step.io import StepOut, Uniforms, distinct, pack_floats, pack_ints, parse_host, row_params
+from tlt_rt.rollout.step.io import (
+    PinnedRing,
+    StepOut,
+    Uniforms,
+    distinct,
+    pack_floats,
+    pack_ints,
+    parse_host,
+    row_params,
+)
 from tlt_rt.rollout.step.target import Layout, PaddedPrefill, TargetRunner, batch_mode, prefill_graph_sizes
 
 log = logging.getLogger(__name__)
@@ -67,6 +78,20 @@ def on_stream(stream, device):
     caller.wait_stream(stream)
 
 
+@dataclass
+class Launched:
+    """A step queued on the device and not yet collected (`ModelRunner.launch`)."""
+
+    seqs: list[Sequence]
+    strategy: Strategy | None
+    mode: str
+    out: StepValues  # the step's device outputs (a captured step's are overwritten by its next replay)
+    hidden: torch.Tensor | None  # a copy of out.hidden, when kept
+    t0: float  # perf_counter when it was queued
+    host: torch.Tensor | None = None  # pinned copy of out.host, once stashed
+    done: torch.cuda.Event | None = None  # recorded after that copy
+
+
 class ModelRunner:
     """The target (and drafter) with their paged caches, the graph pool and the captured steps."""
 
@@ -92,6 +117,7 @@ class ModelRunner:
         self.compiled = self.pool is not None  # the draft rerank as one Triton launch inside captured steps
         self.steps = StepGraphs(self)
         self.uniforms = Uniforms(2 * max(1, window_rows))
+        self.ring = PinnedRing(self.device)
         if self.pool is not None:
             self.pool.register(("step",), self.steps)
         # one sequence's short prefill at a fixed padded size: captured on CUDA, run eagerly elsewhere
@@ -144,16 +170,19 @@ class ModelRunner:
         tables: Tables | list[list[int]],
         strategy: Strategy | None,
         rows: list[SamplingParams],
+        ahead: int = 0,
     ) -> StepArgs:
         """The packed inputs of a step (step/graph.py, step/io.py), `rows` each sequence's settings; SD steps
-        bring the drafter within reach first."""
+        bring the drafter within reach first. `ahead`: a plain step packed that many steps past the
+        sequences' state (its roots come from the device)."""
         if strategy is None:
             depth, r, window = 0, 1, None
         else:
             depth, r = strategy.depth, self.drafter.block_rows(strategy)
             window = self.drafter.prepare(seqs, tables, r)[:, -r:]
-        ints = pack_ints(seqs, tables if isinstance(tables, Tables) else Tables.of(tables), r, depth)
-        return StepArgs(ints, pack_floats(seqs, rows, depth, self.uniforms), window)
+        ints = pack_ints(seqs, tables if isinstance(tables, Tables) else Tables.of(tables), r, depth, ahead)
+        floats = pack_floats(seqs, rows, depth, self.uniforms, ahead)
+        return StepArgs(self.ring.stage("ints", ints), self.ring.stage("floats", floats), window)
 
     def drop_stale_steps(self) -> list[Key]:
         """Forget the captured speculative steps when the drafter's head became other tensors since they were
@@ -195,23 +224,74 @@ class ModelRunner:
         keep_hidden: bool = False,
     ) -> StepOut:
         """One plain or speculative step of every sequence; results come back to the host in one copy."""
+        return self.collect(self.launch(seqs, tables, strategy, params, keep_hidden))
+
+    @torch.no_grad()
+    def launch(
+        self,
+        seqs: list[Sequence],
+        tables: Tables | list[list[int]],
+        strategy: Strategy | None,
+        params: SamplingParams,
+        keep_hidden: bool = False,
+        after: Launched | None = None,
+        roots: list[int] | None = None,
+    ) -> Launched:
+        """Queue one step on the device; `collect` brings its results to the host.
+
+        after: a plain step queued and not yet collected; this one (plain too) then continues it: its
+        sequences are one token further than they say, and their roots are `after`'s tokens at the positions
+        `roots` of `after`'s batch (None: all of them, in order), copied on the device."""
         rows = row_params(seqs, params)
         mode = batch_mode(distinct(rows))
-        out = self.run_args(option_name(strategy), mode, self.step_args(seqs, tables, strategy, rows))
+        option = option_name(strategy)
+        t0 = time.perf_counter()
+        args = self.step_args(seqs, tables, strategy, rows, ahead=0 if after is None else 1)
+        if after is not None:
+            self.stash(after)  # before this step's replay overwrites its outputs
+            args.tokens = self._roots(after, roots)
+        out = self.run_args(option, mode, args)
         # a replayed graph's outputs are overwritten by its next replay: keep a copy, queued before the wait
         hidden = out.hidden.clone() if keep_hidden else None
         if mode != "greedy":  # host work that needs no result, while the device runs; after a plain step, a
             # plain step's two (the plain step beside a drafter draws what it draws without one; a switch to
             # speculation draws its own)
-            self.uniforms.prefetch(seqs, 2 if strategy is None else None)
-        host = out.host.cpu().numpy()  # the one device-to-host copy; waits for this stream alone
+            self.uniforms.prefetch(seqs, 2 if strategy is None else None, ahead=0 if after is None else 1)
+        return Launched(list(seqs), strategy, mode, out, hidden, t0)
+
+    def _roots(self, after: Launched, keep: list[int] | None) -> torch.Tensor:
+        """[b] the tokens `after` sampled, as a device view (or gather) queued before the next replay."""
+        tokens = after.out.host[:, 1]  # a plain step's host row: accept length, token, log-prob
+        if keep is None:
+            return tokens
+        idx = self.ring.stage("roots", torch.tensor(keep, dtype=torch.long))
+        return tokens[idx.to(self.device, non_blocking=True)]
+
+    def stash(self, step: Launched) -> None:
+        """Queue the copy of `step`'s host row into pinned memory and mark its end (CUDA; once)."""
+        if step.done is not None or self.device.type != "cuda":
+            return
+        step.host = self.ring.take("host", tuple(step.out.host.shape), step.out.host.dtype)
+        step.host.copy_(step.out.host, non_blocking=True)
+        step.done = torch.cuda.Event()
+        step.done.record()
+
+    @torch.no_grad()
+    def collect(self, step: Launched) -> StepOut:
+        """Wait for a launched step and parse its results (the one device-to-host copy)."""
+        if step.done is not None:
+            step.done.synchronize()
+            host = step.host.numpy()
+        else:
+            host = step.out.host.cpu().numpy()  # waits for this stream alone
+        strategy, seqs = step.strategy, step.seqs
         accept_len, tokens, logprobs = parse_host(host, 0 if strategy is None else strategy.depth)
         if strategy is not None:
             ends = [s.num_cached + a + 1 for s, a in zip(seqs, accept_len, strict=True)]
-            self.drafter.keep_windows(seqs, out.window, ends)
-        elif self.drafter is not None and hidden is not None:
-            self.drafter.move_windows(seqs, hidden)
-        return StepOut(accept_len, tokens, logprobs, hidden)
+            self.drafter.keep_windows(seqs, step.out.window, ends)
+        elif self.drafter is not None and step.hidden is not None:
+            self.drafter.move_windows(seqs, step.hidden)
+        return StepOut(accept_len, tokens, logprobs, step.hidden)
 
     # ---- weights and memory (serving) -----------------------------------------------------------------
     @torch.no_grad()

@@ -58,6 +58,9 @@ class StepArgs:
     ints: Tensor  # [b, 2 + R + w] int64 on the host, w <= the runner's table width
     floats: Tensor  # [b, 2(D+1) + 3] float32 on the host
     window: Tensor | None  # [b, R, H] on the device
+    # [b] int64 on the device: the roots, made by the step before on the device (a plain step packed ahead of
+    # it, step/io.py); they replace the ints' root column, queued after that step and before this one
+    tokens: Tensor | None = None
 
 
 @dataclass
@@ -164,6 +167,8 @@ class StepGraphs:
         r, _ = layout(self.runner, key[2])
         ints = ins["ints"]
         ints[:b, :c].copy_(args.ints, non_blocking=True)
+        if args.tokens is not None:
+            ints[:b, 1 + r].copy_(args.tokens)
         if b < ints.shape[0]:  # padding rows: nothing cached, every write to the trash block
             ints[b:, : 2 + r].zero_()
             ints[b:, 2 + r :].fill_(self.runner.trash_block)
@@ -178,7 +183,11 @@ class StepGraphs:
     def eager(self, option: str, mode: str, args: StepArgs) -> StepValues:
         """The same step run eagerly on the live batch (CPU, enforce_eager, or a batch past every bucket)."""
         dev = self.runner.device
-        ints, floats = args.ints.to(dev), args.floats.to(dev)
+        ints, floats = args.ints.to(dev, non_blocking=True), args.floats.to(dev, non_blocking=True)
+        if args.tokens is not None:
+            r, _ = layout(self.runner, option)
+            ints = ints.clone() if ints is args.ints else ints  # the host's array stays as packed
+            ints[:, 1 + r].copy_(args.tokens)
         b = ints.shape[0]
         host, hid, moved = self.compute(b, option, mode, ints, floats, args.window)
         return StepValues(host, hid, moved)

@@ -1,0 +1,159 @@
+"""Plain decoding one step ahead (`EngineConfig.overlap`): the same tokens, log-probs and schedule as one step at
+a time, through stops, length limits, waiting prompts and preemption; steps that could differ are dropped."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.helpers.engine import PROMPTS, make_engine
+from tlt_rt.ir.strategy import bucket_for
+from tlt_rt.models import attention
+from tlt_rt.rollout import SamplingParams
+from tlt_rt.rollout.block_manager import BlockManager
+from tlt_rt.rollout.step.graph import StepArgs, StepValues
+from tlt_rt.rollout.step.io import PinnedRing
+
+
+def _outputs(outs):
+    return [(o.prompt_index, o.sample_index, o.token_ids, o.logprobs, o.finish_reason) for o in outs]
+
+
+def _schedule(engine):
+    """What each step ran on: its kind, batch and tokens kept."""
+    return [(e["kind"], e["batch"], e["tokens"]) for e in engine.timeline]
+
+
+def _spy_launches(monkeypatch, engine) -> dict:
+    """Count the runner's launches: all of them, and those queued ahead of an uncollected step."""
+    seen = {"all": 0, "ahead": 0}
+    real = engine.runner.launch
+
+    def launch(*args, **kw):
+        seen["all"] += 1
+        seen["ahead"] += kw.get("after") is not None
+        return real(*args, **kw)
+
+    monkeypatch.setattr(engine.runner, "launch", launch)
+    return seen
+
+
+# (engine options, sampling params): stops by EOS at random points, a batch too small for every sample (prompts
+# wait while others run), a cache small enough to preempt, limits of length and of context
+CASES = {
+    "stops": ({}, dict(n=3, temperature=0.0, max_new_tokens=40)),
+    "sampled-stops": ({}, dict(n=3, temperature=0.9, seed=5, max_new_tokens=40)),
+    "waiting": ({"max_batch": 4}, dict(n=3, temperature=0.9, seed=2, max_new_tokens=30)),
+    "preempting": ({"num_blocks": 40}, dict(n=3, temperature=0.8, seed=7, max_new_tokens=30, stop_token_ids=[])),
+    "context": ({"max_context": 24}, dict(n=2, temperature=0.0, max_new_tokens=60, stop_token_ids=[])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_overlap_changes_no_token_and_no_step(case, monkeypatch):
+    options, sampling = CASES[case]
+    params = SamplingParams(**sampling)
+    one = make_engine("off", overlap=False, **options)
+    two = make_engine("off", overlap=True, **options)
+    launches = _spy_launches(monkeypatch, two)
+    expected, got = one.generate(PROMPTS, params), two.generate(PROMPTS, params)
+    assert _outputs(got) == _outputs(expected)
+    assert _schedule(two) == _schedule(one)  # every step on the same batch, dropped steps not counted
+    assert launches["ahead"] > 0
+    assert two.blocks.num_free == two.blocks.num_blocks and two._pending is None
+    if case == "preempting":
+        assert one.stats()["preemptions"] == two.stats()["preemptions"] > 0
+
+
+def test_steps_queued_ahead_are_dropped_only_where_samples_stop(monkeypatch):
+    # no stop token, one length for all: every plain step but the first of a batch runs ahead, none is dropped
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=20, stop_token_ids=[])
+    eng = make_engine("off")
+    launches = _spy_launches(monkeypatch, eng)
+    eng.generate(PROMPTS, params)
+    decode_steps = eng.stats()["decode_steps"]
+    assert launches["all"] == decode_steps  # nothing dropped
+    assert launches["ahead"] >= decode_steps - 2  # the batch's first step, and the one before the last
+    # stops at random points with prompts waiting: a sample stopping drops the step queued behind it
+    eng = make_engine("off", max_batch=4)
+    launches = _spy_launches(monkeypatch, eng)
+    outs = eng.generate(PROMPTS, SamplingParams(n=3, temperature=0.9, seed=2, max_new_tokens=30))
+    assert any(o.finish_reason == "stop" for o in outs)
+    assert launches["all"] > eng.stats()["decode_steps"]  # some were dropped and run again
+
+
+def _as_captured(monkeypatch, engine) -> None:
+    """Run every step of `engine` (CPU) as a captured one would: its graph key from the batch bucket, the batch
+    padded to the bucket with rows that write only to the trash block, then the live rows' results."""
+    runner = engine.runner
+    steps = runner.steps
+
+    def run_args(option, mode, args):
+        b, c = args.ints.shape
+        size = bucket_for(b, engine.buckets)
+        ints = torch.zeros(size, 3 + runner.width, dtype=args.ints.dtype)  # the captured step's static width
+        ints[:b, :c] = args.ints
+        ints[b:, 3:] = runner.trash_block  # a plain step's columns: prefix_len, ctx_len, root, table
+        floats = torch.zeros(size, args.floats.shape[1])
+        floats[:b] = args.floats
+        floats[b:, -2:] = torch.tensor([-1.0, 1.0])  # top_k, top_p of padding rows
+        if args.tokens is not None:  # roots from the step before, as the captured step's fill copies them
+            ints[:b, 2] = args.tokens
+        out = steps.eager(option, mode, StepArgs(ints, floats, None))
+        return StepValues(out.host[:b], out.hidden[:b], None)
+
+    # `_keeps` asks only whether the steps are captured
+    monkeypatch.setattr(runner, "pool", SimpleNamespace(graphs={}, pool_bytes=0))
+    monkeypatch.setattr(runner, "key", lambda b, option, mode, w: ("step", bucket_for(b, engine.buckets), option, mode))
+    monkeypatch.setattr(runner, "run_args", run_args)
+    monkeypatch.setattr(attention, "TIGHT_HOST_BOUND", False)  # keys up to the static bound, as on the GPU
+
+
+def test_rows_of_stopped_samples_are_kept_out_of_a_captured_steps_results(monkeypatch):
+    """Where a step queued ahead ran in the graph its remaining samples would run in (a CUDA engine's captured
+    steps), it stands: the stopped samples' rows are left out. Here on the CPU, each step run as a captured step
+    would run it (`_as_captured`). The host's BLAS rounds a row's last bits by its place in the batch, so the
+    log-probs agree to float rounding; bit for bit on the GPU (test_engine_gpu.py)."""
+    params = SamplingParams(n=3, temperature=0.9, seed=5, max_new_tokens=40)
+    one = make_engine("off", overlap=False, graph_batches=[4, 8, 16])
+    _as_captured(monkeypatch, one)
+    expected = one.generate(PROMPTS, params)
+    eng = make_engine("off", graph_batches=[4, 8, 16])
+    _as_captured(monkeypatch, eng)
+    launches = _spy_launches(monkeypatch, eng)
+    got = eng.generate(PROMPTS, params)
+    assert [o[:3] + o[4:] for o in _outputs(got)] == [o[:3] + o[4:] for o in _outputs(expected)]
+    for a, b in zip(got, expected, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    stops = sum(o.finish_reason == "stop" for o in got)
+    assert stops > 0
+    # every stop inside a bucket kept its step: fewer launches than a drop per stop would take
+    assert launches["all"] - eng.stats()["decode_steps"] < stops
+
+
+def test_blocks_short_counts_what_ensure_many_takes():
+    bm = BlockManager(num_blocks=32, block_size=4)
+    for s, n in ((1, 3), (2, 4), (3, 9)):
+        bm.allocate(s, n)
+    ids, need = [1, 2, 3], [5, 4, 13]
+    short, free = bm.blocks_short(ids, need), bm.num_free
+    assert short == 1 + 0 + 1
+    assert bm.ensure_many(ids, need) == 3 and free - bm.num_free == short
+
+
+def test_pinned_ring_on_the_cpu_hands_back_its_tensor():
+    ring = PinnedRing(torch.device("cpu"))
+    t = torch.arange(6).view(2, 3)
+    assert ring.stage("ints", t) is t
+
+
+@pytest.mark.gpu
+def test_pinned_ring_alternates_two_buffers_and_grows():
+    ring = PinnedRing(torch.device("cuda"))
+    a, b, c = (ring.stage("ints", torch.full((2, 3), i)) for i in range(3))
+    assert a.is_pinned() and a.data_ptr() != b.data_ptr() and c.data_ptr() == a.data_ptr()
+    assert torch.equal(c, torch.full((2, 3), 2)) and torch.equal(b, torch.full((2, 3), 1))
+    big = ring.stage("ints", torch.ones(40, 5, dtype=torch.long))
+    assert big.shape == (40, 5) and bool(big.eq(1).all())
