@@ -46,7 +46,7 @@ def prompts_for(n: int, tok, task: ArithmeticTask | None = None) -> list[list[in
 
 def params_for(max_new: int) -> SamplingParams:
     """The timed calls' sampling: greedy, or TEMPERATURE with a fixed seed (each call draws the same stream)."""
-    return SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new, seed=1 if TEMPERATURE > 0 else None)
+    return SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new, seed=1 if TEMPERATURE > 0 else 0)
 
 
 def prepare_engine(engine: Engine, prompts) -> None:
