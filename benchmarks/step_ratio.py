@@ -227,7 +227,9 @@ def engine_options(pairs: list[str]) -> dict:
 
 def make_engine(args, b: int, speculative: str) -> Engine:
     """An engine of `--model` (None: the default model file) for `b` rows, `--engine`'s settings applied."""
-    options = {"max_batch": max(b, 1), "num_blocks": 256 + 32 * b, **engine_options(args.engine)}
+    # one step at a time unless --engine overlap=true: a plain step's time is then its own, not what it adds
+    # while the host works on the step before (rollout.overlap)
+    options = {"max_batch": max(b, 1), "num_blocks": 256 + 32 * b, "overlap": False, **engine_options(args.engine)}
     options["speculative"] = speculative
     if speculative != "off":
         options["strategies"] = args.strategies

@@ -183,8 +183,9 @@ def test_plain_steps_leave_the_window_move_to_the_next_speculative_step(plain):
     """In auto mode a plain step moves no window: it notes its hidden rows, and only the first plain step over a
     batch (after a speculative step, a finish) looks at the windows. The next speculative step moves them by
     every plain step's rows at once (stretches shorter and longer than the window), as the rows the sequences
-    keep say, and reads no history where the batch stayed the same."""
-    eng = make_engine("auto", ("3_3_8", "4_2_6"))
+    keep say, and reads no history where the batch stayed the same. (One step at a time: the steps are counted
+    where `runner.step` runs them.)"""
+    eng = make_engine("auto", ("3_3_8", "4_2_6"), overlap=False)
     runner, strategy = eng.drafter_runner, eng.strategies[1]
     assert runner.window_rows == 6
     options, batches, work = [], [], []

@@ -157,3 +157,26 @@ def test_pinned_ring_alternates_two_buffers_and_grows():
     assert torch.equal(c, torch.full((2, 3), 2)) and torch.equal(b, torch.full((2, 3), 1))
     big = ring.stage("ints", torch.ones(40, 5, dtype=torch.long))
     assert big.shape == (40, 5) and bool(big.eq(1).all())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_auto_queues_its_plain_steps_ahead_and_decides_while_they_run(temperature, monkeypatch):
+    """Under 'auto' the policy decides the step after a plain one while that one runs: a plain choice is queued
+    ahead, a speculative one kept for the next step, so each step is decided once. Greedy tokens stay plain
+    decoding's; sampled ones complete every request (their draws are exact, and which steps speculate depends
+    on timings)."""
+    params = SamplingParams(n=3, temperature=temperature, seed=4, max_new_tokens=40, stop_token_ids=[])
+    eng = make_engine("auto", ("3_3_8", "4_2_6"), epsilon=0.3)
+    launches = _spy_launches(monkeypatch, eng)
+    decisions = []
+    decide = eng.policy.decide
+    monkeypatch.setattr(eng.policy, "decide", lambda *a, **k: decisions.append(decide(*a, **k)) or decisions[-1])
+    outs = eng.generate(PROMPTS, params)
+    st = eng.stats()
+    assert st["sd_steps"] > 0 and launches["ahead"] > 0
+    assert len(decisions) == st["steps"]  # one decision a step, speculative ones made while a plain step ran too
+    assert [(o.prompt_index, o.sample_index) for o in outs] == [(i, j) for i in range(len(PROMPTS)) for j in range(3)]
+    assert eng.blocks.num_free == eng.blocks.num_blocks and eng._pending is None
+    if temperature == 0.0:
+        off = make_engine("off", overlap=False).generate(PROMPTS, params)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in off]

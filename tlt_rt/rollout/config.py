@@ -114,10 +114,11 @@ class EngineConfig:
     )
     overlap: bool = option(
         True,
-        help="With speculation off, queue each plain decode step before the host postprocesses the one before "
-        "(its roots copied on the device), so the host's work between steps overlaps the device's. Exact: a step "
-        "that could differ from the one run without overlap (a sample stopped, a prefill due) is dropped and "
-        "run again; false = one step at a time.",
+        help="Queue each plain decode step before the host postprocesses the one before (its roots copied on the "
+        "device), so the host's work between steps overlaps the device's; under 'auto' the SD policy decides the "
+        "next step while a plain one runs. Exact: a step that could differ from the one run without overlap (a "
+        "sample stopped outside a captured bucket, a prefill due) is dropped and run again. H200, Qwen2.5-Coder-"
+        "0.5B, T=1: 1.14x tokens/s at batch 1, 1.30x at 128. false = one step at a time.",
     )
     fuse_norm: bool = option(
         False,

@@ -109,6 +109,7 @@ class Engine:
         self._next_id = 0
         self._last_step: str | None = None  # what the last step ran: "prefill" or a decode option's name
         self._pending = None  # a plain step queued ahead and not yet collected (`EngineConfig.overlap`)
+        self._decided = None  # (strategy, seq ids): the SD policy's choice for the next step, made while one ran
         self._t_collected = 0.0  # perf_counter when the last decode step was collected
 
     @property
@@ -183,7 +184,7 @@ class Engine:
             for k in range(0, len(group), self.max_batch):
                 sched.waiting.append(PrefillJob(self.new_id(), list(p), group=group[k : k + self.max_batch]))
         self._stats.t_start = t_start = time.perf_counter()
-        self._pending = None
+        self._pending = self._decided = None
         with self.on_stream():
             while sched.busy:
                 self._step(sched, params, keep_hidden, self.config.overlap)
@@ -216,22 +217,26 @@ class Engine:
             raise RuntimeError("no sequence can run: the KV cache is too small for the waiting work")
 
     def _decode_step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool, overlap: bool) -> None:
-        """One plain or speculative step of every running sample, as the SD policy decides; with `overlap` and
-        speculation off, each plain step is queued before the one before it is collected (`_launch_ahead`)."""
+        """One plain or speculative step of every running sample, as the SD policy decides; with `overlap`, each
+        plain step is queued before the one before it is collected (`_launch_ahead`)."""
         step, self._pending = self._pending, None
+        decided, self._decided = self._decided, None
         if step is None:
             strategy, behind = None, 0
             if self.runner.drafter is not None:  # rows an SD step would catch up first, counted only when needed
                 auto = self.speculative == "auto"
                 count = rows_once(functools.partial(self.runner.drafter.rows_behind, sched.running)) if auto else 0
-                strategy = self.policy.decide(len(sched.running), count)
+                if decided is not None and decided[1] == [s.seq_id for s in sched.running]:
+                    strategy = decided[0]  # decided while the plain step before ran, for this very batch
+                else:
+                    strategy = self.policy.decide(len(sched.running), count)
                 behind = count() if strategy is not None and auto else 0  # the policy's count, if it made one
             sched.reserve(1 if strategy is None else scratch_tokens(strategy))
             if not sched.running:
                 return
             seqs = list(sched.running)
             tables = self.blocks.packed([s.seq_id for s in seqs])
-            if not overlap or self.runner.drafter is not None:  # one step at a time
+            if not overlap or strategy is not None:  # one step at a time
                 t0 = time.perf_counter()
                 out = self.runner.step(seqs, tables, strategy, params, keep_hidden)
                 self._apply(sched, seqs, strategy, out, t0, behind)
@@ -266,11 +271,13 @@ class Engine:
     def _launch_ahead(self, sched: Scheduler, step, params: SamplingParams, keep_hidden: bool):
         """Queue the plain step after `step` (plain, not yet collected) before collecting it, so the host's
         postprocessing overlaps the device's next step; None where that step could differ from the one the
-        engine would run after postprocessing: speculation on, a sample preempted for blocks, or a prefill
-        that could come first.
+        engine would run after postprocessing: a sample preempted for blocks, or a prefill that could come
+        first; or where the SD policy ('auto') chooses speculation for it (kept for the next step).
 
         Its batch is `step`'s less the samples `step` ends by their length limit (known before its results);
         a sample that `step` ends with a stop token is known only after, and `_keeps` decides then."""
+        if self.speculative == "on" and self.runner.drafter is not None:
+            return None
         stop_ctx = self.max_context
         seqs, rows = [], []
         for i, s in enumerate(step.seqs):  # still running after `step` whatever it samples
@@ -284,6 +291,12 @@ class Engine:
         ids, need = [s.seq_id for s in seqs], [s.num_cached + 2 for s in seqs]
         if self.blocks.blocks_short(ids, need) > self.blocks.num_free:  # it would preempt
             return None
+        if self.runner.drafter is not None:  # auto: the policy decides the next step now, `step` counted in
+            drafter = self.runner.drafter
+            strategy = self.policy.decide(len(seqs), rows_once(functools.partial(drafter.rows_behind, seqs, 1)))
+            if strategy is not None:
+                self._decided = (strategy, ids)
+                return None
         if self.blocks.ensure_many(ids, need) != len(ids):
             raise RuntimeError("blocks counted free for the step ahead were not")
         roots = None if len(rows) == len(step.seqs) else rows

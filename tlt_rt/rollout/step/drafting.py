@@ -37,9 +37,10 @@ class DrafterRunner(DraftWindows):
         self.block_size = block_size
         self.cache: KVCache = drafter.make_cache(num_blocks + 1, block_size)  # + the trash block
 
-    def rows_behind(self, seqs: list[Sequence]) -> int:
-        """Drafter rows of `seqs` a speculative step would catch up eagerly before its block (beyond the window)."""
-        rows = self.window_rows
+    def rows_behind(self, seqs: list[Sequence], ahead: int = 0) -> int:
+        """Drafter rows of `seqs` a speculative step would catch up eagerly before its block (beyond the window),
+        `ahead` plain steps from now (queued, not yet postprocessed)."""
+        rows = self.window_rows - ahead
         return sum(max(0, s.num_cached - s.draft_cached - rows) for s in seqs)
 
     def block_rows(self, strategy: Strategy) -> int:
