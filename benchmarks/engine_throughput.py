@@ -250,7 +250,7 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", type=int, default=0, help="print the N functions with the most host time per run")
     ap.add_argument("--kernels", type=int, default=0, help="print the N GPU kernels with the most time per step")
     ap.add_argument("--configs", nargs="+", default=None,
-                    help="rows to run: off, off-serial (plain steps one at a time), auto, strategies")  # fmt: skip
+                    help="rows to run: off, auto, strategies; off-serial, auto-serial: one step at a time")  # fmt: skip
     ap.add_argument("--interleave", action="store_true",
                     help="build every row's engine first, then time one call of each in turn per repeat")  # fmt: skip
     ap.add_argument("--learn-rounds", type=int, default=0,
@@ -287,11 +287,11 @@ def main(argv=None) -> None:
         prompts = prompts_for(b, tok, task)
         # room for each sequence's prompt, its answer and a speculative step's scratch: a bounded cache
         per_seq = -(-(max(len(p) for p in prompts) + args.max_new_tokens + 64) // 16)
-        # off-serial: plain decoding one step at a time (rollout.overlap=false), against off's steps queued ahead
+        # *-serial: one step at a time (rollout.overlap=false), against plain steps queued ahead
         configs = [("off", "off", args.strategies), ("off-serial", "off", args.strategies)]
         configs += [(s, "on", [s]) for s in args.strategies]
-        configs.append(("auto", "auto", args.strategies))
-        chosen = args.configs or [c[0] for c in configs if c[0] != "off-serial"]
+        configs += [("auto", "auto", args.strategies), ("auto-serial", "auto", args.strategies)]
+        chosen = args.configs or [c[0] for c in configs if not c[0].endswith("-serial")]
         configs = [c for c in configs if c[0] in chosen]
         engines = {}
         for name, mode, strategies in configs:
@@ -304,7 +304,7 @@ def main(argv=None) -> None:
                 num_blocks=256 + per_seq * b,
                 **({"max_prefill_tokens": args.max_prefill_tokens} if args.max_prefill_tokens else {}),
                 prefill_graph_tokens=args.prefill_graph_tokens,
-                overlap=name != "off-serial",
+                overlap=not name.endswith("-serial"),
             )
             if args.interleave:
                 continue
