@@ -141,9 +141,9 @@ def time_steps(
     overlap = [0]
     prefetch = getattr(eng.runner, "uniforms", None) and eng.runner.uniforms.prefetch
 
-    def timed_prefetch(seqs, *args) -> None:  # host work done while the device runs: timed apart
+    def timed_prefetch(seqs, *args, **kw) -> None:  # host work done while the device runs: timed apart
         t = time.perf_counter_ns()
-        prefetch(seqs, *args)
+        prefetch(seqs, *args, **kw)
         overlap[0] += time.perf_counter_ns() - t
 
     if prefetch:
