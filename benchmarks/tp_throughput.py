@@ -69,7 +69,7 @@ from tlt_rt.models.tensor_parallel import (  # noqa: E402
     use_allreduce,
 )
 from tlt_rt.rollout import Engine, SamplingParams  # noqa: E402
-from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine  # noqa: E402
+from tlt_rt.rollout.lockstep import TargetHeads, host_group_for, lockstep_engine  # noqa: E402
 from tlt_rt.train.profile import CALLER_OPS, profiled  # noqa: E402
 
 SMOKE = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -286,6 +286,7 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
             model = build(arch, dtype, device)
         dist.barrier()
         heads = TargetHeads(model) if sd else None  # the replicated drafter's full embedding and head
+        host_group = host_group_for()  # the SD policy's choices between the hosts (None under gloo)
         shard = shard_for_tp(model)
         if cuda:
             torch.cuda.empty_cache()
@@ -302,13 +303,13 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
                 use_allreduce(shard, kind)
             label = f"{args.tp}" if kind == "nccl" else f"{args.tp} {kind}"
             for mode, overlap in plain_modes:
-                engine = lockstep_engine(shard, None, **kw, overlap=overlap)
+                engine = lockstep_engine(shard, None, host_group=host_group, **kw, overlap=overlap)
                 note(rank, t_rank, f"TP={label} {mode} engine built")
                 run_rows(engine, label, mode, args, arch, device, ref if rank == 0 else None, rows, rank)
                 del engine
             for how in args.drafter_tp if sd else []:  # the drafter whole on every rank, or cut like the target
                 drafter = drafter_for(arch, heads, device, args.draft_vocab)
-                engine = lockstep_engine(shard, None, drafter, drafter_tp=how, **sd)
+                engine = lockstep_engine(shard, None, drafter, drafter_tp=how, host_group=host_group, **sd)
                 mode = args.sd if len(args.drafter_tp) == 1 else f"{args.sd} {how}"
                 cut = "sharded" if getattr(drafter, "tp", None) else "whole"
                 note(rank, t_rank, f"TP={label} {mode} engine built (drafter {cut})")

@@ -175,7 +175,8 @@ def check_engine(case: str, rank: int) -> None:
 
 def check_lockstep(case: str, rank: int) -> None:
     """speculative="auto" over 2 ranks: rank 0's policy decides for both (rank 1's own, made to explore on
-    every step, is never read), and greedy tokens equal plain TP=1 decoding."""
+    every step, is never read), and greedy tokens equal plain TP=1 decoding; the choices sent over the group
+    itself, and over a gloo group beside it (`host_group`, as a GPU group's choices travel between hosts)."""
     from tlt_rt.models.drafter import Drafter
     from tlt_rt.rollout.engine import Engine
     from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine
@@ -191,18 +192,22 @@ def check_lockstep(case: str, rank: int) -> None:
     drafter = Drafter(full.arch, heads).eval()
     kw = dict(block_size=4, max_batch=4, max_prefill_tokens=8, strategies=["3_2_4", "2_1_2"])
     ref = Engine(full, speculative="off", **kw)
-    eng = lockstep_engine(shard, None, drafter=drafter, speculative="auto", **kw)
-    eng.policy.inner.epsilon = 1.0 if rank else 0.0
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12, stop_token_ids=[])
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15], [42]]
-    want, got = ref.generate(prompts, params), eng.generate(prompts, params)
-    assert [o.token_ids for o in got] == [o.token_ids for o in want], "lockstep TP=2 tokens differ from TP=1"
-    st = eng.stats()
-    assert st["sd_steps"] > 0 and st["decode_steps"] > 0, st
-    every = [None] * WORLD
-    dist.all_gather_object(every, [e["strategy"] for e in eng.timeline if e["kind"] != "prefill"])
-    assert every[0] == every[1], "ranks took different speculative decisions"
-    assert eng.policy.inner.stats()["explore_steps"] == 0  # only rank 0's policy decided, with epsilon 0
+    want = ref.generate(prompts, params)
+    for host_group in (None, dist.new_group(backend="gloo")):
+        eng = lockstep_engine(shard, None, drafter=copy.deepcopy(drafter), speculative="auto", host_group=host_group,
+                              **kw)  # fmt: skip
+        assert eng.policy.host_group is host_group
+        eng.policy.inner.epsilon = 1.0 if rank else 0.0
+        got = eng.generate(prompts, params)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want], "lockstep TP=2 tokens differ from TP=1"
+        st = eng.stats()
+        assert st["sd_steps"] > 0 and st["decode_steps"] > 0, st
+        every = [None] * WORLD
+        dist.all_gather_object(every, [e["strategy"] for e in eng.timeline if e["kind"] != "prefill"])
+        assert every[0] == every[1], "ranks took different speculative decisions"
+        assert eng.policy.inner.stats()["explore_steps"] == 0  # only rank 0's policy decided, with epsilon 0
 
 
 def check_sharded_drafter(case: str, rank: int) -> None:

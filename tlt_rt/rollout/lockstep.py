@@ -11,6 +11,9 @@ its sums give every rank the same rows). Two things are not:
 - the SD policy: its `CostTable` is refined online from each rank's own wall-clock timings, so the ranks'
   choices would drift apart. `LockstepPolicy` lets rank 0 of the group decide and broadcasts the choice
   (one int64 per decode step); the other ranks' tables still learn from their timings but are never read.
+  Given a CPU (gloo) group over the same ranks (`host_group`), the choice travels between the hosts: a
+  broadcast on the device would be read back with a sync that waits for the step in flight, and the engine
+  decides the step after a plain one while that one runs (`EngineConfig.overlap`).
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ def _group_src(group) -> int:
 
 
 class LockstepPolicy:
-    """An `SDPolicy` whose decisions come from rank 0 of `group`; everything else is the wrapped policy's."""
+    """An `SDPolicy` whose decisions come from rank 0 of `group`; everything else is the wrapped policy's.
+    host_group: a gloo group of the same ranks to send them through (None: `group` itself, on `device`)."""
 
-    def __init__(self, inner: SDPolicy, group, device: torch.device) -> None:
+    def __init__(self, inner: SDPolicy, group, device: torch.device, host_group=None) -> None:
         self.inner, self.group, self.device = inner, group, device
+        self.host_group = host_group
         self.src = _group_src(group)
         self.is_src = dist.get_rank() == self.src
 
@@ -53,12 +58,15 @@ class LockstepPolicy:
         inner = self.inner
         if inner.mode == "off":  # every rank knows this without asking
             return None
-        code = torch.zeros(1, dtype=torch.long, device=self.device)
+        if inner.mode == "on" and len(inner.options) == 1:  # nor this: the one strategy
+            return inner.decide(batch_size, behind)
+        on_host = self.host_group is not None
+        code = torch.zeros(1, dtype=torch.long, device="cpu" if on_host else self.device)
         if self.is_src:
             choice = inner.decide(batch_size, behind)
             names = [option_name(o) for o in inner.options]
             code[0] = names.index(option_name(choice))
-        dist.broadcast(code, src=self.src, group=self.group)
+        dist.broadcast(code, src=self.src, group=self.host_group if on_host else self.group)
         return inner.options[int(code.item())]
 
     def observe(
@@ -107,6 +115,7 @@ def lockstep_engine(
     *,
     max_context: int | None = None,
     drafter_tp: str = "auto",
+    host_group=None,
     **options,
 ) -> Engine:
     """An `Engine` on this rank's TP shard `target` that stays in lockstep with the other ranks of `group`.
@@ -114,7 +123,8 @@ def lockstep_engine(
     Collective: every rank of `group` calls it with the same options (and the same drafter, if any). `drafter_tp`:
     "shard" cuts the drafter's decoder layer like the target's (`shard_drafter_for_tp`, in place; its sums go
     through the target's), "replicate" keeps it whole on every rank, "auto" shards a layer of at least
-    `SHARD_DRAFTER_MIN_BYTES`.
+    `SHARD_DRAFTER_MIN_BYTES`. host_group: a gloo group of `group`'s ranks that the SD policy's choices travel
+    through (`LockstepPolicy`; `host_group_for` makes one), else they go over `group` on the device.
     """
     if drafter_tp not in DRAFTER_TP_KINDS:
         raise ValueError(f"drafter_tp must be one of {DRAFTER_TP_KINDS}, got {drafter_tp!r}")
@@ -126,5 +136,14 @@ def lockstep_engine(
     if cfg.num_blocks <= 0:
         cfg = dataclasses.replace(cfg, num_blocks=agreed_num_blocks(target, cfg.block_size, group))
     engine = Engine(target, drafter, cfg, max_context=max_context)
-    engine.policy = LockstepPolicy(engine.policy, group, engine.device)
+    engine.policy = LockstepPolicy(engine.policy, group, engine.device, host_group)
     return engine
+
+
+def host_group_for(ranks: list[int] | None = None):
+    """A gloo group over `ranks` (None: the world) for `lockstep_engine(host_group=)`; where the world's backend
+    is gloo already, None (its own group is on the host). Collective over the whole world, like every
+    `dist.new_group`: every process calls it for every group, in the same order."""
+    if dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(ranks, backend="gloo")

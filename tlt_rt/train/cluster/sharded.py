@@ -35,7 +35,7 @@ import torch.distributed as dist
 from tlt_rt.models import save_target
 from tlt_rt.models.tensor_parallel import check_tp_divisible, shard_for_tp, use_allreduce
 from tlt_rt.rollout import Engine
-from tlt_rt.rollout.lockstep import TargetHeads, lockstep_engine
+from tlt_rt.rollout.lockstep import TargetHeads, host_group_for, lockstep_engine
 from tlt_rt.train.cluster.comm import all_reduce_sum, check_same_drafter
 from tlt_rt.train.cluster.fsdp import full_state_for_engine, iter_full_state, reshard_for_tp, shard_learner
 from tlt_rt.train.cluster.learner_role import copy_tokenizer_files
@@ -97,13 +97,15 @@ class ShardedWorker(Worker):
         )  # fmt: skip
         # every process creates every subgroup, in the same order
         groups = [dist.new_group(list(range(d * tp, (d + 1) * tp))) for d in range(world_size)] if tp > 1 else []
+        # and each one's gloo twin, which the SD policy's choices travel through (lockstep.py)
+        host_groups = [host_group_for(list(range(d * tp, (d + 1) * tp))) for d in range(world_size)] if tp > 1 else []
         if tp > 1:
             self.tp_group = groups[self.rank]
             shard_for_tp(self.engine_model, self.tp_group)
             if self.cfg.cluster.tp_allreduce != "nccl":  # collective: every rank of the group sets it up alike
                 use_allreduce(self.engine_model, self.cfg.cluster.tp_allreduce)
             engine = lockstep_engine(self.engine_model, self.tp_group, drafter_tp=self.cfg.cluster.drafter_tp,
-                                     **self.engine_options())  # fmt: skip
+                                     host_group=host_groups[self.rank], **self.engine_options())  # fmt: skip
         else:
             engine = Engine(self.engine_model, **self.engine_options())
         self.rollout_role.engine = engine
