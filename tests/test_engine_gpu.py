@@ -314,3 +314,19 @@ def test_plain_steps_one_ahead_keep_every_token_and_log_prob(temperature):
     assert any(reason == "stop" for _, _, reason in outs[1])
     n, ahead, steps = launches[1]
     assert ahead > steps // 2 and n - steps < sum(reason == "stop" for _, _, reason in outs[1])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_speculative_steps_one_ahead_keep_every_token_and_log_prob(temperature):
+    # captured speculative steps queued after one of the same strategy: the replay of the same graph overwrites
+    # the step before's outputs, which the engine keeps first (its host row, its moved windows)
+    params = SamplingParams(n=3, temperature=temperature, seed=3, max_new_tokens=48)
+    outs, hists = [], []
+    for options in (dict(overlap=False), dict(overlap_speculative=True)):
+        target, drafter = _pair()
+        eng = Engine(target, drafter=drafter, speculative="on", strategies=("3_3_8",), block_size=16,
+                     graph_batches=[4, 8, 16], **options)  # fmt: skip
+        got = eng.generate(PROMPTS, params)
+        outs.append([(o.token_ids, o.logprobs, o.finish_reason) for o in got])
+        hists.append(eng.stats()["accept_length_hist"])
+    assert outs[1] == outs[0] and hists[1] == hists[0]

@@ -180,3 +180,40 @@ def test_auto_queues_its_plain_steps_ahead_and_decides_while_they_run(temperatur
     if temperature == 0.0:
         off = make_engine("off", overlap=False).generate(PROMPTS, params)
         assert [o.token_ids for o in outs] == [o.token_ids for o in off]
+
+
+SD_CASES = {
+    "greedy": ({}, dict(n=2, temperature=0.0, max_new_tokens=40)),
+    "sampled": ({}, dict(n=3, temperature=0.9, seed=5, max_new_tokens=40)),
+    "waiting": ({"max_batch": 4}, dict(n=3, temperature=0.9, seed=2, max_new_tokens=30)),
+    "limits": ({"max_context": 40}, dict(n=2, temperature=0.8, seed=9, max_new_tokens=27, stop_token_ids=[])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SD_CASES))
+def test_speculative_steps_queued_ahead_change_no_token_and_no_step(case, monkeypatch):
+    """`overlap_speculative`: a speculative step queued after one of the same strategy, its inputs moved on by
+    that step's accept lengths and tokens on the device and the drafter's windows as that step left them, gives
+    what one step at a time gives: the same drafts, so the same accept lengths, tokens and log-probs."""
+    options, sampling = SD_CASES[case]
+    params = SamplingParams(**sampling)
+    one = make_engine("on", ("3_3_8",), overlap=False, **options)
+    two = make_engine("on", ("3_3_8",), overlap_speculative=True, **options)
+    launches = _spy_launches(monkeypatch, two)
+    expected, got = one.generate(PROMPTS, params), two.generate(PROMPTS, params)
+    assert _outputs(got) == _outputs(expected)
+    assert _schedule(two) == _schedule(one)
+    assert two.stats()["accept_length_hist"] == one.stats()["accept_length_hist"]
+    assert launches["ahead"] > 0 and two.stats()["sd_steps"] > 0
+    assert two.blocks.num_free == two.blocks.num_blocks and two._pending is None
+
+
+def test_auto_with_speculative_steps_queued_ahead_keeps_greedy_tokens(monkeypatch):
+    params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
+    eng = make_engine("auto", ("3_3_8", "4_2_6"), epsilon=0.3, overlap_speculative=True)
+    launches = _spy_launches(monkeypatch, eng)
+    outs = eng.generate(PROMPTS, params)
+    off = make_engine("off", overlap=False).generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in off]
+    assert eng.stats()["sd_steps"] > 0 and launches["ahead"] > 0
+    assert eng.blocks.num_free == eng.blocks.num_blocks and eng._pending is None

@@ -120,6 +120,12 @@ class EngineConfig:
         "sample stopped outside a captured bucket, a prefill due) is dropped and run again. H200, Qwen2.5-Coder-"
         "0.5B, T=1: 1.14x tokens/s at batch 1, 1.30x at 128. false = one step at a time.",
     )
+    overlap_speculative: bool = option(
+        False,
+        help="With overlap: queue a speculative step after one of the same strategy too, its inputs moved on by "
+        "the step before's accept lengths and tokens on the device and the drafter's windows as that step left "
+        "them; a step after which a sample ends or the batch changes is dropped and run again.",
+    )
     fuse_norm: bool = option(
         False,
         help="CUDA: a decode step of one row runs each layer's residual add and RMSNorm inside its q/k/v and "

@@ -236,20 +236,21 @@ class Engine:
                 return
             seqs = list(sched.running)
             tables = self.blocks.packed([s.seq_id for s in seqs])
-            if not overlap or strategy is not None:  # one step at a time
+            if not overlap or (strategy is not None and not self.config.overlap_speculative):  # one at a time
                 t0 = time.perf_counter()
                 out = self.runner.step(seqs, tables, strategy, params, keep_hidden)
                 self._apply(sched, seqs, strategy, out, t0, behind)
                 return
-            step = self.runner.launch(seqs, tables, None, params, keep_hidden)
+            step = self.runner.launch(seqs, tables, strategy, params, keep_hidden)
+            step.behind = behind
         ahead = self._launch_ahead(sched, step, params, keep_hidden)
         out, seqs = self.runner.collect(step), step.seqs
         if any(s.finished for s in seqs):  # queued ahead: rows of samples that stopped in the step before
             keep = [i for i, s in enumerate(seqs) if not s.finished]
             seqs, out = [seqs[i] for i in keep], out.rows(keep)
-        self._apply(sched, seqs, None, out, max(step.t0, self._t_collected), 0)
+        self._apply(sched, seqs, step.strategy, out, max(step.t0, self._t_collected), step.behind)
         if ahead is not None and not self._keeps(sched, ahead, params):
-            self.runner.collect(ahead)  # dropped (run again on the samples left); collected so its buffers are free
+            self.runner.discard(ahead)  # dropped: run again on the samples left
             ahead = None
         self._pending = ahead
 
@@ -269,47 +270,57 @@ class Engine:
         self._stats.record("sd" if strategy else "decode", strategy, b, emitted, t0, len(sched.running), dt, behind)
 
     def _launch_ahead(self, sched: Scheduler, step, params: SamplingParams, keep_hidden: bool):
-        """Queue the plain step after `step` (plain, not yet collected) before collecting it, so the host's
-        postprocessing overlaps the device's next step; None where that step could differ from the one the
-        engine would run after postprocessing: a sample preempted for blocks, or a prefill that could come
-        first; or where the SD policy ('auto') chooses speculation for it (kept for the next step).
+        """Queue the step after `step` (not yet collected) before collecting it, so the host's postprocessing
+        overlaps the device's next step: a plain step after a plain one, a speculative step after one of the
+        same strategy (`EngineConfig.overlap_speculative`); the SD policy chooses which ('auto': a choice of
+        another kind is kept for the next step). None where that step could differ from the one the engine
+        would run after postprocessing: a sample preempted for blocks, or a prefill that could come first.
 
-        Its batch is `step`'s less the samples `step` ends by their length limit (known before its results);
-        a sample that `step` ends with a stop token is known only after, and `_keeps` decides then."""
-        if self.speculative == "on" and self.runner.drafter is not None:
+        Its batch is `step`'s less the samples `step` may end by a limit (of length or context: known on the
+        host before its results for a plain step); whether `step` ends any other sample (a stop token; for a
+        speculative step, a limit reached or not) is known only after, and `_keeps` decides then."""
+        strategy = step.strategy
+        if strategy is not None and not self.config.overlap_speculative:
             return None
+        emits = 1 if strategy is None else strategy.depth + 1  # the most tokens `step` gives a sample
         stop_ctx = self.max_context
         seqs, rows = [], []
         for i, s in enumerate(step.seqs):  # still running after `step` whatever it samples
             n = len(s.output)
-            if not s.finished and min(s.max_new_tokens - n, stop_ctx - len(s.prompt) - n) >= 2:
+            if not s.finished and min(s.max_new_tokens - n, stop_ctx - len(s.prompt) - n) > emits:
                 seqs.append(s)
                 rows.append(i)
         alive = sum(not s.finished for s in step.seqs)
         if not seqs or (len(seqs) < alive and sched.waiting):  # samples end: a prefill may run next
             return None
-        ids, need = [s.seq_id for s in seqs], [s.num_cached + 2 for s in seqs]
+        nxt = None
+        if self.runner.drafter is not None:  # the policy decides the next step now, `step` counted in
+            drafter = self.runner.drafter
+            nxt = self.policy.decide(len(seqs), rows_once(functools.partial(drafter.rows_behind, seqs, emits)))
+            if option_name(nxt) != option_name(strategy):
+                self._decided = (nxt, [s.seq_id for s in seqs])
+                return None
+        ids = [s.seq_id for s in seqs]
+        need = [s.num_cached + emits + (1 if nxt is None else scratch_tokens(nxt)) for s in seqs]
         if self.blocks.blocks_short(ids, need) > self.blocks.num_free:  # it would preempt
             return None
-        if self.runner.drafter is not None:  # auto: the policy decides the next step now, `step` counted in
-            drafter = self.runner.drafter
-            strategy = self.policy.decide(len(seqs), rows_once(functools.partial(drafter.rows_behind, seqs, 1)))
-            if strategy is not None:
-                self._decided = (strategy, ids)
-                return None
         if self.blocks.ensure_many(ids, need) != len(ids):
             raise RuntimeError("blocks counted free for the step ahead were not")
         roots = None if len(rows) == len(step.seqs) else rows
-        return self.runner.launch(seqs, self.blocks.packed(ids), None, params, keep_hidden, after=step, roots=roots)
+        return self.runner.launch(seqs, self.blocks.packed(ids), nxt, params, keep_hidden, after=step, roots=roots)
 
     def _keeps(self, sched: Scheduler, ahead, params: SamplingParams) -> bool:
-        """Whether the step queued ahead stands after the step before it was postprocessed: none of its samples
-        stopped, or (captured steps) the rest would run in the same graph, with no prefill before them. A
-        captured step's rows do not depend on one another, so the samples left get the same results."""
-        alive = [s for s in ahead.seqs if not s.finished]
-        if len(alive) == len(ahead.seqs):
+        """Whether the step queued ahead stands after the step before it was postprocessed: its batch is the one
+        running, or (plain captured steps) the running samples are its own less some that stopped, run in the
+        same graph, with no prefill before them (a captured plain step's rows do not depend on one another, so
+        they get the same results)."""
+        ids = [s.seq_id for s in ahead.seqs]
+        if ids == [s.seq_id for s in sched.running]:
             return True
-        if not alive or sched.waiting or self.runner.pool is None:
+        alive = [s for s in ahead.seqs if not s.finished]
+        if ahead.strategy is not None or not alive or sched.waiting or self.runner.pool is None:
+            return False
+        if [s.seq_id for s in alive] != [s.seq_id for s in sched.running]:
             return False
         ran = self.runner.key(len(ahead.seqs), option_name(None), ahead.mode, 0)
         mode = batch_mode(distinct(row_params(alive, params)))

@@ -88,6 +88,8 @@ class Launched:
     out: StepValues  # the step's device outputs (a captured step's are overwritten by its next replay)
     hidden: torch.Tensor | None  # a copy of out.hidden, when kept
     t0: float  # perf_counter when it was queued
+    ahead: bool = False  # queued before the step it continues was collected
+    behind: int = 0  # drafter rows the policy counted behind for it (the engine's stats)
     host: torch.Tensor | None = None  # pinned copy of out.host, once stashed
     done: torch.cuda.Event | None = None  # recorded after that copy
 
@@ -170,18 +172,16 @@ class ModelRunner:
         tables: Tables | list[list[int]],
         strategy: Strategy | None,
         rows: list[SamplingParams],
-        ahead: int = 0,
     ) -> StepArgs:
         """The packed inputs of a step (step/graph.py, step/io.py), `rows` each sequence's settings; SD steps
-        bring the drafter within reach first. `ahead`: a plain step packed that many steps past the
-        sequences' state (its roots come from the device)."""
+        bring the drafter within reach first."""
         if strategy is None:
             depth, r, window = 0, 1, None
         else:
             depth, r = strategy.depth, self.drafter.block_rows(strategy)
             window = self.drafter.prepare(seqs, tables, r)[:, -r:]
-        ints = pack_ints(seqs, tables if isinstance(tables, Tables) else Tables.of(tables), r, depth, ahead)
-        floats = pack_floats(seqs, rows, depth, self.uniforms, ahead)
+        ints = pack_ints(seqs, tables if isinstance(tables, Tables) else Tables.of(tables), r, depth)
+        floats = pack_floats(seqs, rows, depth, self.uniforms)
         return StepArgs(self.ring.stage("ints", ints), self.ring.stage("floats", floats), window)
 
     def drop_stale_steps(self) -> list[Key]:
@@ -239,17 +239,21 @@ class ModelRunner:
     ) -> Launched:
         """Queue one step on the device; `collect` brings its results to the host.
 
-        after: a plain step queued and not yet collected; this one (plain too) then continues it: its
-        sequences are one token further than they say, and their roots are `after`'s tokens at the positions
-        `roots` of `after`'s batch (None: all of them, in order), copied on the device."""
+        after: a step queued and not yet collected that this one continues (a plain step after a plain one, a
+        speculative step after one of the same strategy): its sequences are that far further than they say,
+        which the device works out from `after`'s results. roots: the positions of this step's sequences in
+        `after`'s batch (None: all of them, in order)."""
         rows = row_params(seqs, params)
         mode = batch_mode(distinct(rows))
         option = option_name(strategy)
         t0 = time.perf_counter()
-        args = self.step_args(seqs, tables, strategy, rows, ahead=0 if after is None else 1)
-        if after is not None:
+        if after is None:
+            args = self.step_args(seqs, tables, strategy, rows)
+        else:
+            if option_name(after.strategy) != option:
+                raise ValueError(f"a {option} step cannot continue a {option_name(after.strategy)} step on the device")
             self.stash(after)  # before this step's replay overwrites its outputs
-            args.tokens = self._roots(after, roots)
+            args = self._args_after(seqs, tables, strategy, rows, after, roots)
         out = self.run_args(option, mode, args)
         # a replayed graph's outputs are overwritten by its next replay: keep a copy, queued before the wait
         hidden = out.hidden.clone() if keep_hidden else None
@@ -257,24 +261,47 @@ class ModelRunner:
             # plain step's two (the plain step beside a drafter draws what it draws without one; a switch to
             # speculation draws its own)
             self.uniforms.prefetch(seqs, 2 if strategy is None else None, ahead=0 if after is None else 1)
-        return Launched(list(seqs), strategy, mode, out, hidden, t0)
+        return Launched(list(seqs), strategy, mode, out, hidden, t0, ahead=after is not None)
 
-    def _roots(self, after: Launched, keep: list[int] | None) -> torch.Tensor:
-        """[b] the tokens `after` sampled, as a device view (or gather) queued before the next replay."""
-        tokens = after.out.host[:, 1]  # a plain step's host row: accept length, token, log-prob
-        if keep is None:
-            return tokens
-        idx = self.ring.stage("roots", torch.tensor(keep, dtype=torch.long))
-        return tokens[idx.to(self.device, non_blocking=True)]
+    def _args_after(self, seqs, tables, strategy, rows, after: Launched, keep: list[int] | None) -> StepArgs:
+        """The inputs of a step continuing `after` (queued, not collected; see `launch`), packed from the
+        sequences as they are and moved on by `after`'s results on the device."""
+        tables = tables if isinstance(tables, Tables) else Tables.of(tables)
+        pick = None
+        if keep is not None:
+            idx = self.ring.stage("roots", torch.tensor(keep, dtype=torch.long))
+            pick = idx.to(self.device, non_blocking=True)
+        host = after.out.host if pick is None else after.out.host[pick]
+        if strategy is None:  # one token on: the root is the token `after` sampled
+            ints = pack_ints(seqs, tables, 1, 0, ahead=1)
+            floats = pack_floats(seqs, rows, 0, self.uniforms, ahead=1)
+            return StepArgs(self.ring.stage("ints", ints), self.ring.stage("floats", floats), None, host[:, 1])
+        r = self.drafter.block_rows(strategy)
+        ints = pack_ints(seqs, tables, r, strategy.depth)  # as before `after`; the device moves them on
+        floats = pack_floats(seqs, rows, strategy.depth, self.uniforms, ahead=1)
+        window = after.out.window if pick is None else after.out.window[pick]  # `after` moved them on
+        return StepArgs(self.ring.stage("ints", ints), self.ring.stage("floats", floats), window[:, -r:], after=host)
 
     def stash(self, step: Launched) -> None:
-        """Queue the copy of `step`'s host row into pinned memory and mark its end (CUDA; once)."""
+        """Keep what the next replay would overwrite of `step`'s outputs: its host row copied into pinned memory,
+        its moved windows cloned, then its end marked (CUDA; once)."""
         if step.done is not None or self.device.type != "cuda":
             return
-        step.host = self.ring.take("host", tuple(step.out.host.shape), step.out.host.dtype)
-        step.host.copy_(step.out.host, non_blocking=True)
+        out = step.out
+        if out.window is not None:
+            step.out = out = StepValues(out.host, out.hidden, out.window.clone())
+        step.host = self.ring.take("host", tuple(out.host.shape), out.host.dtype)
+        step.host.copy_(out.host, non_blocking=True)
         step.done = torch.cuda.Event()
         step.done.record()
+
+    def discard(self, step: Launched) -> None:
+        """Let go of a launched step whose results are not wanted (dropped): nothing of it reaches the sequences
+        or the drafter's windows; the host waits for it, so the buffers it was given are free again."""
+        if step.done is not None:
+            step.done.synchronize()
+        elif self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     @torch.no_grad()
     def collect(self, step: Launched) -> StepOut:
@@ -287,6 +314,9 @@ class ModelRunner:
         strategy, seqs = step.strategy, step.seqs
         accept_len, tokens, logprobs = parse_host(host, 0 if strategy is None else strategy.depth)
         if strategy is not None:
+            if step.ahead:  # what `DrafterRunner.prepare` marks at the start of a step packed on the host
+                for s in seqs:
+                    s.draft_cached = s.num_cached
             ends = [s.num_cached + a + 1 for s, a in zip(seqs, accept_len, strict=True)]
             self.drafter.keep_windows(seqs, step.out.window, ends)
         elif self.drafter is not None and step.hidden is not None:

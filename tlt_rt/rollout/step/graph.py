@@ -61,6 +61,10 @@ class StepArgs:
     # [b] int64 on the device: the roots, made by the step before on the device (a plain step packed ahead of
     # it, step/io.py); they replace the ints' root column, queued after that step and before this one
     tokens: Tensor | None = None
+    # [b, 1 + 2(D+1)] on the device: the host row of the speculative step before (a speculative step of the
+    # same strategy queued ahead of it): its accept lengths and tokens move the ints' prefix_len, ctx_len
+    # and ctx tokens on (`advance_ints`), packed as they were before that step
+    after: Tensor | None = None
 
 
 @dataclass
@@ -78,6 +82,21 @@ def layout(runner, option: str) -> tuple[int, int]:
     if s is None:
         return 1, 0
     return runner.drafter.block_rows(s), s.depth
+
+
+def advance_ints(ints: Tensor, after: Tensor, r: int) -> None:
+    """ints [b, 2 + R + W] of a speculative step packed before the speculative step `after` (its host row
+    [b, 1 + 2(D+1)]: accept length a, then D+1 tokens) ran, moved on in place to after it: prefix_len
+    grows by a + 1, ctx_len is min(prefix_len, R) again, and the R ctx tokens are the last R of the old
+    ones followed by the a + 1 emitted tokens. Device ops only: queued, no sync."""
+    depth = (after.shape[1] - 1) // 2 - 1
+    a = after[:, 0].long()
+    emitted = after[:, 1 : 2 + depth].long()  # [b, D+1]; the first a+1 are the step's tokens
+    ints[:, 0] += a + 1
+    ints[:, 1] = ints[:, 0].clamp(max=r)
+    joined = torch.cat([ints[:, 2 : 2 + r], emitted], 1)  # [b, R + D + 1]
+    idx = (a + 1)[:, None] + torch.arange(r, device=ints.device)[None, :]
+    ints[:, 2 : 2 + r] = joined.gather(1, idx)
 
 
 def unpack_inputs(ints: Tensor, floats: Tensor, r: int, dlen: int) -> dict[str, Tensor]:
@@ -169,6 +188,8 @@ class StepGraphs:
         ints[:b, :c].copy_(args.ints, non_blocking=True)
         if args.tokens is not None:
             ints[:b, 1 + r].copy_(args.tokens)
+        if args.after is not None:
+            advance_ints(ints[:b], args.after, r)
         if b < ints.shape[0]:  # padding rows: nothing cached, every write to the trash block
             ints[b:, : 2 + r].zero_()
             ints[b:, 2 + r :].fill_(self.runner.trash_block)
@@ -184,10 +205,13 @@ class StepGraphs:
         """The same step run eagerly on the live batch (CPU, enforce_eager, or a batch past every bucket)."""
         dev = self.runner.device
         ints, floats = args.ints.to(dev, non_blocking=True), args.floats.to(dev, non_blocking=True)
-        if args.tokens is not None:
+        if args.tokens is not None or args.after is not None:
             r, _ = layout(self.runner, option)
             ints = ints.clone() if ints is args.ints else ints  # the host's array stays as packed
-            ints[:, 1 + r].copy_(args.tokens)
+            if args.tokens is not None:
+                ints[:, 1 + r].copy_(args.tokens)
+            else:
+                advance_ints(ints, args.after, r)
         b = ints.shape[0]
         host, hid, moved = self.compute(b, option, mode, ints, floats, args.window)
         return StepValues(host, hid, moved)
