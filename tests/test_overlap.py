@@ -217,3 +217,29 @@ def test_auto_with_speculative_steps_queued_ahead_keeps_greedy_tokens(monkeypatc
     assert [o.token_ids for o in outs] == [o.token_ids for o in off]
     assert eng.stats()["sd_steps"] > 0 and launches["ahead"] > 0
     assert eng.blocks.num_free == eng.blocks.num_blocks and eng._pending is None
+
+
+@pytest.mark.parametrize("overlap_speculative", [False, True])
+def test_windows_across_plain_stretches_queued_ahead_match_one_step_at_a_time(overlap_speculative, monkeypatch):
+    """A scripted 'auto' schedule (three plain steps, then two speculative ones, in turn) with no stop token, so
+    that every step is decided once and in the same order either way: the plain steps queued ahead note their
+    hidden rows for the drafter's windows as one at a time does, so the speculative steps after them draft the
+    same trees and sampled answers come out the same, draw for draw."""
+    params = SamplingParams(n=2, temperature=0.9, seed=6, max_new_tokens=36, stop_token_ids=[])
+    results = []
+    for overlap in (False, True):
+        eng = make_engine("auto", ("3_3_8",), overlap=overlap, overlap_speculative=overlap_speculative)
+        calls = []
+
+        def scripted(batch, behind=0, _calls=calls, _s=eng.strategies[0]):
+            _calls.append(batch)
+            return _s if len(_calls) % 5 in (4, 0) else None
+
+        monkeypatch.setattr(eng.policy, "decide", scripted)
+        launches = _spy_launches(monkeypatch, eng)
+        outs = eng.generate(PROMPTS, params)
+        st = eng.stats()
+        results.append((_outputs(outs), st["accept_length_hist"], st["sd_steps"], len(calls) == st["steps"]))
+        if overlap:
+            assert launches["ahead"] > 0
+    assert results[1] == results[0] and results[0][2] > 0 and results[1][3]

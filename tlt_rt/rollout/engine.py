@@ -276,9 +276,10 @@ class Engine:
         another kind is kept for the next step). None where that step could differ from the one the engine
         would run after postprocessing: a sample preempted for blocks, or a prefill that could come first.
 
-        Its batch is `step`'s less the samples `step` may end by a limit (of length or context: known on the
-        host before its results for a plain step); whether `step` ends any other sample (a stop token; for a
-        speculative step, a limit reached or not) is known only after, and `_keeps` decides then."""
+        After a plain step its batch is `step`'s less the samples `step` ends by a limit of length or context
+        (known on the host before its results); after a speculative step, which may or may not reach a
+        sample's limit, none is queued while one is that close. Whether `step` ends a sample with a stop token
+        is known only after, and `_keeps` decides then."""
         strategy = step.strategy
         if strategy is not None and not self.config.overlap_speculative:
             return None
@@ -291,8 +292,8 @@ class Engine:
                 seqs.append(s)
                 rows.append(i)
         alive = sum(not s.finished for s in step.seqs)
-        if not seqs or (len(seqs) < alive and sched.waiting):  # samples end: a prefill may run next
-            return None
+        if not seqs or (len(seqs) < alive and (sched.waiting or strategy is not None)):
+            return None  # samples end and a prefill may run next; or a speculative step may end some, or not
         nxt = None
         if self.runner.drafter is not None:  # the policy decides the next step now, `step` counted in
             drafter = self.runner.drafter
