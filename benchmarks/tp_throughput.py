@@ -26,6 +26,8 @@ lockstep broadcast, a wait on the device, the postprocessing).
 (`rollout.overlap`, the default) and one step at a time (rows `plain serial`, priced in the last column against
 `plain`): the host work the overlap hides.
 
+`--overlap-speculative` does the same for the speculative engines' steps (`rollout.overlap_speculative`).
+
 `--sd STRATEGY` also times speculative decoding with that strategy at TP=1 and TP=N: a drafter of random
 weights (the same on every rank, replicated: it reads the target's full embedding and head, `TargetHeads`, its
 own head over `--draft-vocab` ids as trained drafters have), greedy, so its tokens must again be TP=1's plain
@@ -264,7 +266,8 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         arch = arch_for(args)
         kw = dict(speculative="off", max_batch=max(args.batch), block_size=16, enforce_eager=args.eager,
                   decode_chain=args.chain, pdl=args.pdl)  # fmt: skip
-        sd = dict(kw, speculative="on", strategies=(args.sd,)) if args.sd else None
+        sd = dict(kw, speculative="on", strategies=(args.sd,), overlap_speculative=args.overlap_speculative) if (
+            args.sd) else None  # fmt: skip
         rows = []
         model = build(arch, dtype, device)
         ref: dict[int, list] = {}
@@ -369,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="plain engines with rollout.overlap on (the next step queued while the host postprocesses "
                     "this one) and/or off (one step at a time: rows 'plain serial'); the first one listed is the "
                     "plain row SD steps are priced against")  # fmt: skip
+    ap.add_argument("--overlap-speculative", action="store_true",
+                    help="with --sd: each speculative step queued while the host postprocesses the one before "
+                    "(rollout.overlap_speculative)")  # fmt: skip
     ap.add_argument("--sd", default=None, metavar="STRATEGY",
                     help="also time speculative steps of this strategy (e.g. 8_4_32), a random drafter")  # fmt: skip
     args = ap.parse_args(argv)

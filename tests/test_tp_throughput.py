@@ -16,9 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_tp_ranks_give_the_unsharded_tokens(tp, sd):
     """Plain decoding at TP=N, and with --sd speculative decoding at TP=1 and TP=N (a replicated random drafter),
     all emit TP=1 plain decoding's greedy tokens; the SD rows carry their step's cost over a plain step's. Without
-    --sd, plain engines with steps queued ahead and one at a time (`--overlap on off`), the same tokens."""
+    --sd, plain engines with steps queued ahead and one at a time (`--overlap on off`), the same tokens; with it,
+    the speculative steps queued ahead too (`--overlap-speculative`)."""
     cmd = [sys.executable, "benchmarks/tp_throughput.py", "--smoke", "--tp", str(tp)]
-    cmd += ["--sd", sd] if sd else ["--overlap", "on", "off"]
+    cmd += ["--sd", sd, "--overlap-speculative"] if sd else ["--overlap", "on", "off"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     table = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
