@@ -370,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(replicate), or by its layer's size (auto); several: a row each")  # fmt: skip
     ap.add_argument("--overlap", nargs="+", default=["on"], choices=("on", "off"),
                     help="plain engines with rollout.overlap on (the next step queued while the host postprocesses "
-                    "this one) and/or off (one step at a time: rows 'plain serial'); the first one listed is the "
-                    "plain row SD steps are priced against")  # fmt: skip
+                    "this one) and/or off (one step at a time: rows 'plain serial', priced against 'plain'); SD "
+                    "steps are priced against the 'plain' row")  # fmt: skip
     ap.add_argument("--overlap-speculative", action="store_true",
                     help="with --sd: each speculative step queued while the host postprocesses the one before "
                     "(rollout.overlap_speculative)")  # fmt: skip
