@@ -36,10 +36,9 @@ from tlt_rt.rollout.scheduler import Scheduler
 from tlt_rt.rollout.sequence import PrefillJob, Sequence, flush_hidden
 from tlt_rt.rollout.stats import EngineStats
 from tlt_rt.rollout.step import prepare
-from tlt_rt.rollout.step.io import distinct, row_params
+from tlt_rt.rollout.step.ahead import keeps, launch_ahead
 from tlt_rt.rollout.step.prefill import prefill
 from tlt_rt.rollout.step.rng import sequence_seed
-from tlt_rt.rollout.step.target import batch_mode
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +217,7 @@ class Engine:
 
     def _decode_step(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool, overlap: bool) -> None:
         """One plain or speculative step of every running sample, as the SD policy decides; with `overlap`, each
-        plain step is queued before the one before it is collected (`_launch_ahead`)."""
+        plain step is queued before the one before it is collected (`step/ahead.py`)."""
         step, self._pending = self._pending, None
         decided, self._decided = self._decided, None
         if step is None:
@@ -243,13 +242,13 @@ class Engine:
                 return
             step = self.runner.launch(seqs, tables, strategy, params, keep_hidden)
             step.behind = behind
-        ahead = self._launch_ahead(sched, step, params, keep_hidden)
+        ahead, self._decided = launch_ahead(self, sched, step, params, keep_hidden)
         out, seqs = self.runner.collect(step), step.seqs
         if any(s.finished for s in seqs):  # queued ahead: rows of samples that stopped in the step before
             keep = [i for i, s in enumerate(seqs) if not s.finished]
             seqs, out = [seqs[i] for i in keep], out.rows(keep)
         self._apply(sched, seqs, step.strategy, out, max(step.t0, self._t_collected), step.behind)
-        if ahead is not None and not self._keeps(sched, ahead, params):
+        if ahead is not None and not keeps(self, sched, ahead, params):
             self.runner.discard(ahead)  # dropped: run again on the samples left
             ahead = None
         self._pending = ahead
@@ -268,64 +267,6 @@ class Engine:
         self.policy.observe(b, strategy, dt, emitted / b, behind, switched=last != option)
         self._stats.decode_step(strategy, out.accept_len)
         self._stats.record("sd" if strategy else "decode", strategy, b, emitted, t0, len(sched.running), dt, behind)
-
-    def _launch_ahead(self, sched: Scheduler, step, params: SamplingParams, keep_hidden: bool):
-        """Queue the step after `step` (not yet collected) before collecting it, so the host's postprocessing
-        overlaps the device's next step: a plain step after a plain one, a speculative step after one of the
-        same strategy (`EngineConfig.overlap_speculative`); the SD policy chooses which ('auto': a choice of
-        another kind is kept for the next step). None where that step could differ from the one the engine
-        would run after postprocessing: a sample preempted for blocks, or a prefill that could come first.
-
-        After a plain step its batch is `step`'s less the samples `step` ends by a limit of length or context
-        (known on the host before its results); after a speculative step, which may or may not reach a
-        sample's limit, none is queued while one is that close. Whether `step` ends a sample with a stop token
-        is known only after, and `_keeps` decides then."""
-        strategy = step.strategy
-        if strategy is not None and not self.config.overlap_speculative:
-            return None
-        emits = 1 if strategy is None else strategy.depth + 1  # the most tokens `step` gives a sample
-        stop_ctx = self.max_context
-        seqs, rows = [], []
-        for i, s in enumerate(step.seqs):  # still running after `step` whatever it samples
-            n = len(s.output)
-            if not s.finished and min(s.max_new_tokens - n, stop_ctx - len(s.prompt) - n) > emits:
-                seqs.append(s)
-                rows.append(i)
-        alive = sum(not s.finished for s in step.seqs)
-        if not seqs or (len(seqs) < alive and (sched.waiting or strategy is not None)):
-            return None  # samples end and a prefill may run next; or a speculative step may end some, or not
-        nxt = None
-        if self.runner.drafter is not None:  # the policy decides the next step now, `step` counted in
-            drafter = self.runner.drafter
-            nxt = self.policy.decide(len(seqs), rows_once(functools.partial(drafter.rows_behind, seqs, emits)))
-            if option_name(nxt) != option_name(strategy):
-                self._decided = (nxt, [s.seq_id for s in seqs])
-                return None
-        ids = [s.seq_id for s in seqs]
-        need = [s.num_cached + emits + (1 if nxt is None else scratch_tokens(nxt)) for s in seqs]
-        if self.blocks.blocks_short(ids, need) > self.blocks.num_free:  # it would preempt
-            return None
-        if self.blocks.ensure_many(ids, need) != len(ids):
-            raise RuntimeError("blocks counted free for the step ahead were not")
-        roots = None if len(rows) == len(step.seqs) else rows
-        return self.runner.launch(seqs, self.blocks.packed(ids), nxt, params, keep_hidden, after=step, roots=roots)
-
-    def _keeps(self, sched: Scheduler, ahead, params: SamplingParams) -> bool:
-        """Whether the step queued ahead stands after the step before it was postprocessed: its batch is the one
-        running, or (plain captured steps) the running samples are its own less some that stopped, run in the
-        same graph, with no prefill before them (a captured plain step's rows do not depend on one another, so
-        they get the same results)."""
-        ids = [s.seq_id for s in ahead.seqs]
-        if ids == [s.seq_id for s in sched.running]:
-            return True
-        alive = [s for s in ahead.seqs if not s.finished]
-        if ahead.strategy is not None or not alive or sched.waiting or self.runner.pool is None:
-            return False
-        if [s.seq_id for s in alive] != [s.seq_id for s in sched.running]:
-            return False
-        ran = self.runner.key(len(ahead.seqs), option_name(None), ahead.mode, 0)
-        mode = batch_mode(distinct(row_params(alive, params)))
-        return ran is not None and ran == self.runner.key(len(alive), option_name(None), mode, 0)
 
     def on_stream(self):
         """The engine's own CUDA stream as a context (`model_runner.on_stream`)."""

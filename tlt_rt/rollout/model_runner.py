@@ -16,7 +16,6 @@ import contextlib
 import logging
 import time
 import warnings
-from dataclasses import dataclass
 
 import torch
 
@@ -29,6 +28,7 @@ from tlt_rt.rollout.block_manager import Tables
 from tlt_rt.rollout.params import SamplingParams
 from tlt_rt.rollout.policy.costs import option_name
 from tlt_rt.rollout.sequence import Sequence
+from tlt_rt.rollout.step.ahead import Launched, args_after
 from tlt_rt.rollout.step.drafting import DrafterRunner
 from tlt_rt.rollout.step.graph import StepArgs, StepGraphs, StepValues, layout
 from tlt_rt.rollout.step.io import (
@@ -76,22 +76,6 @@ def on_stream(stream, device):
     with torch.cuda.stream(stream):
         yield
     caller.wait_stream(stream)
-
-
-@dataclass
-class Launched:
-    """A step queued on the device and not yet collected (`ModelRunner.launch`)."""
-
-    seqs: list[Sequence]
-    strategy: Strategy | None
-    mode: str
-    out: StepValues  # the step's device outputs (a captured step's are overwritten by its next replay)
-    hidden: torch.Tensor | None  # a copy of out.hidden, when kept
-    t0: float  # perf_counter when it was queued
-    ahead: bool = False  # queued before the step it continues was collected
-    behind: int = 0  # drafter rows the policy counted behind for it (the engine's stats)
-    host: torch.Tensor | None = None  # pinned copy of out.host, once stashed
-    done: torch.cuda.Event | None = None  # recorded after that copy
 
 
 class ModelRunner:
@@ -253,7 +237,7 @@ class ModelRunner:
             if option_name(after.strategy) != option:
                 raise ValueError(f"a {option} step cannot continue a {option_name(after.strategy)} step on the device")
             self.stash(after)  # before this step's replay overwrites its outputs
-            args = self._args_after(seqs, tables, strategy, rows, after, roots)
+            args = args_after(self, seqs, tables, strategy, rows, after, roots)
         out = self.run_args(option, mode, args)
         # a replayed graph's outputs are overwritten by its next replay: keep a copy, queued before the wait
         hidden = out.hidden.clone() if keep_hidden else None
@@ -262,25 +246,6 @@ class ModelRunner:
             # speculation draws its own)
             self.uniforms.prefetch(seqs, 2 if strategy is None else None, ahead=0 if after is None else 1)
         return Launched(list(seqs), strategy, mode, out, hidden, t0, ahead=after is not None)
-
-    def _args_after(self, seqs, tables, strategy, rows, after: Launched, keep: list[int] | None) -> StepArgs:
-        """The inputs of a step continuing `after` (queued, not collected; see `launch`), packed from the
-        sequences as they are and moved on by `after`'s results on the device."""
-        tables = tables if isinstance(tables, Tables) else Tables.of(tables)
-        pick = None
-        if keep is not None:
-            idx = self.ring.stage("roots", torch.tensor(keep, dtype=torch.long))
-            pick = idx.to(self.device, non_blocking=True)
-        host = after.out.host if pick is None else after.out.host[pick]
-        if strategy is None:  # one token on: the root is the token `after` sampled
-            ints = pack_ints(seqs, tables, 1, 0, ahead=1)
-            floats = pack_floats(seqs, rows, 0, self.uniforms, ahead=1)
-            return StepArgs(self.ring.stage("ints", ints), self.ring.stage("floats", floats), None, host[:, 1])
-        r = self.drafter.block_rows(strategy)
-        ints = pack_ints(seqs, tables, r, strategy.depth)  # as before `after`; the device moves them on
-        floats = pack_floats(seqs, rows, strategy.depth, self.uniforms, ahead=1)
-        window = after.out.window if pick is None else after.out.window[pick]  # `after` moved them on
-        return StepArgs(self.ring.stage("ints", ints), self.ring.stage("floats", floats), window[:, -r:], after=host)
 
     def stash(self, step: Launched) -> None:
         """Keep what the next replay would overwrite of `step`'s outputs: its host row copied into pinned memory,
