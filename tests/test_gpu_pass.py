@@ -358,3 +358,29 @@ def test_house_before_writes_an_earlier_commits_code_out_of_git(tmp_path):
     assert "stats" in (before / "import.log").read_text()
     assert subprocess.run([str(script), "no-such-rev"], cwd=clone, capture_output=True).returncode == 2
     assert subprocess.run([str(script), rev, "/tmp/elsewhere"], cwd=clone, capture_output=True).returncode == 2
+
+
+def test_overlap_pass_runs_every_gpu_test_then_the_two_timings(tmp_path):
+    """benchmarks/gpu_overlap.sh: `tests` runs both halves and the two-GPU TP tests (each test file once);
+    `measure` times the 0.5B with its serial twins (speculative steps queued ahead, one strategy) and TP=2 with
+    plain steps queued ahead and one at a time."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python").write_text(STUB)
+    (stub / "python").chmod(0o755)
+    calls = tmp_path / "calls.log"
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "CALLS": str(calls)}
+    script = str(REPO / "benchmarks" / "gpu_overlap.sh")
+    for args in (["tests", str(tmp_path / "t")], ["measure", str(tmp_path / "m"), "/m/q05.gguf"]):
+        subprocess.run(["bash", script, *args], cwd=REPO, env=env, check=True, capture_output=True, timeout=30)
+    lines = calls.read_text().splitlines()
+    _halves([c for c in lines if "-k graphs" not in c and "-k fused" not in c])
+    assert sorted(c.split()[-1] for c in lines if c.endswith(("-k graphs", "-k fused"))) == ["fused", "graphs"]
+    q05 = next(c for c in lines if "engine_throughput.py" in c)
+    assert "--target /m/q05.gguf" in q05 and "--configs off off-serial auto auto-serial" in q05
+    assert "--overlap-speculative" in q05 and "--strategies 8_4_32" in q05
+    tp = next(c for c in lines if "tp_throughput.py" in c)
+    assert "--overlap on off" in tp and "--sd 8_4_32 --overlap-speculative" in tp
+    bad = subprocess.run(["bash", script, "measure", str(tmp_path / "x")], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=30)  # fmt: skip
+    assert bad.returncode == 2 and "GGUF" in bad.stderr

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Steps queued one ahead of the host (rollout.overlap, rollout.overlap_speculative) on one 2-GPU machine (NCCL,
+# NVLink multicast off), in two calls of the device tool, each well inside its 10 minutes:
+#   benchmarks/gpu_overlap.sh tests OUT [Q05_GGUF]    every `gpu` test: the engine / drafter / IR / real-Qwen half
+#                                                     on GPU 0 beside the other half on GPU 1, the two-GPU TP tests
+#                                                     beside them on both (~450 s; logs OUT/tests{0,1}.log,
+#                                                     OUT/tp_{graphs,fused}.log)
+#   benchmarks/gpu_overlap.sh measure OUT Q05_GGUF    GPU 0: Qwen2.5-Coder-0.5B at T=1.0, off / off-serial and, with
+#                                                     one strategy and speculative steps queued ahead, auto /
+#                                                     auto-serial, interleaved (OUT/overlap-q05.log); then GPUs 0-1:
+#                                                     the 7B shape at TP=2 against TP=1, plain steps queued ahead and
+#                                                     one at a time, 8_4_32 queued ahead (OUT/overlap-tp2-7b.log)
+# Settings: TESTS_SECONDS (480), MEASURE_SECONDS (250 for each of the two runs), STRATEGY (8_4_32).
+set -u
+# shellcheck source=benchmarks/gpu_pass_lib.sh
+source "$(dirname "$0")/gpu_pass_lib.sh"
+what=${1:?tests or measure}; out=${2:?OUT}; q05=${3:-}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -n "$q05" ] && export TLT_QWEN_GGUF=$q05
+strategy=${STRATEGY:-8_4_32}
+case "$what" in
+  tests)
+    share_cores 2
+    limit=${TESTS_SECONDS:-480}
+    test_half 0 0 &
+    test_half 1 1 &
+    for k in graphs fused; do
+      CUDA_VISIBLE_DEVICES=0,1 timeout "$limit" python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_tp_gpu.py \
+          -k "$k" > "$out/tp_$k.log" 2>&1 &
+    done
+    wait
+    tail -n 4 "$out"/tests0.log "$out"/tests1.log "$out"/tp_graphs.log "$out"/tp_fused.log
+    ;;
+  measure)
+    [ -n "$q05" ] || { echo "measure needs the Qwen2.5-Coder-0.5B GGUF" >&2; exit 2; }
+    limit=${MEASURE_SECONDS:-250}
+    CUDA_VISIBLE_DEVICES=0 timeout "$limit" python benchmarks/engine_throughput.py --target "$q05" --temperature 1 \
+        --task-config configs/qwen2.5-0.5b-math-gpu.yaml --configs off off-serial auto auto-serial \
+        --strategies "$strategy" --overlap-speculative --interleave --batch 1 8 32 128 --max-new-tokens 256 \
+        > "$out/overlap-q05.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0,1 timeout "$limit" python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
+        --batch 1 32 --max-new-tokens 128 --allreduce oneshot --overlap on off --sd "$strategy" \
+        --overlap-speculative > "$out/overlap-tp2-7b.log" 2>&1
+    grep -E "^(tlt|provider) " "$out/overlap-q05.log" || true
+    grep -E "^\| " "$out/overlap-tp2-7b.log" || true
+    ;;
+  *)
+    echo "usage: $0 tests|measure OUT [Q05_GGUF]" >&2
+    exit 2
+    ;;
+esac
