@@ -243,3 +243,16 @@ def test_windows_across_plain_stretches_queued_ahead_match_one_step_at_a_time(ov
         if overlap:
             assert launches["ahead"] > 0
     assert results[1] == results[0] and results[0][2] > 0 and results[1][3]
+
+
+def test_advance_ints_moves_a_speculative_steps_inputs_on_by_the_step_before():
+    """`graph.advance_ints`: ints packed before a speculative step of depth 2 (R = 3 ctx tokens, the root last),
+    moved on by its host row: the prefix grows by a + 1, ctx_len is min(prefix, R), and the ctx tokens are the last
+    R of the old ones and the a + 1 emitted ones, the bonus token the new root."""
+    from tlt_rt.rollout.step.graph import advance_ints
+
+    ints = torch.tensor([[7, 3, 11, 12, 13, 5, 6], [1, 1, 0, 0, 21, 9, 9]])  # prefix, ctx_len, 3 tokens, 2 blocks
+    # accept length, 3 tokens (accepted drafts, then the bonus), 3 log-probs
+    after = torch.tensor([[0, 40, -1, -1, 0.0, 0.0, 0.0], [2, 50, 51, 52, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    advance_ints(ints, after, 3)
+    assert ints.tolist() == [[8, 3, 12, 13, 40, 5, 6], [4, 3, 50, 51, 52, 9, 9]]
