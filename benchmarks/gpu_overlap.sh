@@ -10,7 +10,8 @@
 #                                                     auto-serial, interleaved (OUT/overlap-q05.log); then GPUs 0-1:
 #                                                     the 7B shape at TP=2 against TP=1, plain steps queued ahead and
 #                                                     one at a time, 8_4_32 queued ahead (OUT/overlap-tp2-7b.log)
-# Settings: TESTS_SECONDS (480), MEASURE_SECONDS (250 for each of the two runs), STRATEGY (8_4_32).
+# Settings: TESTS_SECONDS (480), Q05_SECONDS (300), TP_SECONDS (250), STRATEGY (8_4_32), BATCHES ("1 32 128": each
+# batch builds and captures its engines anew, the auto ones every bucket up to it).
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -34,12 +35,12 @@ case "$what" in
     ;;
   measure)
     [ -n "$q05" ] || { echo "measure needs the Qwen2.5-Coder-0.5B GGUF" >&2; exit 2; }
-    limit=${MEASURE_SECONDS:-250}
-    CUDA_VISIBLE_DEVICES=0 timeout "$limit" python benchmarks/engine_throughput.py --target "$q05" --temperature 1 \
+    # shellcheck disable=SC2086  # the batch list splits on purpose
+    CUDA_VISIBLE_DEVICES=0 timeout "${Q05_SECONDS:-300}" python benchmarks/engine_throughput.py --target "$q05" --temperature 1 \
         --task-config configs/qwen2.5-0.5b-math-gpu.yaml --configs off off-serial auto auto-serial \
-        --strategies "$strategy" --overlap-speculative --interleave --batch 1 8 32 128 --max-new-tokens 256 \
+        --strategies "$strategy" --overlap-speculative --interleave --batch ${BATCHES:-1 32 128} --max-new-tokens 256 \
         > "$out/overlap-q05.log" 2>&1
-    CUDA_VISIBLE_DEVICES=0,1 timeout "$limit" python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
+    CUDA_VISIBLE_DEVICES=0,1 timeout "${TP_SECONDS:-250}" python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
         --batch 1 32 --max-new-tokens 128 --allreduce oneshot --overlap on off --sd "$strategy" \
         --overlap-speculative > "$out/overlap-tp2-7b.log" 2>&1
     grep -E "^(tlt|provider) " "$out/overlap-q05.log" || true
