@@ -89,8 +89,10 @@ def test_requests_join_a_running_batch():
     assert max(e["running"] for e in aeng.engine.timeline) == 2
 
 
-def test_abort_returns_partial_output_and_frees_blocks():
-    aeng = AsyncEngine(make_engine("on", ONE, max_batch=4))
+@pytest.mark.parametrize("speculative", ["off", "on"])
+def test_abort_returns_partial_output_and_frees_blocks(speculative):
+    # "off": plain steps queued one ahead (rollout.overlap), so the aborted request has rows in a queued step
+    aeng = AsyncEngine(make_engine(speculative, ONE, max_batch=4))
 
     async def main():
         task = asyncio.ensure_future(aeng.generate([1, 2, 3], {"temperature": 0.8, "max_tokens": 400,
@@ -102,8 +104,28 @@ def test_abort_returns_partial_output_and_frees_blocks():
 
     x, y = asyncio.run(main())
     assert x.finish_reason == "abort" and 0 < len(x.token_ids) < 400
-    assert y.token_ids == _reference("on", [5], {"temperature": 0, "max_tokens": 8})[0][0]
+    assert y.token_ids == _reference(speculative, [5], {"temperature": 0, "max_tokens": 8})[0][0]
     assert aeng.engine.blocks.num_free == aeng.engine.blocks.num_blocks
+
+
+def test_a_request_after_every_running_one_was_aborted_is_served_as_alone():
+    """Plain steps queued ahead: the only running request is aborted while a step of it is queued; the queued
+    step is let go, and the next request's tokens are those of a closed call."""
+    aeng = AsyncEngine(make_engine("off", ONE, max_batch=4))
+    d = {"temperature": 0.9, "max_tokens": 10, "seed": 4, "ignore_eos": True}
+
+    async def main():
+        task = asyncio.ensure_future(aeng.generate([1, 2, 3], {"temperature": 0.8, "max_tokens": 400,
+                                                                "ignore_eos": True}, "x"))  # fmt: skip
+        await asyncio.sleep(0.1)
+        aeng.abort("x")
+        x = await task
+        return x, await aeng.generate([4, 5], d, "z")
+
+    x, z = asyncio.run(main())
+    assert x.finish_reason == "abort" and 0 < len(x.token_ids) < 400
+    assert [(o.token_ids, o.finish_reason) for o in z.outputs] == _reference("off", [4, 5], d)
+    assert aeng.engine._pending is None and aeng.engine.blocks.num_free == aeng.engine.blocks.num_blocks
 
 
 @pytest.mark.parametrize("speculative", ["off", "on"])

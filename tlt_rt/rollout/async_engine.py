@@ -132,7 +132,9 @@ class AsyncEngine:
         return await self._call(self.load_weights, named_tensors)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """`update_weights` for a caller that owns the engine thread-wise (no step can be running)."""
+        """`update_weights` for a caller that owns the engine thread-wise (no step can be running); a step left
+        queued (`EngineConfig.overlap`) is collected first, so every step runs wholly on one set of weights."""
+        self._drain()
         return self.engine.load_weights(named_tensors)
 
     async def sleep(self) -> None:
@@ -221,13 +223,21 @@ class AsyncEngine:
                 self.sched.abort(req.seqs, req.jobs)
                 self._finish(req)
         if self._asleep or not self.sched.busy:
+            self.engine.discard_pending()  # a step queued for samples that were all aborted since
             return False
-        keep_hidden = self.collect_hidden or any(r.params.return_hidden for r in self._requests.values())
-        self.engine.step_once(self.sched, self._default, keep_hidden)
+        self.engine.step_once(self.sched, self._default, self._keep_hidden())
         self._collect()
         if len(self.engine.timeline) > 2 * TIMELINE_KEEP:  # a server runs for days: keep the recent steps
             del self.engine.timeline[:-TIMELINE_KEEP]
         return True
+
+    def _keep_hidden(self) -> bool:
+        return self.collect_hidden or any(r.params.return_hidden for r in self._requests.values())
+
+    def _drain(self) -> None:
+        """The step left queued on the device, collected and its finished requests answered."""
+        self.engine.drain(self.sched, self._default, self._keep_hidden())
+        self._collect()
 
     def _collect(self) -> None:
         done, self.sched.done = self.sched.done, []
@@ -237,6 +247,10 @@ class AsyncEngine:
                 self._finish(req)
 
     def _fail_all(self, err: Exception) -> None:
+        try:
+            self.engine.discard_pending()
+        except Exception:  # the device may be what failed: the queued step goes with the requests
+            log.exception("AsyncEngine: the queued step could not be waited for")
         self._inbox.clear()
         for req in list(self._requests.values()):
             self.sched.abort(req.seqs, req.jobs)
@@ -266,6 +280,7 @@ class AsyncEngine:
     def _sleep(self) -> None:
         if self._asleep:
             return
+        self._drain()
         self.sched.evict_all()
         self._captured = self.engine.release_memory()
         self._asleep = True

@@ -183,7 +183,7 @@ class Engine:
             for k in range(0, len(group), self.max_batch):
                 sched.waiting.append(PrefillJob(self.new_id(), list(p), group=group[k : k + self.max_batch]))
         self._stats.t_start = t_start = time.perf_counter()
-        self._pending = self._decided = None
+        self.discard_pending()  # a step another scheduler left queued (a failed call) is nobody's now
         with self.on_stream():
             while sched.busy:
                 self._step(sched, params, keep_hidden, self.config.overlap)
@@ -242,12 +242,13 @@ class Engine:
                 return
             step = self.runner.launch(seqs, tables, strategy, params, keep_hidden)
             step.behind = behind
-        ahead, self._decided = launch_ahead(self, sched, step, params, keep_hidden)
+        ahead, self._decided = launch_ahead(self, sched, step, params, keep_hidden) if overlap else (None, None)
         out, seqs = self.runner.collect(step), step.seqs
-        if any(s.finished for s in seqs):  # queued ahead: rows of samples that stopped in the step before
+        if any(s.finished for s in seqs):  # queued ahead: rows of samples that stopped (or were aborted) since
             keep = [i for i, s in enumerate(seqs) if not s.finished]
             seqs, out = [seqs[i] for i in keep], out.rows(keep)
-        self._apply(sched, seqs, step.strategy, out, max(step.t0, self._t_collected), step.behind)
+        if seqs:
+            self._apply(sched, seqs, step.strategy, out, max(step.t0, self._t_collected), step.behind)
         if ahead is not None and not keeps(self, sched, ahead, params):
             self.runner.discard(ahead)  # dropped: run again on the samples left
             ahead = None
@@ -317,9 +318,25 @@ class Engine:
     # ------------------------------------------------------------------------- serving (AsyncEngine)
     def step_once(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool = False) -> None:
         """One schedule -> run -> postprocess step of a scheduler that outlives generate calls
-        (`rollout.async_engine`): a prefill of waiting work, else one plain or speculative step."""
+        (`rollout.async_engine`): a prefill of waiting work, else one plain or speculative step. With
+        `EngineConfig.overlap` the next step may be left queued on the device (`drain` collects it); samples
+        dropped from the scheduler meanwhile (an abort) must be marked finished, and their rows are left out."""
         with self.on_stream():
-            self._step(sched, params, keep_hidden or self.runner.drafter is not None)
+            self._step(sched, params, keep_hidden or self.runner.drafter is not None, self.config.overlap)
+
+    def drain(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool = False) -> None:
+        """Collect and postprocess the step `step_once` left queued, if any, queuing none: before the weights, the
+        cache or the running samples change other than by a step."""
+        if self._pending is not None:
+            with self.on_stream():
+                self._decode_step(sched, params, keep_hidden or self.runner.drafter is not None, overlap=False)
+        self._decided = None
+
+    def discard_pending(self) -> None:
+        """Let go of a queued step without applying it (after a failed step: its samples are being dropped)."""
+        step, self._pending, self._decided = self._pending, None, None
+        if step is not None:
+            self.runner.discard(step)
 
     def load_weights(self, named_tensors) -> int:
         """Copy (HF name, tensor) pairs into the target's parameters in place (`ModelRunner.load_weights`)."""
