@@ -330,3 +330,39 @@ def test_speculative_steps_one_ahead_keep_every_token_and_log_prob(temperature):
         outs.append([(o.token_ids, o.logprobs, o.finish_reason) for o in got])
         hists.append(eng.stats()["accept_length_hist"])
     assert outs[1] == outs[0] and hists[1] == hists[0]
+
+
+def test_async_engine_with_steps_queued_ahead_gives_closed_calls_tokens():
+    # the serving front (verl's server) over captured plain steps queued one ahead: requests join and one leaves
+    # (aborted) between steps; every other request's tokens are those of a closed call on its own
+    import asyncio
+
+    from tlt_rt.rollout import AsyncEngine
+    from tlt_rt.rollout.scheduler import sampling_params_from
+
+    reqs = [(f"r{i}", PROMPTS[i % len(PROMPTS)], {"temperature": 0.9 * (i % 2), "max_tokens": 12 + 5 * i,
+                                                   "seed": i, "ignore_eos": i % 3 == 0}) for i in range(6)]  # fmt: skip
+
+    def engine():
+        target, _ = _pair()
+        return Engine(target, speculative="off", block_size=16, graph_batches=[4, 8])
+
+    aeng = AsyncEngine(engine())
+
+    async def main():
+        gone = asyncio.ensure_future(aeng.generate([1, 2], {"temperature": 0.5, "max_tokens": 300,
+                                                            "ignore_eos": True}, "gone"))  # fmt: skip
+        outs = []
+        for rid, prompt, d in reqs:
+            outs.append(asyncio.ensure_future(aeng.generate(prompt, d, rid)))
+            await asyncio.sleep(0.005)
+        aeng.abort("gone")
+        return await gone, await asyncio.gather(*outs)
+
+    gone, outs = asyncio.run(main())
+    assert gone.finish_reason == "abort"
+    ref = engine()
+    for (_, prompt, d), out in zip(reqs, outs, strict=True):
+        want = ref.generate([prompt], sampling_params_from(d, eos=GPU_TINY.eos_token_ids))
+        assert [o.token_ids for o in out.outputs] == [o.token_ids for o in want]
+    aeng.shutdown()
