@@ -204,8 +204,7 @@ class Engine:
         overlap: plain steps may be queued one ahead (`EngineConfig.overlap`; within one generate call)."""
         jobs = sched.admit()
         if jobs:
-            if self._pending is not None:  # the step in flight first, as it would have run without overlap
-                self._decode_step(sched, params, keep_hidden, overlap=False)
+            self._collect_pending(sched, params, keep_hidden)  # the step in flight first, as without overlap
             t0 = time.perf_counter()
             n = prefill(self.runner, sched, jobs, params, keep_hidden)
             self._stats.record("prefill", None, len(jobs), n, t0, len(sched.running))
@@ -327,10 +326,14 @@ class Engine:
     def drain(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool = False) -> None:
         """Collect and postprocess the step `step_once` left queued, if any, queuing none: before the weights, the
         cache or the running samples change other than by a step."""
-        if self._pending is not None:
-            with self.on_stream():
-                self._decode_step(sched, params, keep_hidden or self.runner.drafter is not None, overlap=False)
+        with self.on_stream():
+            self._collect_pending(sched, params, keep_hidden or self.runner.drafter is not None)
         self._decided = None
+
+    def _collect_pending(self, sched: Scheduler, params: SamplingParams, keep_hidden: bool) -> None:
+        """Postprocess the step left queued, if any, queuing none after it."""
+        if self._pending is not None:
+            self._decode_step(sched, params, keep_hidden, overlap=False)
 
     def discard_pending(self) -> None:
         """Let go of a queued step without applying it (after a failed step: its samples are being dropped)."""

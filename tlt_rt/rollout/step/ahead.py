@@ -71,14 +71,14 @@ def args_after(
         pick = idx.to(runner.device, non_blocking=True)
     host = after.out.host if pick is None else after.out.host[pick]
     if strategy is None:  # one token on: the root is the token `after` sampled
+        depth, window, roots, moved = 0, None, host[:, 1], None
         ints = pack_ints(seqs, tables, 1, 0, ahead=1)
-        floats = pack_floats(seqs, rows, 0, runner.uniforms, ahead=1)
-        return StepArgs(runner.ring.stage("ints", ints), runner.ring.stage("floats", floats), None, host[:, 1])
-    r = runner.drafter.block_rows(strategy)
-    ints = pack_ints(seqs, tables, r, strategy.depth)  # as before `after`; the device moves them on
-    floats = pack_floats(seqs, rows, strategy.depth, runner.uniforms, ahead=1)
-    window = after.out.window if pick is None else after.out.window[pick]  # `after` moved them on
-    return StepArgs(runner.ring.stage("ints", ints), runner.ring.stage("floats", floats), window[:, -r:], after=host)
+    else:  # packed as before `after`; the device moves prefix, ctx tokens on, and `after` moved the windows
+        depth, r, roots, moved = strategy.depth, runner.drafter.block_rows(strategy), None, host
+        ints = pack_ints(seqs, tables, r, depth)
+        window = (after.out.window if pick is None else after.out.window[pick])[:, -r:]
+    floats = pack_floats(seqs, rows, depth, runner.uniforms, ahead=1)
+    return StepArgs(runner.ring.stage("ints", ints), runner.ring.stage("floats", floats), window, roots, moved)
 
 
 def launch_ahead(

@@ -99,6 +99,15 @@ def advance_ints(ints: Tensor, after: Tensor, r: int) -> None:
     ints[:, 2 : 2 + r] = joined.gather(1, idx)
 
 
+def move_on(ints: Tensor, args: StepArgs, r: int) -> None:
+    """Apply what a step queued ahead takes from the step before on the device (`StepArgs.tokens` or
+    `StepArgs.after`) to its ints [b, 2 + R + W], in place."""
+    if args.tokens is not None:
+        ints[:, 1 + r].copy_(args.tokens)
+    elif args.after is not None:
+        advance_ints(ints, args.after, r)
+
+
 def unpack_inputs(ints: Tensor, floats: Tensor, r: int, dlen: int) -> dict[str, Tensor]:
     """The packed step buffers (module docstring) -> the lowered program's named inputs, each contiguous
     (the kernels take their [B] inputs contiguous; the buffers' columns are strided views)."""
@@ -186,10 +195,7 @@ class StepGraphs:
         r, _ = layout(self.runner, key[2])
         ints = ins["ints"]
         ints[:b, :c].copy_(args.ints, non_blocking=True)
-        if args.tokens is not None:
-            ints[:b, 1 + r].copy_(args.tokens)
-        if args.after is not None:
-            advance_ints(ints[:b], args.after, r)
+        move_on(ints[:b], args, r)
         if b < ints.shape[0]:  # padding rows: nothing cached, every write to the trash block
             ints[b:, : 2 + r].zero_()
             ints[b:, 2 + r :].fill_(self.runner.trash_block)
@@ -206,12 +212,8 @@ class StepGraphs:
         dev = self.runner.device
         ints, floats = args.ints.to(dev, non_blocking=True), args.floats.to(dev, non_blocking=True)
         if args.tokens is not None or args.after is not None:
-            r, _ = layout(self.runner, option)
             ints = ints.clone() if ints is args.ints else ints  # the host's array stays as packed
-            if args.tokens is not None:
-                ints[:, 1 + r].copy_(args.tokens)
-            else:
-                advance_ints(ints, args.after, r)
+            move_on(ints, args, layout(self.runner, option)[0])
         b = ints.shape[0]
         host, hid, moved = self.compute(b, option, mode, ints, floats, args.window)
         return StepValues(host, hid, moved)

@@ -104,10 +104,10 @@ class Uniforms:
     def get(self, seqs: list[Sequence], n: int, ahead: int = 0) -> np.ndarray:
         """[B, n] for the step `ahead` steps past each sequence's counter."""
         counters = [s.counter + ahead for s in seqs]
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and n <= ahead[2].shape[1] and ahead[1] == counters:
-            if ahead[0] == tuple(s.seq_id for s in seqs):
-                return ahead[2][:, :n]
+        drawn, self._ahead = self._ahead, None
+        if drawn is not None and n <= drawn[2].shape[1] and drawn[1] == counters:
+            if drawn[0] == tuple(s.seq_id for s in seqs):
+                return drawn[2][:, :n]
         return host_uniforms([s.seed for s in seqs], counters, n)
 
     def prefetch(self, seqs: list[Sequence], n: int | None = None, ahead: int = 0) -> None:
