@@ -366,3 +366,25 @@ def test_async_engine_with_steps_queued_ahead_gives_closed_calls_tokens():
         want = ref.generate([prompt], sampling_params_from(d, eos=GPU_TINY.eos_token_ids))
         assert [o.token_ids for o in out.outputs] == [o.token_ids for o in want]
     aeng.shutdown()
+
+
+def test_a_steps_rows_of_samples_left_are_picked_without_waiting_for_the_step_queued_behind():
+    # samples finishing while a step is queued behind the collected one: their rows are dropped from its hidden
+    # copy on the device; the host must not wait for the queued step to do it (a stall at every finish)
+    from tlt_rt.rollout.step.io import StepOut
+
+    hidden = torch.randn(4, 1, 32, device="cuda")
+    out = StepOut([0] * 4, [[i] for i in range(4)], [[0.0]] * 4, hidden.clone())
+    out.rows([0, 1, 2])  # the pinned host allocator's first block (cudaHostAlloc) taken before anything is queued
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1 << 30)  # the step queued behind: ~0.5 s of device work
+    queued = torch.cuda.Event()
+    queued.record()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        picked = out.rows([0, 2, 3])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not queued.query(), "picking the rows waited for the work queued before it"
+    assert picked.tokens == [[0], [2], [3]]
+    assert torch.equal(picked.hidden, hidden[torch.tensor([0, 2, 3], device="cuda")])

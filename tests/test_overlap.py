@@ -256,3 +256,18 @@ def test_advance_ints_moves_a_speculative_steps_inputs_on_by_the_step_before():
     after = torch.tensor([[0, 40, -1, -1, 0.0, 0.0, 0.0], [2, 50, 51, 52, 0.0, 0.0, 0.0]], dtype=torch.float64)
     advance_ints(ints, after, 3)
     assert ints.tolist() == [[8, 3, 12, 13, 40, 5, 6], [4, 3, 50, 51, 52, 9, 9]]
+
+
+def test_step_out_rows_keep_the_picked_samples_results_and_hidden_rows():
+    from tlt_rt.rollout.step.io import StepOut
+
+    hidden = torch.arange(4 * 2 * 3, dtype=torch.float32).view(4, 2, 3)
+    out = StepOut([0, 1, 2, 1], [[5], [6, 7], [8, 9, 10], [11, 12]], [[-0.5], [-1.0, -1.5], [-2.0] * 3, [-3.0] * 2],
+                  hidden)  # fmt: skip
+    picked = out.rows([3, 1])
+    assert picked.accept_len == [1, 1]
+    assert picked.tokens == [[11, 12], [6, 7]]
+    assert picked.logprobs == [[-3.0, -3.0], [-1.0, -1.5]]
+    assert torch.equal(picked.hidden, torch.stack([hidden[3], hidden[1]]))
+    assert out.rows([]).hidden.shape == (0, 2, 3)
+    assert StepOut([0], [[1]], [[0.0]], None).rows([0]).hidden is None

@@ -46,12 +46,20 @@ class StepOut:
     hidden: Tensor | None  # [B, D+1, H] on the device (a copy): target hidden at the root and accepted nodes
 
     def rows(self, keep: list[int]) -> StepOut:
-        """The results of the sequences at positions `keep` only."""
+        """The results of the sequences at positions `keep` only. The hidden rows are picked on the device by an
+        index uploaded from pinned memory: indexing by a list uploads it from pageable memory, which waits for
+        every step queued on the stream, the one queued ahead of this one too (a stall at each finish)."""
+        hidden = self.hidden
+        if hidden is not None:
+            index = torch.tensor(keep, dtype=torch.long)
+            if hidden.is_cuda:
+                index = index.pin_memory().to(hidden.device, non_blocking=True)
+            hidden = hidden.index_select(0, index)
         return StepOut(
             [self.accept_len[i] for i in keep],
             [self.tokens[i] for i in keep],
             [self.logprobs[i] for i in keep],
-            None if self.hidden is None else self.hidden[keep],
+            hidden,
         )
 
 
