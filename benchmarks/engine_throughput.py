@@ -249,9 +249,9 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per row (the median is reported)")
     ap.add_argument("--profile", type=int, default=0, help="print the N functions with the most host time per run")
     ap.add_argument("--kernels", type=int, default=0, help="print the N GPU kernels with the most time per step")
-    ap.add_argument("--overlap-speculative", action="store_true",
+    ap.add_argument("--overlap-speculative", action=argparse.BooleanOptionalAction, default=True,
                     help="engines but the -serial ones also queue each speculative step while the host "
-                    "postprocesses the one before (rollout.overlap_speculative)")  # fmt: skip
+                    "postprocesses the one before (rollout.overlap_speculative, the default)")  # fmt: skip
     ap.add_argument("--configs", nargs="+", default=None,
                     help="rows to run: off, auto, strategies; off-serial, auto-serial: one step at a time")  # fmt: skip
     ap.add_argument("--interleave", action="store_true",

@@ -26,7 +26,7 @@ lockstep broadcast, a wait on the device, the postprocessing).
 (`rollout.overlap`, the default) and one step at a time (rows `plain serial`, priced in the last column against
 `plain`): the host work the overlap hides.
 
-`--overlap-speculative` does the same for the speculative engines' steps (`rollout.overlap_speculative`).
+`--no-overlap-speculative` runs the speculative engines' steps one at a time (`rollout.overlap_speculative`).
 
 `--sd STRATEGY` also times speculative decoding with that strategy at TP=1 and TP=N: a drafter of random
 weights (the same on every rank, replicated: it reads the target's full embedding and head, `TargetHeads`, its
@@ -372,9 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="plain engines with rollout.overlap on (the next step queued while the host postprocesses "
                     "this one) and/or off (one step at a time: rows 'plain serial', priced against 'plain'); SD "
                     "steps are priced against the 'plain' row")  # fmt: skip
-    ap.add_argument("--overlap-speculative", action="store_true",
+    ap.add_argument("--overlap-speculative", action=argparse.BooleanOptionalAction, default=True,
                     help="with --sd: each speculative step queued while the host postprocesses the one before "
-                    "(rollout.overlap_speculative)")  # fmt: skip
+                    "(rollout.overlap_speculative, the default)")  # fmt: skip
     ap.add_argument("--sd", default=None, metavar="STRATEGY",
                     help="also time speculative steps of this strategy (e.g. 8_4_32), a random drafter")  # fmt: skip
     args = ap.parse_args(argv)

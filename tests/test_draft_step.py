@@ -137,8 +137,10 @@ def test_shallow_step_after_a_deep_one_runs_the_deepest_block_without_eager_catc
 def test_engine_windows_are_the_last_target_hidden_rows(speculative):
     """The windows the SD step moves on, on the device, equal the target hidden rows the sequence keeps: the
     last step's as they are, gathered for a batch that lost sequences, or rebuilt from the history; in auto
-    mode, moved on by the plain steps in between (SD, SD, plain, plain, SD, plain, ...)."""
-    eng = make_engine(speculative, ("3_3_8", "4_2_6"))
+    mode, moved on by the plain steps in between (SD, SD, plain, plain, SD, plain, ...). Every SD step is packed
+    on the host here (none queued behind another: those take their windows from the step before on the device,
+    tests/test_overlap.py)."""
+    eng = make_engine(speculative, ("3_3_8", "4_2_6"), overlap_speculative=False)
     runner = eng.drafter_runner
     assert runner.window_rows == 5 + (speculative == "auto")
     prepare, reused, shrunk, after_plain = runner.prepare, [], [], []

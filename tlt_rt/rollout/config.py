@@ -121,10 +121,12 @@ class EngineConfig:
         "0.5B, T=1: 1.14x tokens/s at batch 1, 1.30x at 128. false = one step at a time.",
     )
     overlap_speculative: bool = option(
-        False,
+        True,
         help="With overlap: queue a speculative step after one of the same strategy too, its inputs moved on by "
         "the step before's accept lengths and tokens on the device and the drafter's windows as that step left "
-        "them; a step after which a sample ends or the batch changes is dropped and run again.",
+        "them; none is queued while a sample is within a step's tokens of its limit, and one after which the "
+        "batch changed is dropped and run again. 2x H200, Qwen2.5-7B shape TP=2, 8_4_32 at batch 1: the step "
+        "as dear as its bare replay (5.26 against 5.30 ms). false = speculative steps one at a time.",
     )
     fuse_norm: bool = option(
         False,
