@@ -10,8 +10,14 @@
 #                                                     auto-serial, interleaved (OUT/overlap-q05.log); then GPUs 0-1:
 #                                                     the 7B shape at TP=2 against TP=1, plain steps queued ahead and
 #                                                     one at a time, 8_4_32 queued ahead (OUT/overlap-tp2-7b.log)
+#   benchmarks/gpu_overlap.sh trained OUT Q05_GGUF    one GPU: a short drafter warm-up on the 0.5B's RL task (its
+#                                                     accept and perfect-drafter ceiling in OUT/w05/drafter/
+#                                                     warmup.json), then auto over the default strategies against off
+#                                                     with that drafter, interleaved, T=1.0 (OUT/auto-off-q05.log):
+#                                                     auto / off with every step queued ahead
 # Settings: TESTS_SECONDS (480), Q05_SECONDS (300), TP_SECONDS (250), STRATEGY (8_4_32), BATCHES ("1 32 128": each
-# batch builds and captures its engines anew, the auto ones every bucket up to it).
+# batch builds and captures its engines anew, the auto ones every bucket up to it); trained: WARMUP_PROMPTS (1024),
+# WARMUP_EPOCHS (1), WARMUP_SECONDS (200), AUTO_SECONDS (360).
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -46,8 +52,19 @@ case "$what" in
     grep -E "^(tlt|provider) " "$out/overlap-q05.log" || true
     grep -E "^\| " "$out/overlap-tp2-7b.log" || true
     ;;
+  trained)
+    [ -n "$q05" ] || { echo "trained needs the Qwen2.5-Coder-0.5B GGUF" >&2; exit 2; }
+    cfg=configs/qwen2.5-0.5b-math-gpu.yaml
+    timeout "${WARMUP_SECONDS:-200}" bash -c "source benchmarks/gpu_pass_lib.sh; out='$out'; warm_up 0 $cfg '$q05' \
+        ${WARMUP_PROMPTS:-1024} ${WARMUP_EPOCHS:-1} '$out/w05'"
+    echo "warm-up: accept / ceiling x1000 = $(warmup_ratio "$out/w05")"
+    # shellcheck disable=SC2086  # the strategy list splits on purpose
+    timeout "${AUTO_SECONDS:-360}" bash -c "source benchmarks/gpu_pass_lib.sh; out='$out'; auto_off 0 '$q05' $cfg \
+        '$out/w05/drafter' auto-off-q05 '${BATCHES:-1 32 128}' --configs off auto --strategies $DEFAULT"
+    grep -E "^(tlt|provider) " "$out/auto-off-q05.log" || true
+    ;;
   *)
-    echo "usage: $0 tests|measure OUT [Q05_GGUF]" >&2
+    echo "usage: $0 tests|measure|trained OUT [Q05_GGUF]" >&2
     exit 2
     ;;
 esac

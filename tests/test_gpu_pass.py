@@ -384,3 +384,29 @@ def test_overlap_pass_runs_every_gpu_test_then_the_two_timings(tmp_path):
     bad = subprocess.run(["bash", script, "measure", str(tmp_path / "x")], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=30)  # fmt: skip
     assert bad.returncode == 2 and "GGUF" in bad.stderr
+
+
+def test_overlap_pass_warms_a_drafter_then_times_auto_against_off_with_it(tmp_path):
+    """benchmarks/gpu_overlap.sh trained: the 0.5B's drafter warmed up on its RL task (accept / ceiling printed), then
+    auto over the engine's default strategies against off with that drafter, interleaved."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python").write_text(STUB)
+    (stub / "python").chmod(0o755)
+    calls, out = tmp_path / "calls.log", tmp_path / "t"
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "CALLS": str(calls)}
+    script = str(REPO / "benchmarks" / "gpu_overlap.sh")
+    run = subprocess.run(["bash", script, "trained", str(out), "/m/q05.gguf"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=30, check=True)  # fmt: skip
+    assert "accept / ceiling x1000 = 571" in run.stdout  # the stub's warm-up: 4.0 of a 7.0 ceiling
+    lines = calls.read_text().splitlines()
+    warm = next(c for c in lines if "--warmup-only" in c)
+    assert "configs/qwen2.5-0.5b-math-gpu.yaml" in warm and "model.path=/m/q05.gguf" in warm
+    assert f"--out {out}/w05" in warm and "--warmup-prompts 1024" in warm
+    timing = next(c for c in lines if "engine_throughput.py" in c)
+    assert f"--drafter {out}/w05/drafter" in timing and "--target /m/q05.gguf" in timing
+    assert "--configs off auto --strategies 8_4_48 8_4_32 8_4_16 8_4_8 6_2_12" in timing and "--interleave" in timing
+    assert "--batch 1 32 128" in timing
+    bad = subprocess.run(["bash", script, "trained", str(tmp_path / "x")], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=30)  # fmt: skip
+    assert bad.returncode == 2 and "GGUF" in bad.stderr
