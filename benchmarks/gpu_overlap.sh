@@ -9,13 +9,15 @@
 #                                                     one strategy and speculative steps queued ahead, auto /
 #                                                     auto-serial, interleaved (OUT/overlap-q05.log); then GPUs 0-1:
 #                                                     the 7B shape at TP=2 against TP=1, plain steps queued ahead and
-#                                                     one at a time, 8_4_32 queued ahead (OUT/overlap-tp2-7b.log)
+#                                                     one at a time, 8_4_32 queued ahead, every engine kept and
+#                                                     timed in TP_ROUNDS (5) interleaved rounds
+#                                                     (OUT/overlap-tp2-7b.log)
 #   benchmarks/gpu_overlap.sh trained OUT Q05_GGUF    one GPU: a short drafter warm-up on the 0.5B's RL task (its
 #                                                     accept and perfect-drafter ceiling in OUT/w05/drafter/
 #                                                     warmup.json), then auto over the default strategies against off
 #                                                     with that drafter, interleaved, T=1.0 (OUT/auto-off-q05.log):
 #                                                     auto / off with every step queued ahead
-# Settings: TESTS_SECONDS (480), Q05_SECONDS (300), TP_SECONDS (250), STRATEGY (8_4_32), BATCHES ("1 32 128": each
+# Settings: TESTS_SECONDS (480), Q05_SECONDS (300), TP_SECONDS (320), STRATEGY (8_4_32), BATCHES ("1 32 128": each
 # batch builds and captures its engines anew, the auto ones every bucket up to it); trained: WARMUP_PROMPTS (1024),
 # WARMUP_EPOCHS (1), WARMUP_SECONDS (200), AUTO_SECONDS (360).
 set -u
@@ -46,9 +48,9 @@ case "$what" in
         --task-config configs/qwen2.5-0.5b-math-gpu.yaml --configs off off-serial auto auto-serial \
         --strategies "$strategy" --overlap-speculative --interleave --batch ${BATCHES:-1 32 128} --max-new-tokens 256 \
         > "$out/overlap-q05.log" 2>&1
-    CUDA_VISIBLE_DEVICES=0,1 timeout "${TP_SECONDS:-250}" python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
+    CUDA_VISIBLE_DEVICES=0,1 timeout "${TP_SECONDS:-320}" python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
         --batch 1 32 --max-new-tokens 128 --allreduce oneshot --overlap on off --sd "$strategy" \
-        --overlap-speculative > "$out/overlap-tp2-7b.log" 2>&1
+        --overlap-speculative --rounds "${TP_ROUNDS:-5}" > "$out/overlap-tp2-7b.log" 2>&1
     grep -E "^(tlt|provider) " "$out/overlap-q05.log" || true
     grep -E "^\| " "$out/overlap-tp2-7b.log" || true
     ;;

@@ -28,6 +28,14 @@ lockstep broadcast, a wait on the device, the postprocessing).
 
 `--no-overlap-speculative` runs the speculative engines' steps one at a time (`rollout.overlap_speculative`).
 
+`--rounds R` (R > 1) keeps every engine, TP=1's beside TP=N's, and times them in R interleaved rounds: round 0
+captures and warms each up and times one generate, as a single round does; each round after it times one more
+generate of every engine in turn (the TP=1 ones on rank 0 while the other ranks wait). A row's tok/s and ms/step
+are then the median round's, and `x TP=1` the median over rounds of its tokens/s over the TP=1 row of the same mode
+in the same round (one `--allreduce` kind: the kinds share one shard). With `--sd` the drafter's feature layers
+are set on the model the plain engines share, so their steps hand those layers' outputs on too (a few adds a step),
+at TP=1 and TP=N alike.
+
 `--sd STRATEGY` also times speculative decoding with that strategy at TP=1 and TP=N: a drafter of random
 weights (the same on every rank, replicated: it reads the target's full embedding and head, `TargetHeads`, its
 own head over `--draft-vocab` ids as trained drafters have), greedy, so its tokens must again be TP=1's plain
@@ -122,17 +130,24 @@ def timed(engine: Engine, prompts, max_new: int, device) -> tuple[list[list[int]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_warm = time.perf_counter()
+    outs, secs, steps = timed_generate(engine, prompts, params, device)
+    # where a slow run's time went (a capture compiles the step's glue): untimed work beside the timed call
+    setup = (f"capture {t_capture - t_start:.1f} s (buckets {sizes}), warm-up {t_warm - t_capture:.1f} s, "
+             f"timed {secs:.1f} s")  # fmt: skip
+    return [o.token_ids for o in outs], secs, max(1, steps), setup
+
+
+def timed_generate(engine: Engine, prompts, params: SamplingParams, device) -> tuple[list, float, int]:
+    """(completions, seconds, decode steps) of one generate, the device drained before and after it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     before = engine.stats()
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     secs, after = time.perf_counter() - t0, engine.stats()
-    steps = sum(after[k] - before[k] for k in ("decode_steps", "sd_steps"))
-    # where a slow run's time went (a capture compiles the step's glue): untimed work beside the timed call
-    setup = (f"capture {t_capture - t_start:.1f} s (buckets {sizes}), warm-up {t_warm - t_capture:.1f} s, "
-             f"timed {secs:.1f} s")  # fmt: skip
-    return [o.token_ids for o in outs], secs, max(1, steps), setup
+    return outs, secs, sum(after[k] - before[k] for k in ("decode_steps", "sd_steps"))
 
 
 def drafter_for(arch: ArchConfig, target, device: torch.device, draft_vocab: int = 0) -> Drafter:
@@ -179,7 +194,7 @@ def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: in
         bare = bare_step_ms(engine, b, args.prompt_len + args.max_new_tokens // 2, device)
         if rank == 0:
             equal = "-" if tp == "1" and mode == "plain" else ("yes" if toks == ref[b] else "NO")
-            rows.append((tp, b, mode, b * args.max_new_tokens / secs, 1e3 * secs / steps, equal, bare))
+            rows.append((tp, b, mode, b * args.max_new_tokens / secs, 1e3 * secs / steps, equal, bare, [secs]))
             print(f"TP={tp} {mode} batch {b}: {rows[-1][3]:.1f} tok/s, {rows[-1][4]:.2f} ms/step (bare step "
                   f"{bare:.2f}), equal {equal} ({setup})", flush=True)  # fmt: skip
         if args.host_profile is not None:  # one more generate under cProfile on rank 0 (all ranks run it)
@@ -206,6 +221,64 @@ def run_rows(engine, tp: str, mode: str, args, arch, device, ref, rows, rank: in
                 engine.generate(prompts, params)
             if path is not None:
                 print("  " + "\n  ".join(path.read_text().splitlines()[1:3]), flush=True)  # wall and kernels by kind
+
+
+def time_rounds(engines: list, args, arch, device, ref: dict, rows: list, rank: int) -> None:
+    """`--rounds`: every engine of `engines` [(tp label, mode, engine or None where this rank has none)] at each
+    batch size in interleaved rounds; rank 0 records each row as `run_rows` does, with every round's seconds and
+    the median round's tok/s and ms/step. A TP=1 engine runs on rank 0 alone; before every TP=N engine's call the
+    ranks meet at a barrier, so each call starts on all of them together."""
+    g = torch.Generator().manual_seed(1)  # the prompts `run_rows` gives each batch
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, stop_token_ids=[])
+    for b in args.batch:
+        prompts = torch.randint(0, arch.vocab_size, (b, args.prompt_len), generator=g).tolist()
+        secs: list[list[float]] = [[] for _ in engines]
+        first: list[tuple | None] = [None] * len(engines)
+        for r in range(args.rounds):
+            for i, (tp, _mode, engine) in enumerate(engines):
+                if tp != "1":
+                    dist.barrier()
+                if engine is None:
+                    continue
+                if r == 0:  # capture, warm-up, then the first timed call
+                    toks, s, steps, setup = timed(engine, prompts, args.max_new_tokens, device)
+                    first[i] = (toks, steps, setup)
+                else:
+                    s = timed_generate(engine, prompts, params, device)[1]
+                secs[i].append(s)
+        for i, (tp, mode, engine) in enumerate(engines):
+            if tp != "1":
+                dist.barrier()
+            if engine is None:
+                continue
+            toks, steps, setup = first[i]
+            if ref is not None and b not in ref:
+                ref[b] = toks
+            bare = bare_step_ms(engine, b, args.prompt_len + args.max_new_tokens // 2, device)
+            if rank == 0:
+                mid = sorted(secs[i])[len(secs[i]) // 2]
+                equal = "-" if tp == "1" and mode == "plain" else ("yes" if toks == ref[b] else "NO")
+                rows.append((tp, b, mode, b * args.max_new_tokens / mid, 1e3 * mid / max(1, steps), equal, bare,
+                             secs[i]))  # fmt: skip
+                spread = f"{1e3 * min(secs[i]) / steps:.2f}-{1e3 * max(secs[i]) / steps:.2f}"
+                print(
+                    f"TP={tp} {mode} batch {b}: {rows[-1][3]:.1f} tok/s, {rows[-1][4]:.2f} ms/step over "
+                    f"{len(secs[i])} rounds ({spread}; bare step {bare:.2f}), equal {equal} ({setup})",
+                    flush=True,
+                )
+
+
+def paired(rows: list) -> dict:
+    """(tp, batch, mode) -> the median over rounds of the row's tokens/s over the TP=1 row of the same mode and
+    batch in the same round (its seconds over the row's); rows of TP=1, or without a TP=1 twin, have none."""
+    whole = {(b, mode): secs for tp, b, mode, *_, secs in rows if tp == "1"}
+    out = {}
+    for tp, b, mode, *_, secs in rows:
+        base = whole.get((b, mode))
+        if tp != "1" and base is not None and len(base) == len(secs):
+            ratios = sorted(t1 / t for t1, t in zip(base, secs, strict=True))
+            out[tp, b, mode] = ratios[len(ratios) // 2]
+    return out
 
 
 FUSED_KEYS = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages"}
@@ -269,9 +342,16 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         sd = dict(kw, speculative="on", strategies=(args.sd,), overlap_speculative=args.overlap_speculative) if (
             args.sd) else None  # fmt: skip
         rows = []
-        model = build(arch, dtype, device)
         ref: dict[int, list] = {}
         plain_modes = [("plain" if ov == "on" else "plain serial", ov == "on") for ov in args.overlap]
+        if args.rounds > 1:
+            engines = interleaved_engines(rank, args, arch, dtype, device, kw, sd, plain_modes, t_rank)
+            time_rounds(engines, args, arch, device, ref if rank == 0 else None, rows, rank)
+            if rank == 0:
+                out["rows"] = rows
+                out["arch"] = f"{args.shape if not args.smoke else 'smoke'} ({arch.num_hidden_layers} layers, {dtype})"
+            return finish(cuda)
+        model = build(arch, dtype, device)
         if rank == 0:  # TP=1: the whole model on one device
             for mode, overlap in plain_modes:
                 engine = Engine(model, **kw, overlap=overlap)
@@ -324,13 +404,58 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
     except BaseException:
         dist.destroy_process_group()
         raise
-    if cuda:  # every row is done: leave without tearing the group or the interpreter down; both hung CUDA ranks for
-        # minutes after their last row (2x H200, NCCL, symmetric memory: an exit at the end of the rank, then
+    finish(cuda)
+
+
+def finish(cuda: bool) -> None:
+    """A rank's end once every row is done."""
+    if cuda:  # leave without tearing the group or the interpreter down; both hung CUDA ranks for minutes after
+        # their last row (2x H200, NCCL, symmetric memory: an exit at the end of the rank, then
         # destroy_process_group before it, each hung)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
     dist.destroy_process_group()
+
+
+def interleaved_engines(rank: int, args, arch, dtype, device, kw: dict, sd: dict | None, plain_modes, t_rank) -> list:
+    """`--rounds`: every engine built and kept, [(tp label, mode, engine or None)] in the order they run: TP=1's
+    on rank 0 (None elsewhere) over a whole model of their own, then TP=N's over a shard of a fresh build (the
+    engines set their backend and glue on the model they get), with the one `--allreduce` kind."""
+    engines: list = []
+    whole = build(arch, dtype, device) if rank == 0 else None
+    for mode, overlap in plain_modes:
+        engines.append(("1", mode, Engine(whole, **kw, overlap=overlap) if whole is not None else None))
+    if sd:
+        drafter = drafter_for(arch, whole, device, args.draft_vocab) if whole is not None else None
+        engines.append(("1", args.sd, Engine(whole, drafter=drafter, **sd) if whole is not None else None))
+    note(rank, t_rank, "TP=1 engines built")
+    model = build(arch, dtype, device)
+    dist.barrier()
+    heads = TargetHeads(model) if sd else None
+    host_group = host_group_for()
+    shard = shard_for_tp(model)
+    kind = args.allreduce[0]
+    if kind.startswith("fused"):
+        from tlt_rt.codegen.kernels import tp_sum  # local: Triton, for GPU runs only
+
+        meta, tail, flat = fused_settings(kind)
+        if flat is not None:
+            tp_sum.ROW_FLAT = flat
+        tp_sum.use_fused_sums(shard, pdl=args.pdl, meta=meta, tail=tail)
+    else:
+        use_allreduce(shard, kind)
+    label = f"{args.tp}" if kind == "nccl" else f"{args.tp} {kind}"
+    for mode, overlap in plain_modes:
+        engines.append((label, mode, lockstep_engine(shard, None, host_group=host_group, **kw, overlap=overlap)))
+    for how in args.drafter_tp if sd else []:
+        drafter = drafter_for(arch, heads, device, args.draft_vocab)
+        mode = args.sd if len(args.drafter_tp) == 1 else f"{args.sd} {how}"
+        engines.append(
+            (label, mode, lockstep_engine(shard, None, drafter, drafter_tp=how, host_group=host_group, **sd))
+        )
+    note(rank, t_rank, f"TP={label} engines built")
+    return engines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,6 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap-speculative", action=argparse.BooleanOptionalAction, default=True,
                     help="with --sd: each speculative step queued while the host postprocesses the one before "
                     "(rollout.overlap_speculative, the default)")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="R > 1: keep every engine and time them in R interleaved rounds (the median round's row, "
+                    "and x TP=1 paired within rounds); one --allreduce kind")  # fmt: skip
     ap.add_argument("--sd", default=None, metavar="STRATEGY",
                     help="also time speculative steps of this strategy (e.g. 8_4_32), a random drafter")  # fmt: skip
     args = ap.parse_args(argv)
@@ -389,6 +517,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--pdl needs --chain (the decode chain's kernels are what PDL launches)")
     elif not 0 < args.scale <= 1:
         ap.error("--scale must be in (0, 1]")
+    elif args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    elif args.rounds > 1 and len(args.allreduce) > 1:
+        ap.error("--rounds keeps every engine over one shard: give one --allreduce kind")
+    elif args.rounds > 1 and (args.profile is not None or args.host_profile is not None):
+        ap.error("--profile / --host-profile run with one round (each row profiled after its timing)")
     if not args.smoke and torch.cuda.is_available() and torch.cuda.device_count() < args.tp:
         ap.error(f"TP={args.tp} needs {args.tp} GPUs, found {torch.cuda.device_count()}")
     if not args.smoke:
@@ -413,14 +547,19 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{arch}, prompt {args.prompt_len} tokens, {args.max_new_tokens} new tokens, greedy, "
         f"{'plain and ' + args.sd + ' (a random drafter)' if args.sd else 'plain decoding'}\n"
     )
-    plain_ms = {(tp, b): ms for tp, b, mode, _, ms, _, _ in rows if mode == "plain"}
+    plain_ms = {(tp, b): ms for tp, b, mode, _, ms, *_ in rows if mode == "plain"}
+    pairs = paired(rows)
     order = {label: i for i, label in enumerate(dict.fromkeys(r[0] for r in rows))}  # as they ran
     print("bare step: the captured step alone (inputs in, replay, result out), no scheduling\n")
-    print("| tp | batch | mode | tok/s | ms/step | bare step ms | SD/plain step | equal |")
-    print("|---:|---:|---|---:|---:|---:|---:|:---:|")
-    for tp, b, mode, tps, ms, eq, bare in sorted(rows, key=lambda r: (r[1], r[2] != "plain", order[r[0]])):
+    rounds = max(len(r[7]) for r in rows)
+    how = f"the median over {rounds} interleaved rounds" if rounds > 1 else "one round, the rows one after another"
+    print(f"x TP=1: tokens/s over the TP=1 row of the same mode and batch ({how})\n")
+    print("| tp | batch | mode | tok/s | x TP=1 | ms/step | bare step ms | SD/plain step | equal |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|:---:|")
+    for tp, b, mode, tps, ms, eq, bare, _ in sorted(rows, key=lambda r: (r[1], r[2] != "plain", order[r[0]])):
         ratio = f"{ms / plain_ms[tp, b]:.2f}x" if mode != "plain" and (tp, b) in plain_ms else "-"
-        print(f"| {tp} | {b} | {mode} | {tps:.1f} | {ms:.2f} | {bare:.2f} | {ratio} | {eq} |")
+        x = f"{pairs[tp, b, mode]:.2f}x" if (tp, b, mode) in pairs else "-"
+        print(f"| {tp} | {b} | {mode} | {tps:.1f} | {x} | {ms:.2f} | {bare:.2f} | {ratio} | {eq} |")
     return 0 if all(r[5] != "NO" for r in rows) else 1
 
 

@@ -380,7 +380,7 @@ def test_overlap_pass_runs_every_gpu_test_then_the_two_timings(tmp_path):
     assert "--target /m/q05.gguf" in q05 and "--configs off off-serial auto auto-serial" in q05
     assert "--overlap-speculative" in q05 and "--strategies 8_4_32" in q05
     tp = next(c for c in lines if "tp_throughput.py" in c)
-    assert "--overlap on off" in tp and "--sd 8_4_32 --overlap-speculative" in tp
+    assert "--overlap on off" in tp and "--sd 8_4_32 --overlap-speculative" in tp and "--rounds 5" in tp
     bad = subprocess.run(["bash", script, "measure", str(tmp_path / "x")], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=30)  # fmt: skip
     assert bad.returncode == 2 and "GGUF" in bad.stderr

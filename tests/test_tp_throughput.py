@@ -65,3 +65,32 @@ def test_fused_sum_settings_parse_the_flat_key():
     assert fused_settings("fused:f=0")[2] is False
     with pytest.raises(ValueError, match="f=0|1"):
         fused_settings("fused:f=yes")
+
+
+@pytest.mark.slow
+def test_interleaved_rounds_keep_every_engine_and_pair_each_row_with_tp1():
+    """--rounds 3: every engine kept, TP=1's beside TP=2's, timed in three interleaved rounds; each row still emits
+    TP=1 plain's tokens and a TP=2 row carries its tokens/s over the TP=1 row of its mode, paired by round."""
+    cmd = [sys.executable, "benchmarks/tp_throughput.py", "--smoke", "--tp", "2", "--rounds", "3", "--sd", "3_2_4",
+           "--overlap", "on", "off"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.count("over 3 rounds") == 12  # 2 TPs x 3 modes x 2 batches
+    head_line = next(ln for ln in done.stdout.splitlines() if ln.startswith("| tp"))
+    head = [c.strip() for c in head_line.strip("|").split("|")]
+    table = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    rows = [dict(zip(head, (c.strip() for c in line.strip("|").split("|")), strict=True)) for line in table]
+    assert sorted((r["tp"], r["batch"], r["mode"]) for r in rows) == sorted(
+        (t, b, m) for t in ("1", "2") for b in ("1", "4") for m in ("plain", "plain serial", "3_2_4")
+    )
+    assert all(r["equal"] == ("-" if (r["tp"], r["mode"]) == ("1", "plain") else "yes") for r in rows)
+    assert all((r["x TP=1"] == "-") == (r["tp"] == "1") for r in rows)
+    assert all(float(r["x TP=1"].rstrip("x")) > 0 for r in rows if r["tp"] == "2")
+
+
+def test_rounds_refuse_what_they_cannot_interleave(tmp_path):
+    script = [sys.executable, "benchmarks/tp_throughput.py", "--smoke"]
+    for extra, words in ((["--rounds", "0"], "--rounds must be >= 1"),
+                         (["--rounds", "2", "--profile", str(tmp_path)], "one round")):  # fmt: skip
+        done = subprocess.run(script + extra, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and words in done.stderr, done.stderr
