@@ -24,6 +24,7 @@ from tlt_rt.rollout.block_manager import Tables
 from tlt_rt.rollout.params import SamplingParams
 from tlt_rt.rollout.sequence import Sequence
 from tlt_rt.rollout.step.rng import host_uniforms
+from tlt_rt.rollout.step.target import to_device
 
 
 def row_params(seqs: list[Sequence], params: SamplingParams) -> list[SamplingParams]:
@@ -47,14 +48,11 @@ class StepOut:
 
     def rows(self, keep: list[int]) -> StepOut:
         """The results of the sequences at positions `keep` only. The hidden rows are picked on the device by an
-        index uploaded from pinned memory: indexing by a list uploads it from pageable memory, which waits for
-        every step queued on the stream, the one queued ahead of this one too (a stall at each finish)."""
+        index uploaded without a wait (`to_device`): indexing by a list uploads it from pageable memory, which
+        waits for every step queued on the stream, the one queued ahead of this one too (a stall at each finish)."""
         hidden = self.hidden
         if hidden is not None:
-            index = torch.tensor(keep, dtype=torch.long)
-            if hidden.is_cuda:
-                index = index.pin_memory().to(hidden.device, non_blocking=True)
-            hidden = hidden.index_select(0, index)
+            hidden = hidden.index_select(0, to_device(torch.tensor(keep, dtype=torch.long), hidden.device))
         return StepOut(
             [self.accept_len[i] for i in keep],
             [self.tokens[i] for i in keep],
