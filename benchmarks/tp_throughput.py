@@ -344,73 +344,45 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         rows = []
         ref: dict[int, list] = {}
         plain_modes = [("plain" if ov == "on" else "plain serial", ov == "on") for ov in args.overlap]
-        if args.rounds > 1:
-            engines = interleaved_engines(rank, args, arch, dtype, device, kw, sd, plain_modes, t_rank)
-            time_rounds(engines, args, arch, device, ref if rank == 0 else None, rows, rank)
-            if rank == 0:
-                out["rows"] = rows
-                out["arch"] = f"{args.shape if not args.smoke else 'smoke'} ({arch.num_hidden_layers} layers, {dtype})"
-            return finish(cuda)
-        model = build(arch, dtype, device)
-        if rank == 0:  # TP=1: the whole model on one device
-            for mode, overlap in plain_modes:
-                engine = Engine(model, **kw, overlap=overlap)
-                note(rank, t_rank, f"TP=1 {mode} engine built")
-                run_rows(engine, "1", mode, args, arch, device, ref, rows, rank)
-                del engine
-            if sd:
-                engine = Engine(model, drafter=drafter_for(arch, model, device, args.draft_vocab), **sd)
-                note(rank, t_rank, f"TP=1 {args.sd} engine built")
-                run_rows(engine, "1", args.sd, args, arch, device, ref, rows, rank)
-                del engine
-            del model  # the engines set their backend and glue on the model: shard a fresh build
-            if cuda:
-                torch.cuda.empty_cache()
+        build_args = (args, arch, device, kw, sd, plain_modes, rank, t_rank)
+        if args.rounds > 1:  # every engine kept: TP=1's over a whole model of their own, beside the shard's
+            whole = build(arch, dtype, device) if rank == 0 else None
+            engines = list(whole_engines(whole, *build_args))
             model = build(arch, dtype, device)
+        else:  # one engine at a time, timed as it is built
+            model = build(arch, dtype, device)
+            if rank == 0:  # TP=1: the whole model on one device
+                for tp, mode, engine in whole_engines(model, *build_args):
+                    run_rows(engine, tp, mode, args, arch, device, ref, rows, rank)
+                    del engine
+                del model  # the engines set their backend and glue on the model: shard a fresh build
+                if cuda:
+                    torch.cuda.empty_cache()
+                model = build(arch, dtype, device)
         dist.barrier()
         heads = TargetHeads(model) if sd else None  # the replicated drafter's full embedding and head
         host_group = host_group_for()  # the SD policy's choices between the hosts (None under gloo)
         shard = shard_for_tp(model)
         if cuda:
             torch.cuda.empty_cache()
-        if any(kind.startswith("fused") for kind in args.allreduce):
-            from tlt_rt.codegen.kernels import tp_sum  # local: Triton, for GPU runs only
-
-            default_flat = tp_sum.ROW_FLAT  # a kind without f= runs with the kernel's own setting
+        sums = TPSums(shard, args.pdl, args.tp)
         for kind in args.allreduce:  # the same shard, its sums through each all-reduce in turn (steps captured anew)
-            if kind.startswith("fused"):
-                meta, tail, flat = fused_settings(kind)
-                tp_sum.ROW_FLAT = default_flat if flat is None else flat  # read as each step is captured
-                tp_sum.use_fused_sums(shard, pdl=args.pdl, meta=meta, tail=tail)
-            else:
-                use_allreduce(shard, kind)
-            label = f"{args.tp}" if kind == "nccl" else f"{args.tp} {kind}"
-            for mode, overlap in plain_modes:
-                engine = lockstep_engine(shard, None, host_group=host_group, **kw, overlap=overlap)
-                note(rank, t_rank, f"TP={label} {mode} engine built")
-                run_rows(engine, label, mode, args, arch, device, ref if rank == 0 else None, rows, rank)
+            label = sums.use(kind)
+            if args.rounds > 1:  # one kind (main checks): time every engine in interleaved rounds
+                engines += shard_engines(shard, heads, label, host_group, *build_args)
+                time_rounds(engines, args, arch, device, ref if rank == 0 else None, rows, rank)
+                break
+            for tp, mode, engine in shard_engines(shard, heads, label, host_group, *build_args):
+                run_rows(engine, tp, mode, args, arch, device, ref if rank == 0 else None, rows, rank)
                 del engine
-            for how in args.drafter_tp if sd else []:  # the drafter whole on every rank, or cut like the target
-                drafter = drafter_for(arch, heads, device, args.draft_vocab)
-                engine = lockstep_engine(shard, None, drafter, drafter_tp=how, host_group=host_group, **sd)
-                mode = args.sd if len(args.drafter_tp) == 1 else f"{args.sd} {how}"
-                cut = "sharded" if getattr(drafter, "tp", None) else "whole"
-                note(rank, t_rank, f"TP={label} {mode} engine built (drafter {cut})")
-                run_rows(engine, label, mode, args, arch, device, ref if rank == 0 else None, rows, rank)
-                del engine, drafter
         if rank == 0:
             out["rows"] = rows
             out["arch"] = f"{args.shape if not args.smoke else 'smoke'} ({arch.num_hidden_layers} layers, {dtype})"
     except BaseException:
         dist.destroy_process_group()
         raise
-    finish(cuda)
-
-
-def finish(cuda: bool) -> None:
-    """A rank's end once every row is done."""
-    if cuda:  # leave without tearing the group or the interpreter down; both hung CUDA ranks for minutes after
-        # their last row (2x H200, NCCL, symmetric memory: an exit at the end of the rank, then
+    if cuda:  # every row is done: leave without tearing the group or the interpreter down; both hung CUDA ranks for
+        # minutes after their last row (2x H200, NCCL, symmetric memory: an exit at the end of the rank, then
         # destroy_process_group before it, each hung)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -418,44 +390,61 @@ def finish(cuda: bool) -> None:
     dist.destroy_process_group()
 
 
-def interleaved_engines(rank: int, args, arch, dtype, device, kw: dict, sd: dict | None, plain_modes, t_rank) -> list:
-    """`--rounds`: every engine built and kept, [(tp label, mode, engine or None)] in the order they run: TP=1's
-    on rank 0 (None elsewhere) over a whole model of their own, then TP=N's over a shard of a fresh build (the
-    engines set their backend and glue on the model they get), with the one `--allreduce` kind."""
-    engines: list = []
-    whole = build(arch, dtype, device) if rank == 0 else None
+def whole_engines(model, args, arch, device, kw: dict, sd: dict | None, plain_modes, rank: int, t_rank: float):
+    """TP=1's engines over `model`, built one at a time as (tp label, mode, engine): the plain ones, then the
+    speculative one with `--sd`. Without a model (the ranks but 0, under `--rounds`) the same rows, no engine."""
     for mode, overlap in plain_modes:
-        engines.append(("1", mode, Engine(whole, **kw, overlap=overlap) if whole is not None else None))
+        engine = None if model is None else Engine(model, **kw, overlap=overlap)
+        note(rank, t_rank, f"TP=1 {mode} engine built")
+        yield "1", mode, engine
+        del engine  # before the next one is built (the caller lets go of its own)
     if sd:
-        drafter = drafter_for(arch, whole, device, args.draft_vocab) if whole is not None else None
-        engines.append(("1", args.sd, Engine(whole, drafter=drafter, **sd) if whole is not None else None))
-    note(rank, t_rank, "TP=1 engines built")
-    model = build(arch, dtype, device)
-    dist.barrier()
-    heads = TargetHeads(model) if sd else None
-    host_group = host_group_for()
-    shard = shard_for_tp(model)
-    kind = args.allreduce[0]
-    if kind.startswith("fused"):
-        from tlt_rt.codegen.kernels import tp_sum  # local: Triton, for GPU runs only
+        engine = None
+        if model is not None:
+            engine = Engine(model, drafter=drafter_for(arch, model, device, args.draft_vocab), **sd)
+        note(rank, t_rank, f"TP=1 {args.sd} engine built")
+        yield "1", args.sd, engine
 
-        meta, tail, flat = fused_settings(kind)
-        if flat is not None:
-            tp_sum.ROW_FLAT = flat
-        tp_sum.use_fused_sums(shard, pdl=args.pdl, meta=meta, tail=tail)
-    else:
-        use_allreduce(shard, kind)
-    label = f"{args.tp}" if kind == "nccl" else f"{args.tp} {kind}"
+
+def shard_engines(shard, heads, label: str, host_group, args, arch, device, kw: dict, sd: dict | None, plain_modes,
+                  rank: int, t_rank: float):  # fmt: skip
+    """TP=N's lockstep engines over `shard`, built one at a time as (tp label, mode, engine): the plain ones, then
+    with `--sd` one per `--drafter-tp` kind (the drafter whole on every rank, or cut like the target)."""
     for mode, overlap in plain_modes:
-        engines.append((label, mode, lockstep_engine(shard, None, host_group=host_group, **kw, overlap=overlap)))
+        engine = lockstep_engine(shard, None, host_group=host_group, **kw, overlap=overlap)
+        note(rank, t_rank, f"TP={label} {mode} engine built")
+        yield label, mode, engine
+        del engine
     for how in args.drafter_tp if sd else []:
         drafter = drafter_for(arch, heads, device, args.draft_vocab)
+        engine = lockstep_engine(shard, None, drafter, drafter_tp=how, host_group=host_group, **sd)
         mode = args.sd if len(args.drafter_tp) == 1 else f"{args.sd} {how}"
-        engines.append(
-            (label, mode, lockstep_engine(shard, None, drafter, drafter_tp=how, host_group=host_group, **sd))
-        )
-    note(rank, t_rank, f"TP={label} engines built")
-    return engines
+        cut = "sharded" if getattr(drafter, "tp", None) else "whole"
+        note(rank, t_rank, f"TP={label} {mode} engine built (drafter {cut})")
+        yield label, mode, engine
+        del engine, drafter
+
+
+class TPSums:
+    """The shard's sums through one `--allreduce` kind after another (`use`); a fused kind without f= runs with
+    the kernel's own one-row layout, as it was before any kind set it."""
+
+    def __init__(self, shard, pdl: bool, world: int):
+        self.shard, self.pdl, self.world, self.default_flat = shard, pdl, world, None
+
+    def use(self, kind: str) -> str:
+        """Route the shard's sums through `kind`; returns its rows' tp label ("2", "2 oneshot", ...)."""
+        if kind.startswith("fused"):
+            from tlt_rt.codegen.kernels import tp_sum  # local: Triton, for GPU runs only
+
+            if self.default_flat is None:
+                self.default_flat = tp_sum.ROW_FLAT
+            meta, tail, flat = fused_settings(kind)
+            tp_sum.ROW_FLAT = self.default_flat if flat is None else flat  # read as each step is captured
+            tp_sum.use_fused_sums(self.shard, pdl=self.pdl, meta=meta, tail=tail)
+        else:
+            use_allreduce(self.shard, kind)
+        return f"{self.world}" if kind == "nccl" else f"{self.world} {kind}"
 
 
 def main(argv: list[str] | None = None) -> int:
