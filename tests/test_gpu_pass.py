@@ -27,13 +27,19 @@ fi
 """
 
 
-def _pass(tmp_path: Path, script: str = "gpu_one.sh", models=("/m/q15.gguf",), **env: str) -> tuple[list[str], str]:
+def _stubbed(tmp_path: Path, **env: str) -> tuple[dict, Path]:
+    """(environment, call log): `python` on PATH is the STUB, which logs each call's arguments to the log."""
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "python").write_text(STUB)
     (stub / "python").chmod(0o755)
-    calls, out = tmp_path / "calls.log", tmp_path / "out"
-    full_env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "CALLS": str(calls), **env}
+    calls = tmp_path / "calls.log"
+    return {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "CALLS": str(calls), **env}, calls
+
+
+def _pass(tmp_path: Path, script: str = "gpu_one.sh", models=("/m/q15.gguf",), **env: str) -> tuple[list[str], str]:
+    full_env, calls = _stubbed(tmp_path, **env)
+    out = tmp_path / "out"
     subprocess.run(["bash", str(REPO / "benchmarks" / script), str(out), *models], cwd=REPO, env=full_env,
                    check=True, capture_output=True, timeout=30)  # fmt: skip
     main = out / "main.log"
@@ -364,12 +370,7 @@ def test_overlap_pass_runs_every_gpu_test_then_the_two_timings(tmp_path):
     """benchmarks/gpu_overlap.sh: `tests` runs both halves and the two-GPU TP tests (each test file once);
     `measure` times the 0.5B with its serial twins (speculative steps queued ahead, one strategy) and TP=2 with
     plain steps queued ahead and one at a time."""
-    stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "python").write_text(STUB)
-    (stub / "python").chmod(0o755)
-    calls = tmp_path / "calls.log"
-    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "CALLS": str(calls)}
+    env, calls = _stubbed(tmp_path)
     script = str(REPO / "benchmarks" / "gpu_overlap.sh")
     for args in (["tests", str(tmp_path / "t")], ["measure", str(tmp_path / "m"), "/m/q05.gguf"]):
         subprocess.run(["bash", script, *args], cwd=REPO, env=env, check=True, capture_output=True, timeout=30)
@@ -389,12 +390,8 @@ def test_overlap_pass_runs_every_gpu_test_then_the_two_timings(tmp_path):
 def test_overlap_pass_warms_a_drafter_then_times_auto_against_off_with_it(tmp_path):
     """benchmarks/gpu_overlap.sh trained: the 0.5B's drafter warmed up on its RL task (accept / ceiling printed), then
     auto over the engine's default strategies against off with that drafter, interleaved."""
-    stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "python").write_text(STUB)
-    (stub / "python").chmod(0o755)
-    calls, out = tmp_path / "calls.log", tmp_path / "t"
-    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "CALLS": str(calls)}
+    env, calls = _stubbed(tmp_path)
+    out = tmp_path / "t"
     script = str(REPO / "benchmarks" / "gpu_overlap.sh")
     run = subprocess.run(["bash", script, "trained", str(out), "/m/q05.gguf"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=30, check=True)  # fmt: skip
