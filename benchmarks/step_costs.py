@@ -298,6 +298,12 @@ VARIANTS = {
         {**NORM, "skinny": True, "skinny_min_weight": 0, "pdl": True, "norm_rows": 64, "skinny_rows": 64},
         {**ROPE, "pdl": True},
     ),
+    # the chain of up to 64 rows with the add + norm of more than one row in the compiled glue and their products
+    # through kernels.rows_gemm (KNOBS: skinny_gemm.DOT_KERNEL "split")
+    "pdl-rows2": (
+        {**NORM, "skinny": True, "skinny_min_weight": 0, "pdl": True, "norm_rows": 1, "skinny_rows": 64},
+        {**ROPE, "pdl": True},
+    ),
     # the same, each kernel's programs signalling the next at the end of their main loop (kernels.pdl.SIGNAL_AT_END)
     "pdl-end": ({**NORM, "skinny": True, "skinny_min_weight": 0, "pdl": 2}, {**ROPE, "pdl": 2}),
     "pdl-end+prefetch": (
@@ -333,6 +339,8 @@ KNOBS = {
 }
 for _name in KNOBS:
     VARIANTS[_name] = VARIANTS["pdl"]
+ROWS_SPLIT = {(SKINNY, "DOT_KERNEL"): "split"}
+KNOBS["pdl-rows2"] = ROWS_SPLIT
 
 
 def wide_variant(name: str) -> bool:
@@ -341,17 +349,18 @@ def wide_variant(name: str) -> bool:
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
     `pdl:attn:bn=..,w=..,s=..,sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
     split_waves); `pdl:dot:bn=..` / `pdl:dotnarrow:bn=..` the tensor-core launch of 9-64 rows for weights of many /
-    fewer rows (`skinny_gemm.DOT_META` / `DOT_NARROW`). `pc=1`: rows within one tile in power-of-two pieces, not
+    fewer rows (`skinny_gemm.DOT_META` / `DOT_NARROW`); `pdl-rows2:split:bn=..,bk=..,w=..,s=..,p=..` the launch of
+    `kernels.rows_gemm` (`ROWS_META`, p its programs). `pc=1`: rows within one tile in power-of-two pieces, not
     padded (meta "pieces", `row_tiles`). `f=0|1` (any kind) sets `skinny_gemm.ROW_FLAT`: one row's products
     broadcast over three dimensions or in the slab's layout (the default). `pdl-rows:...` the same on the chain of
     up to 64 rows. Registers the variant; False for other names."""
     base, colon, rest = name.partition(":")
-    if not colon or base not in ("pdl", "pdl-rows"):
+    if not colon or base not in ("pdl", "pdl-rows", "pdl-rows2"):
         return False
-    from tlt_rt.codegen.kernels import decode_rope_attention, skinny_gemm
+    from tlt_rt.codegen.kernels import decode_rope_attention, rows_gemm, skinny_gemm
 
     keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages", "sw": "split_waves",
-            "pc": "pieces"}  # fmt: skip
+            "pc": "pieces", "p": "programs"}  # fmt: skip
     kind, _, spec = rest.rpartition(":")
     module, attr = {
         "": (skinny_gemm, "ONE_ROW_WIDE"),
@@ -359,9 +368,13 @@ def wide_variant(name: str) -> bool:
         "attn": (decode_rope_attention, "DECODE_META"),
         "dot": (skinny_gemm, "DOT_META"),
         "dotnarrow": (skinny_gemm, "DOT_NARROW"),
+        "split": (rows_gemm, "ROWS_META"),
     }.get(kind, (None, None))
     if module is None:
-        raise ValueError(f"{name}: expected pdl:, pdl:narrow:, pdl:attn:, pdl:dot: or pdl:dotnarrow: before settings")
+        raise ValueError(
+            f"{name}: expected pdl:, pdl:narrow:, pdl:attn:, pdl:dot:, pdl:dotnarrow: or pdl-rows2:split: "
+            "before settings"
+        )
     meta = dict(getattr(module, attr))
     knobs = {}
     for item in spec.split(","):
@@ -372,7 +385,7 @@ def wide_variant(name: str) -> bool:
         if key not in keys or not value.isdigit():
             raise ValueError(f"{name}: expected pdl:bn=..,bk=..,w=..,s=..,pc=..,f=0|1 (any of them), got {item!r}")
         meta[keys[key]] = int(value)
-    KNOBS[name] = {(module.__name__, attr): meta, **knobs}
+    KNOBS[name] = {(module.__name__, attr): meta, **KNOBS.get(base, {}), **knobs}
     VARIANTS[name] = VARIANTS[base]
     return True
 
@@ -484,8 +497,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--label", default="", help="tag written into each row (variant under test)")
     ap.add_argument("--compare", nargs="+", default=None, metavar="VARIANT",
                     help=f"glue variants side by side, the first the baseline ({', '.join(VARIANTS)}; "
-                         "pdl[-rows]:[narrow:|attn:|dot:|dotnarrow:]bn=..,.. for pdl with another launch setting: "
-                         "see wide_variant)")  # fmt: skip
+                         "pdl[-rows|-rows2]:[narrow:|attn:|dot:|dotnarrow:|split:]bn=..,.. for pdl with another "
+                         "launch setting: see wide_variant)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=5, help="with --compare: interleaved rounds of --iters replays")
     args = ap.parse_args(argv)
     for name in args.compare or []:
@@ -493,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
             if not (name in VARIANTS or wide_variant(name)):
                 ap.error(
                     f"--compare: unknown variant {name!r}; one of {', '.join(VARIANTS)} or "
-                    "pdl[-rows]:[narrow:|attn:|dot:|dotnarrow:]bn=.."
+                    "pdl[-rows|-rows2]:[narrow:|attn:|dot:|dotnarrow:|split:]bn=.."
                 )
         except ValueError as e:
             ap.error(str(e))

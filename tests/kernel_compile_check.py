@@ -388,6 +388,16 @@ def pdl_cases():
     skinny_gemm.skinny_linear_triton(_t(32, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True)  # down
     skinny_gemm.skinny_linear_triton(_t(16, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True)
     skinny_gemm.skinny_linear_triton(_t(64, 1536, dtype=BF16), _t(4096, 1536, dtype=BF16), pdl=True)
+    # the same rows through kernels.rows_gemm (skinny_gemm.DOT_KERNEL "split"): o and down split over K, gate/up
+    # with SwiGLU, a verify's 33 rows against q/k/v with its bias; with and without PDL
+    from tlt_rt.codegen.kernels import rows_gemm
+
+    rows_gemm.interpreting = lambda: True  # lifts `supported`'s CPU guard
+    split = {"programs": 264}  # an H200's two waves (num_sms is 1 on CPU)
+    rows_gemm.rows_linear(x32, _t(1536, 1536, dtype=BF16), pdl=True, meta=split)
+    rows_gemm.rows_linear(_t(32, 8960, dtype=BF16), _t(1536, 8960, dtype=BF16), pdl=True, meta=split)
+    rows_gemm.rows_linear(x32, _t(2 * 8960, 1536, dtype=BF16), swiglu=True, pdl=True, meta=split)
+    rows_gemm.rows_linear(_t(33, 1536, dtype=BF16), _t(2048, 1536, dtype=BF16), _t(2048, dtype=BF16), meta=split)
 
 
 def tp_sum_cases():

@@ -56,13 +56,15 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
     uncovered = [name for name, n in report["compiled"].items() if n == 0]
     assert not uncovered, f"no case in tests/kernel_compile_check.py launches {uncovered}: add one"
     # the decode chain with PDL: every kernel of it checked (and the row-parallel matmul with the TP sum inside, which
-    # joins the chain under TP), each matmul prefetching its weight before its wait
+    # joins the chain under TP; the 9-64-row matmul of a chain of more rows), each one-tile matmul prefetching its
+    # weight before its wait
     chained = {label.split("[")[0].rsplit(".", 1)[1]: r for label, r in report["pdl"].items()}
     assert set(chained) == {
         "_norm_linear_kernel",
         "_skinny_kernel",
         "_decode_rope_attention_kernel",
         "_row_parallel_sum_kernel",
+        "_rows_kernel",
     }, chained
     # every matmul gets its weight moving before its wait: loaded whole (`skinny_gemm.row_tiles`) or prefetched
     early = [r["prefetch_before_wait"] + r["early_loads_before_wait"] > 0 for label, r in report["pdl"].items()

@@ -91,13 +91,16 @@ def test_engine_with_pdl_keeps_the_eager_tokens(speculative, monkeypatch):
         assert asked["norm"] > 0 and asked["rope"] > 0, asked
 
 
+@pytest.mark.parametrize("kernel", ["tiles", "split"])
 @pytest.mark.parametrize("speculative", ["off", "on"])
-def test_engine_with_a_chain_of_many_rows_keeps_the_eager_tokens(speculative, monkeypatch):
+def test_engine_with_a_chain_of_many_rows_keeps_the_eager_tokens(speculative, kernel, monkeypatch):
     """rollout.decode_chain_rows 64: steps of 12 rows (and the verify rows of speculative steps) of a bf16 model also
-    run as the chain, their products on tensor cores; greedy tokens are those of the chain of one row (whose steps
-    of more rows take cuBLAS: the two differ only in the order of fp32 sums)."""
+    run as the chain, their products on tensor cores (skinny_gemm.DOT_KERNEL: its own tiles, or `kernels.rows_gemm`
+    with K split over programs); greedy tokens are those of the chain of one row (whose steps of more rows take
+    cuBLAS: the two differ only in the order of fp32 sums)."""
     from tlt_rt.codegen.kernels import skinny_gemm
 
+    monkeypatch.setattr(skinny_gemm, "DOT_KERNEL", kernel)
     rows_seen = []
     real = skinny_gemm.skinny_linear_triton
 

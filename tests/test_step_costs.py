@@ -161,6 +161,15 @@ def test_compare_names_its_variants_and_refuses_a_glue_flag_beside_them(capsys):
     dot = KNOBS["pdl-rows:dot:bn=16,bk=256"][("tlt_rt.codegen.kernels.skinny_gemm", "DOT_META")]
     assert dot["block_n"] == 16 and dot["block_k"] == 256 and dot["whole"] == 0
     assert not wide_variant("pdl-3d") and not wide_variant("pdl-first:bn=2")
+    # the chain of more rows through kernels.rows_gemm, with its own launch setting: both knobs held
+    assert (
+        wide_variant("pdl-rows2:split:bn=128,w=8,p=528")
+        and VARIANTS["pdl-rows2:split:bn=128,w=8,p=528"][0]["norm_rows"] == 1
+    )
+    split = KNOBS["pdl-rows2:split:bn=128,w=8,p=528"]
+    assert split[("tlt_rt.codegen.kernels.skinny_gemm", "DOT_KERNEL")] == "split"
+    rows_meta = split[("tlt_rt.codegen.kernels.rows_gemm", "ROWS_META")]
+    assert rows_meta["block_n"] == 128 and rows_meta["num_warps"] == 8 and rows_meta["programs"] == 528
     assert wide_variant("pdl:narrow:bn=4,f=1")  # with one row's products in the slab's layout
     flat = KNOBS["pdl:narrow:bn=4,f=1"]
     assert flat[("tlt_rt.codegen.kernels.skinny_gemm", "ROW_FLAT")] is True

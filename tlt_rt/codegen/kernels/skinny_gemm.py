@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from tlt_rt.codegen.kernels import pdl as pdl_module
+from tlt_rt.codegen.kernels import rows_gemm
 from tlt_rt.codegen.kernels.pdl import enter, interpreting, launch_meta, leave, load_weight, prefetch_rows
 
 __all__ = [
@@ -67,6 +68,9 @@ SKINNY_META = {
 # (`bench_linear.py --tune --tune-rows 32` and `step_costs.py --compare pdl-rows:dot:bn=..` sweep them).
 DOT_META = {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4, "whole": 0}
 DOT_NARROW = {"block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 4, "whole": 0}
+# Which kernel runs 9-64 rows: "tiles", this module's (the DOT_* launches above), or "split", `kernels.rows_gemm`
+# (the weight on the MMA's wide side, K split over programs where the weight has few rows).
+DOT_KERNEL = "tiles"
 
 
 NARROW_N = 8192
@@ -422,6 +426,8 @@ def skinny_linear_triton(
         if n % 2:
             raise ValueError(f"swiglu needs a stacked [gate; up] weight with an even row count, got {n}")
         n //= 2
+    if meta is None and DOT_KERNEL == "split" and rows_gemm.supported(x, weight, bias):
+        return rows_gemm.rows_linear(x, weight, bias, swiglu=swiglu, pdl=pdl)
     x2 = x.reshape(-1, k)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()

@@ -1,0 +1,98 @@
+"""The 9-64-row decode matmul (`kernels.rows_gemm`) against its torch reference (interpreter on CPU, compiled on
+CUDA): split over K or not, bias, SwiGLU, irregular shapes; its split is deterministic and the skinny kernel's
+dispatch sends it tensor-core rows when asked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tlt_rt.codegen.kernels import rows_gemm
+from tlt_rt.codegen.kernels.rows_gemm import rows_linear, rows_linear_reference, rows_split, supported
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# fp32 runs on the interpreter only (the compiled kernel takes 16-bit weights); bf16 judged against the fp32 run
+DTYPES = [torch.float32, torch.bfloat16] if DEVICE == "cpu" else [torch.float16, torch.bfloat16]
+# few, large programs under the interpreter (~1 ms each); `programs` small, so narrow weights still split K
+META = {"block_n": 32, "block_k": 32, "num_warps": 4, "num_stages": 2, "programs": 6}
+
+
+def _inputs(m, n, k, bias, swiglu, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    rows = 2 * n if swiglu else n
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(rows, k, generator=g) / k**0.5
+    b = torch.randn(rows, generator=g) if bias else None
+    return (t.to(DEVICE, dtype) if t is not None else None for t in (x, w, b))
+
+
+@settings(deadline=None, max_examples=10)
+@given(
+    m=st.integers(9, 64),
+    n=st.integers(1, 90),
+    k=st.integers(16, 260),
+    bias=st.booleans(),
+    swiglu=st.booleans(),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_the_reference(m, n, k, bias, swiglu, dtype, seed):
+    x, w, b = _inputs(m, n, k, bias, swiglu, dtype, seed)
+    got = rows_linear(x, w, b, swiglu=swiglu, meta=META)
+    assert got.shape == (m, n) and got.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, rows_linear_reference(x, w, b, swiglu), atol=1e-4, rtol=1e-4)
+    else:  # against the same inputs in fp32: within the 16-bit type's rounding of each stored value
+        want = rows_linear_reference(x.float(), w.float(), None if b is None else b.float(), swiglu)
+        torch.testing.assert_close(got.float(), want, atol=2e-2 * (1 + want.abs().max().item()), rtol=2e-2)
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_a_narrow_weight_is_split_over_k_and_sums_the_same_every_time(swiglu):
+    """A weight of one program's rows and a long K: split into parts (each at least MIN_SPLIT_TILES tiles), their
+    partials summed in split order by whichever program arrives last, so two calls give the same bits."""
+    m, n, k = 24, 20, 400
+    parts, per_part = rows_split(1, k, META["block_k"], META["programs"])
+    assert parts > 1 and per_part % META["block_k"] == 0 and (parts - 1) * per_part < k <= parts * per_part
+    x, w, b = _inputs(m, n, k, True, swiglu, DTYPES[0], 7)
+    first = rows_linear(x, w, b, swiglu=swiglu, meta=META)
+    assert torch.equal(first, rows_linear(x, w, b, swiglu=swiglu, meta=META))
+    whole = rows_linear(x, w, b, swiglu=swiglu, meta={**META, "programs": 1})  # one part: the whole K a program
+    torch.testing.assert_close(first.float(), whole.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_split_sizes():
+    assert rows_split(24, 1536, 128, 264) == (6, 256)  # the 1.5B's o: 24 programs of 64 rows, 12 tiles in parts of 2
+    assert rows_split(24, 8960, 128, 264) == (10, 896)  # its down: 70 tiles in parts of 7 (264 / 24 = 11 wanted)
+    assert rows_split(280, 1536, 128, 264) == (1, 1536)  # gate/up: enough programs along N
+    assert rows_split(1, 256, 128, 264) == (1, 256)  # two tiles: no part shorter than MIN_SPLIT_TILES
+
+
+def test_refuses_what_it_does_not_take():
+    x, w, _ = _inputs(16, 8, 32, False, False, DTYPES[-1], 0)
+    assert supported(x, w) and not supported(x[:8], w) and not supported(torch.cat([x] * 5), w)  # 9-64 rows
+    assert not supported(x, w.t().contiguous().t())  # a weight strided along K
+    assert not supported(x[:, :8], w[:, :8])  # rows of fewer than 16 elements: no tensor-core tile
+    with pytest.raises(ValueError, match="9-64 rows"):
+        rows_linear(x[:4], w)
+    with pytest.raises(ValueError, match="even row count"):
+        rows_linear(x, w[:7], swiglu=True)
+
+
+def test_the_skinny_dispatch_sends_tensor_core_rows_here_when_asked(monkeypatch):
+    """skinny_gemm.DOT_KERNEL "split": its 9-64-row launches (the decode chain's batches and verify rows) run
+    this kernel; "tiles" keeps its own."""
+    from tlt_rt.codegen.kernels import skinny_gemm
+
+    calls = []
+    real = rows_gemm.rows_linear
+    monkeypatch.setattr(rows_gemm, "rows_linear", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    monkeypatch.setattr(rows_gemm, "ROWS_META", {**rows_gemm.ROWS_META, **META})
+    x, w, b = _inputs(16, 40, 64, True, False, DTYPES[-1], 3)
+    for kernel in ("tiles", "split"):
+        monkeypatch.setattr(skinny_gemm, "DOT_KERNEL", kernel)
+        skinny_gemm.skinny_linear_triton(x, w, b)
+        skinny_gemm.skinny_linear_triton(x[:1], w, b)  # one row: the skinny kernel's own
+    assert calls == [16]
