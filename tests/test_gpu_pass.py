@@ -407,3 +407,16 @@ def test_overlap_pass_warms_a_drafter_then_times_auto_against_off_with_it(tmp_pa
     bad = subprocess.run(["bash", script, "trained", str(tmp_path / "x")], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=30)  # fmt: skip
     assert bad.returncode == 2 and "GGUF" in bad.stderr
+
+
+def test_rows_pass_times_the_chain_of_more_rows_on_both_shapes(tmp_path):
+    """benchmarks/gpu_rows.sh: step_costs.py on the 1.5B's and 0.5B's shapes at batch 32 and 1 with verify rows, the
+    one-row chain first (the baseline) and the chain of more rows with each kernel, profiled, on the GPU asked for."""
+    env, calls = _stubbed(tmp_path)
+    subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_rows.sh"), str(tmp_path / "r"), "1"], cwd=REPO, env=env,
+                   check=True, capture_output=True, timeout=30)  # fmt: skip
+    lines = [c for c in calls.read_text().splitlines() if "step_costs.py" in c]
+    assert [c.split("--model ")[1].split()[0] for c in lines] == ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
+    for c in lines:
+        assert "--compare pdl pdl-rows pdl-rows2" in c and "--batch 32 1" in c and "--verify 16 48" in c
+        assert "--profile" in c and "--table 2624" in c

@@ -96,3 +96,30 @@ def test_the_skinny_dispatch_sends_tensor_core_rows_here_when_asked(monkeypatch)
         skinny_gemm.skinny_linear_triton(x, w, b)
         skinny_gemm.skinny_linear_triton(x[:1], w, b)  # one row: the skinny kernel's own
     assert calls == [16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])
+def test_the_qwen_shapes_compiled_eager_and_replayed(pdl):
+    """Compiled, on Qwen2.5-Coder-1.5B's shapes (o and down split over K, gate/up with SwiGLU, a verify's 33 rows of
+    q/k/v with its bias): within bf16 rounding of the fp32 reference; replays of a CUDA graph of all four (the
+    split's counters left zero by each launch) give the eager launches' bits."""
+    shapes = [(32, 1536, 1536, False, False), (32, 1536, 8960, False, False), (32, 8960, 1536, True, False),
+              (33, 2048, 1536, False, True)]  # fmt: skip
+    inputs = [tuple(_inputs(m, n, k, bias, swiglu, torch.bfloat16, i)) for i, (m, n, k, bias, swiglu) in
+              enumerate(shapes)]  # fmt: skip
+
+    def run():
+        return [rows_linear(x, w, b, swiglu=s[3], pdl=pdl) for (x, w, b), s in zip(inputs, shapes, strict=True)]
+
+    eager = run()
+    for (x, w, b), s, got in zip(inputs, shapes, eager, strict=True):
+        want = rows_linear_reference(x.float(), w.float(), None if b is None else b.float(), s[3])
+        torch.testing.assert_close(got.float(), want, atol=2e-2 * (1 + want.abs().max().item()), rtol=2e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(captured, eager, strict=True))

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# A decode step's 9-64 rows (a batch of 32, a speculative step's verify rows) through the chain of Triton kernels,
+# on one GPU: Qwen2.5-Coder-1.5B's and 0.5B's shapes (random bf16 weights, graphs, block tables as wide as the RL
+# configs' engines), step_costs.py's variants side by side in interleaved rounds: the one-row chain whose larger
+# steps take cuBLAS (pdl), the chain of up to 64 rows with skinny_gemm's tensor-core tiles (pdl-rows) and with
+# kernels.rows_gemm (pdl-rows2, and its launch settings), each variant's kernels profiled at batch 32.
+#   benchmarks/gpu_rows.sh OUT [GPU]     (logs and records in OUT; GPU: CUDA_VISIBLE_DEVICES, 0 by default)
+# Settings: VARIANTS15 / VARIANTS05 (step_costs.py --compare names per model, the first the baseline), ROUNDS (5),
+# STEP_SECONDS (260 / 200).
+set -u
+out=${1:?OUT}; gpu=${2:-0}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+v15=${VARIANTS15:-pdl pdl-rows pdl-rows2 pdl-rows2:split:bk=64,s=6 pdl-rows2:split:bn=128,w=8,s=3 pdl-rows2:split:p=528}
+v05=${VARIANTS05:-pdl pdl-rows pdl-rows2 pdl-rows2:split:bk=64,s=6}
+for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
+  if [ "$model" = qwen2.5-coder-1.5b ]; then variants=$v15; limit=${STEP_SECONDS:-260}; else variants=$v05; limit=${STEP_SECONDS:-200}; fi
+  # shellcheck disable=SC2086  # the variant list splits on purpose
+  CUDA_VISIBLE_DEVICES=$gpu timeout "$limit" python benchmarks/step_costs.py --model "$model" --batch 32 1 --ctx 1024 \
+      --table 2624 --verify 16 48 --compare $variants --skinny-min-weight 0 --rounds "${ROUNDS:-5}" --profile \
+      --out "$out/rows-$model.jsonl" > "$out/rows-$model.log" 2>&1
+  echo "== $model"; grep -A30 "variants side by side" "$out/rows-$model.log" | grep -E "^(variant|pdl)" \
+      || tail -20 "$out/rows-$model.log"
+done
