@@ -1,6 +1,6 @@
 """The 9-64-row decode matmul (`kernels.rows_gemm`) against its torch reference (interpreter on CPU, compiled on
-CUDA): split over K or not, bias, SwiGLU, irregular shapes; its split is deterministic and the skinny kernel's
-dispatch sends it tensor-core rows when asked."""
+CUDA): blocks whole or shared by programs, bias, SwiGLU, irregular shapes; shared blocks sum deterministically,
+and the skinny kernel's dispatch sends it tensor-core rows when asked."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tlt_rt.codegen.kernels import rows_gemm
-from tlt_rt.codegen.kernels.rows_gemm import rows_linear, rows_linear_reference, rows_split, supported
+from tlt_rt.codegen.kernels.rows_gemm import rows_linear, rows_linear_reference, rows_programs, supported
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 runs on the interpreter only (the compiled kernel takes 16-bit weights); bf16 judged against the fp32 run
 DTYPES = [torch.float32, torch.bfloat16] if DEVICE == "cpu" else [torch.float16, torch.bfloat16]
-# few, large programs under the interpreter (~1 ms each); `programs` small, so narrow weights still split K
-META = {"block_n": 32, "block_k": 32, "num_warps": 4, "num_stages": 2, "programs": 6}
+# few, large programs under the interpreter (~1 ms each); 7 programs, so that most blocks are shared
+META = {"block_n": 32, "block_k": 32, "num_warps": 4, "num_stages": 2, "programs": 7}
 
 
 def _inputs(m, n, k, bias, swiglu, dtype, seed):
@@ -49,25 +49,25 @@ def test_matches_the_reference(m, n, k, bias, swiglu, dtype, seed):
         torch.testing.assert_close(got.float(), want, atol=2e-2 * (1 + want.abs().max().item()), rtol=2e-2)
 
 
+@pytest.mark.parametrize("programs", [1, 3, 7, 12])
 @pytest.mark.parametrize("swiglu", [False, True])
-def test_a_narrow_weight_is_split_over_k_and_sums_the_same_every_time(swiglu):
-    """A weight of one program's rows and a long K: split into parts (each at least MIN_SPLIT_TILES tiles), their
-    partials summed in split order by whichever program arrives last, so two calls give the same bits."""
-    m, n, k = 24, 20, 400
-    parts, per_part = rows_split(1, k, META["block_k"], META["programs"])
-    assert parts > 1 and per_part % META["block_k"] == 0 and (parts - 1) * per_part < k <= parts * per_part
-    x, w, b = _inputs(m, n, k, True, swiglu, DTYPES[0], 7)
-    first = rows_linear(x, w, b, swiglu=swiglu, meta=META)
-    assert torch.equal(first, rows_linear(x, w, b, swiglu=swiglu, meta=META))
-    whole = rows_linear(x, w, b, swiglu=swiglu, meta={**META, "programs": 1})  # one part: the whole K a program
-    torch.testing.assert_close(first.float(), whole.float(), atol=1e-2, rtol=1e-2)
+def test_blocks_shared_by_programs_sum_the_same_every_time(swiglu, programs):
+    """3 blocks of 32 rows x 13 tiles of K cut into `programs` equal runs: blocks whole in one program, and blocks
+    two or three programs share (their partials summed in program order by the last to arrive): the reference's
+    result, and the same bits on a second call."""
+    m, n, k = 24, 70, 400
+    x, w, b = _inputs(m, n, k, True, swiglu, DTYPES[0], programs)
+    meta = {**META, "programs": programs}
+    first = rows_linear(x, w, b, swiglu=swiglu, meta=meta)
+    assert torch.equal(first, rows_linear(x, w, b, swiglu=swiglu, meta=meta))
+    want = rows_linear_reference(x.float(), w.float(), b.float(), swiglu)
+    torch.testing.assert_close(first.float(), want, atol=2e-2 * (1 + want.abs().max().item()), rtol=2e-2)
 
 
-def test_split_sizes():
-    assert rows_split(24, 1536, 128, 264) == (6, 256)  # the 1.5B's o: 24 programs of 64 rows, 12 tiles in parts of 2
-    assert rows_split(24, 8960, 128, 264) == (10, 896)  # its down: 70 tiles in parts of 7 (264 / 24 = 11 wanted)
-    assert rows_split(280, 1536, 128, 264) == (1, 1536)  # gate/up: enough programs along N
-    assert rows_split(1, 256, 128, 264) == (1, 256)  # two tiles: no part shorter than MIN_SPLIT_TILES
+def test_programs_are_one_wave_and_never_more_than_the_tiles():
+    assert rows_programs(24, 12, 132, 2) == 264  # the 1.5B's o at 2 programs an SM: 288 tiles over 264 programs
+    assert rows_programs(140, 12, 132, 1) == 132  # its gate/up: one wave, not 140 programs and 8 more
+    assert rows_programs(2, 3, 132, 2) == 6 and rows_programs(24, 12, 132, 2, programs=50) == 50
 
 
 def test_refuses_what_it_does_not_take():

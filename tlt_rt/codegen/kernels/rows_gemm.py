@@ -1,18 +1,18 @@
 """Matmul of a decode step's 9-64 rows (a batch, a speculative step's verify rows): y [M, N] = x [M, K] @ W[N, K]^T
-(+ bias), on tensor cores with the weight as the MMA's wide side and split over K where the weight has few rows.
+(+ bias), on tensor cores with the weight as the MMA's wide side, its tiles shared evenly by one wave of programs.
 
 With M rows of activations and a weight read once per step, the step streams the weight. Products x . W^T put M
 (16-64) on the MMA's row side, below Hopper's 64-row warpgroup tile; here each program computes W-slab . x^T
 instead ([BLOCK_N weight rows, BLOCK_M activation rows], the transposed output), so the weight fills the wide side
 and its tiles go from global memory through the software pipeline's shared-memory stages straight into the MMA
 (16-bit operands loaded as they are stored: no conversion of the slab in registers, which the CUDA-core
-`skinny_gemm` path needs). A weight of few rows (a Qwen2.5-Coder-1.5B o or down projection: 1,536) gives few
-programs of BLOCK_N rows; those split K into SPLIT parts so that about `programs` programs (two waves of the SMs
-by default) keep weight bytes in flight on every SM. Each part stores its fp32 partial and counts itself in; the
-last to arrive sums the partials in split order (the same sum whichever program comes last: results are
-deterministic), then adds the bias, applies SwiGLU (a stacked [gate; up] weight) and stores. With PDL the
-programs wait for the kernel before (`kernels.pdl`) before their first load and signal the next one once their
-loop is done.
+`skinny_gemm` path needs). The weight's (BLOCK_N-row block, BLOCK_K tile) pairs, block by block, are cut into
+equal runs, one per program, as many programs as the SMs hold at once (stream-K): a Qwen2.5-Coder-1.5B o or
+down projection (24 blocks of 64 rows) keeps every SM streaming, and a gate/up projection of 140 blocks leaves no
+second wave of 8. A block whose tiles two or more programs share is summed by the last of them to arrive, in
+program order, from the fp32 partials the others stored (the same sum whichever arrives last: results are
+deterministic), then like a whole block gets the bias, SwiGLU (a stacked [gate; up] weight) and its store. With
+PDL the programs wait for the kernel before (`kernels.pdl`) before their first load.
 
 `rows_linear_reference` is the plain-torch function it computes.
 """
@@ -28,13 +28,15 @@ from tlt_rt.codegen.kernels import pdl as pdl_module
 from tlt_rt.codegen.kernels.paged import num_sms, split_counters
 from tlt_rt.codegen.kernels.pdl import enter, interpreting, launch_meta, leave
 
-__all__ = ["ROWS_META", "MIN_ROWS", "MAX_ROWS", "rows_linear", "rows_linear_reference", "rows_split", "supported"]
+__all__ = ["MAX_ROWS", "MIN_ROWS", "ROWS_META", "rows_linear", "rows_linear_reference", "rows_programs", "supported"]
 
 MIN_ROWS, MAX_ROWS = 9, 64  # 2-8 rows stay on CUDA cores (skinny_gemm) or cuBLAS; a block of 16 is tl.dot's least
 # Launch meta: a program's weight rows (the MMA's M: 64 = one warpgroup's tile), K per pipeline stage, stages in
-# flight, and the programs a launch aims for (0: two per SM) when it splits K.
+# flight (fewer where they would not fit SMEM_BYTES), and the launch's programs (0: as many as are resident at once,
+# from the shared memory each takes).
 ROWS_META = {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4, "programs": 0}
-MIN_SPLIT_TILES = 2  # fewest BLOCK_K tiles a split streams: below that its partial's store and sum cost more
+SMEM_BYTES = 200 << 10  # of an SM's 227 KB (H100 / H200) for the pipeline's stages; the rest the epilogue's
+MAX_PER_SM = 4
 
 
 @triton.jit
@@ -64,19 +66,66 @@ def _finish(acc, acc_up, b_ptr, y_ptr, rm, rn, m_ok, n_ok, N, stride_ym, HAS_BIA
 
 
 @triton.jit
+def _owner(it, programs, total):
+    """The program whose range holds iteration `it`: program p takes iterations [p * total // programs,
+    (p + 1) * total // programs)."""
+    return ((it + 1) * programs - 1) // total
+
+
+@triton.jit
+def _reduce(nb, part_ptr, b_ptr, y_ptr, rm, m_ok, N, k_tiles, total, stride_ym, HAS_BIAS: tl.constexpr,
+            SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Sum the partials of n-block `nb` in program order (program p's is its slot 0 where its run begins inside the
+    block, else its slot 1: the run ends inside it) and store the block's rows of y."""
+    programs = tl.num_programs(0)
+    first = _owner(nb * k_tiles, programs, total)
+    last = _owner((nb + 1) * k_tiles - 1, programs, total)
+    rows = 2 * BLOCK_N if SWIGLU else BLOCK_N
+    r = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for p in range(first, last + 1):
+        slot = tl.where(p * total // programs > nb * k_tiles, 0, 1)
+        part = part_ptr + ((p * 2 + slot) * rows + r).to(tl.int64)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        acc += tl.load(part, cache_modifier=".cg")
+        if SWIGLU:
+            acc_up += tl.load(part + BLOCK_N * BLOCK_M, cache_modifier=".cg")
+    rn = nb * BLOCK_N + r
+    _finish(acc, acc_up, b_ptr, y_ptr, rm, rn, m_ok, rn < N, N, stride_ym, HAS_BIAS, SWIGLU)
+
+
+@triton.jit
+def _count_in(nb, count_ptr, part_ptr, b_ptr, y_ptr, rm, m_ok, N, k_tiles, total, stride_ym, HAS_BIAS: tl.constexpr,
+              SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Count this program's stored partial of block `nb` in (nothing where nb < 0); the last of the block's
+    programs to arrive sums their partials and stores the block."""
+    if nb >= 0:
+        tl.debug_barrier()  # every thread's partial stored before the (release) count
+        arrived = tl.atomic_add(count_ptr + nb, 1, sem="acq_rel", scope="gpu")
+        programs = tl.num_programs(0)
+        block_lo = nb * k_tiles
+        sharing = _owner(block_lo + k_tiles - 1, programs, total) - _owner(block_lo, programs, total) + 1
+        if arrived == sharing - 1:
+            tl.store(count_ptr + nb, 0)
+            _reduce(nb, part_ptr, b_ptr, y_ptr, rm, m_ok, N, k_tiles, total, stride_ym, HAS_BIAS, SWIGLU, BLOCK_M,
+                    BLOCK_N)  # fmt: skip
+
+
+@triton.jit
 def _rows_kernel(
     # pointers
     x_ptr,  # [M, K]
     w_ptr,  # [N, K] ([2N, K]: stacked [gate; up] with SWIGLU)
     b_ptr,  # [N] ([2N]) with HAS_BIAS
     y_ptr,  # [M, N]
-    part_ptr,  # [SPLIT parts, N (2N), BLOCK_M] fp32 partial sums (with SPLIT)
-    count_ptr,  # [>= N / BLOCK_N] int32 arrival counters, zero between launches (with SPLIT)
+    part_ptr,  # [programs, 2, BLOCK_N (2 BLOCK_N with SWIGLU), BLOCK_M] fp32: each program's first and last partial
+    count_ptr,  # [>= N / BLOCK_N] int32 arrival counters, zero between launches
     # sizes
     M,
     N,
     K,
-    k_per_split,  # a multiple of BLOCK_K
+    k_tiles,  # BLOCK_K tiles of K
+    total,  # n-blocks x k_tiles: the launch's iterations, shared evenly by its programs
     # strides
     stride_xm,
     stride_wn,
@@ -84,7 +133,6 @@ def _rows_kernel(
     # meta
     HAS_BIAS: tl.constexpr,
     SWIGLU: tl.constexpr,
-    SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -92,50 +140,60 @@ def _rows_kernel(
     PRODUCTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Iteration it = (n-block nb, K tile kt) = divmod(it, k_tiles); each program takes an equal run of iterations
+    (whole blocks stored as they end, a block shared with a neighbour stored as a partial and summed by the last
+    of its programs to arrive), so every SM streams the same share of the weight whatever its shape."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    start = pid * total // programs
+    end = (pid + 1) * total // programs
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
-    n_ok = rn < N
+    r = tl.arange(0, BLOCK_N)
     m_ok = rm < M
-    # rows past N read row N - 1 (no mask along N in the loop); their sums are never stored
-    w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+    rows = 2 * BLOCK_N if SWIGLU else BLOCK_N
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWIGLU: rows N + rn of W (the up half)
+    shared_first = -1  # the block of this program's first partial (its run began inside it; -1: none)
+    shared_last = -1  # the block of its last partial (its run ends inside it)
     enter(PDL)
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-        kk = k0 + rk
-        k_ok = kk < k_hi
-        xt = tl.load(x_ptr + rm[None, :] * stride_xm + kk[:, None], mask=m_ok[None, :] & k_ok[:, None], other=0.0)
+    # no atomics or barriers in this loop (they would keep the compiler from pipelining its loads): partials are
+    # counted in after it
+    for it in tl.range(start, end, num_stages=NUM_STAGES):
+        nb = it // k_tiles
+        kt = it - nb * k_tiles
+        rn = nb * BLOCK_N + r
+        # rows past N read row N - 1 (no mask along N in the loop); their sums are never stored
+        w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
+        kk = kt * BLOCK_K + rk
+        k_ok = kk < K
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
-        acc = _mma(w, xt, acc, PRODUCTS)
+        acc = _mma(w, tl.trans(x), acc, PRODUCTS)
         if SWIGLU:
             w_up = tl.load(w_rows + N * stride_wn + kk[None, :], mask=k_ok[None, :], other=0.0)
-            acc_up = _mma(w_up, xt, acc_up, PRODUCTS)
-    leave(PDL)
-    if SPLIT:
-        rows_total = N * 2 if SWIGLU else N
-        part = part_ptr + (pid_k * rows_total + rn).to(tl.int64)[:, None] * BLOCK_M + rm[None, :]
-        tl.store(part, acc, mask=n_ok[:, None])
-        if SWIGLU:
-            tl.store(part + N * BLOCK_M, acc_up, mask=n_ok[:, None])
-        tl.debug_barrier()  # every thread's partial stored before the (release) count
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(1) - 1:
-            tl.store(count_ptr + pid_n, 0)
+            acc_up = _mma(w_up, tl.trans(x), acc_up, PRODUCTS)
+        if (kt == k_tiles - 1) | (it == end - 1):  # the end of this program's run in block nb
+            block_lo = nb * k_tiles
+            if (block_lo >= start) & (kt == k_tiles - 1):  # the whole block: store it
+                _finish(acc, acc_up, b_ptr, y_ptr, rm, rn, m_ok, rn < N, N, stride_ym, HAS_BIAS, SWIGLU)
+            else:
+                slot = tl.where(start > block_lo, 0, 1)  # 0: the run began inside this block, 1: it ends inside it
+                part = part_ptr + ((pid * 2 + slot) * rows + r).to(tl.int64)[:, None] * BLOCK_M + rm[None, :]
+                tl.store(part, acc)
+                if SWIGLU:
+                    tl.store(part + BLOCK_N * BLOCK_M, acc_up)
+                if slot == 0:
+                    shared_first = nb
+                else:
+                    shared_last = nb
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for s in range(0, tl.num_programs(1)):  # split order, whichever program arrived last
-                p = part_ptr + (s * rows_total + rn).to(tl.int64)[:, None] * BLOCK_M + rm[None, :]
-                acc += tl.load(p, mask=n_ok[:, None], other=0.0, cache_modifier=".cg")
-                if SWIGLU:
-                    acc_up += tl.load(p + N * BLOCK_M, mask=n_ok[:, None], other=0.0, cache_modifier=".cg")
-            _finish(acc, acc_up, b_ptr, y_ptr, rm, rn, m_ok, n_ok, N, stride_ym, HAS_BIAS, SWIGLU)
-    else:
-        _finish(acc, acc_up, b_ptr, y_ptr, rm, rn, m_ok, n_ok, N, stride_ym, HAS_BIAS, SWIGLU)
+    leave(PDL)
+    _count_in(shared_first, count_ptr, part_ptr, b_ptr, y_ptr, rm, m_ok, N, k_tiles, total, stride_ym, HAS_BIAS,
+              SWIGLU, BLOCK_M, BLOCK_N)  # fmt: skip
+    _count_in(shared_last, count_ptr, part_ptr, b_ptr, y_ptr, rm, m_ok, N, k_tiles, total, stride_ym, HAS_BIAS,
+              SWIGLU, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -157,13 +215,15 @@ def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     )
 
 
-def rows_split(n_blocks: int, k: int, block_k: int, programs: int) -> tuple[int, int]:
-    """(parts, K per part) for `n_blocks` programs along N of rows of `k` elements: about `programs` programs in
-    all, each part at least MIN_SPLIT_TILES tiles of `block_k`, K per part a whole number of tiles."""
-    tiles = triton.cdiv(k, block_k)
-    want = max(1, min(round(programs / n_blocks), tiles // MIN_SPLIT_TILES))
-    per_part = triton.cdiv(tiles, want) * block_k
-    return triton.cdiv(k, per_part), per_part
+def stage_bytes(block_m: int, block_n: int, block_k: int, swiglu: bool, itemsize: int = 2) -> int:
+    """Shared memory of one pipeline stage: the weight tile (both halves' with SwiGLU) and the rows' tile."""
+    return (block_n * block_k * (2 if swiglu else 1) + block_m * block_k) * itemsize
+
+
+def rows_programs(n_blocks: int, k_tiles: int, sms: int, per_sm: int, programs: int = 0) -> int:
+    """Programs of a launch over `n_blocks` x `k_tiles` iterations: `programs` where given, else `per_sm` on each
+    of `sms` SMs (every program resident at once: one wave); never more than the iterations."""
+    return max(1, min(n_blocks * k_tiles, programs or sms * per_sm))
 
 
 def rows_linear(
@@ -195,20 +255,23 @@ def rows_linear(
     m = x2.shape[0]
     block_m = max(16, triton.next_power_of_2(m))
     block_n, block_k = cfg["block_n"], min(cfg["block_k"], max(16, triton.next_power_of_2(k)))
-    n_blocks = triton.cdiv(n, block_n)
-    programs = cfg["programs"] or 2 * num_sms(x.device)
-    parts, per_part = rows_split(n_blocks, k, block_k, programs)
-    counters = split_counters(x.device, n_blocks) if parts > 1 else None
-    if counters is None:  # one part (or, while capturing, no counters yet: the whole K a program)
-        parts, per_part = 1, triton.cdiv(k, block_k) * block_k
-    partials = torch.empty((parts, 2 * n if swiglu else n, block_m), dtype=torch.float32, device=x.device)
+    stage = stage_bytes(block_m, block_n, block_k, swiglu, x.element_size())
+    stages = max(1, min(cfg["num_stages"], SMEM_BYTES // stage))  # as many as fit (the verify's 64 rows take more)
+    n_blocks, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
+    per_sm = max(1, min(MAX_PER_SM, SMEM_BYTES // (stage * stages)))
+    programs = rows_programs(n_blocks, k_tiles, num_sms(x.device), per_sm, cfg["programs"])
+    counters = split_counters(x.device, n_blocks) if programs % n_blocks or programs > n_blocks else None
+    if counters is None:  # whole blocks a program (or, while capturing, no counters yet: the same)
+        programs = n_blocks
+    partials = torch.empty((programs, 2, 2 * block_n if swiglu else block_n, block_m), dtype=torch.float32,
+                           device=x.device)  # fmt: skip
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    _rows_kernel[(n_blocks, parts)](
+    _rows_kernel[(programs,)](
         x2, weight, bias if bias is not None else weight, y, partials, counters if counters is not None else y,
-        m, n, k, per_part,
+        m, n, k, k_tiles, n_blocks * k_tiles,
         x2.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, SWIGLU=swiglu, SPLIT=parts > 1,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=cfg["num_stages"],
+        HAS_BIAS=bias is not None, SWIGLU=swiglu,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages,
         # not this module's `interpreting`, which the compile check lifts to launch on CPU tensors
         PRODUCTS=0 if x.dtype != torch.float32 and not pdl_module.interpreting() else 1,
         num_warps=cfg["num_warps"],
