@@ -253,7 +253,9 @@ def rows_linear(
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    block_m = max(16, triton.next_power_of_2(m))
+    # 32 at least: with 16 (the MMA's N for 9-16 rows) Triton 3.6's software pipeliner failed to compile the kernel
+    # (H200, a 12-row step of tests/test_pdl_gpu.py's model)
+    block_m = max(32, triton.next_power_of_2(m))
     block_n, block_k = cfg["block_n"], min(cfg["block_k"], max(16, triton.next_power_of_2(k)))
     stage = stage_bytes(block_m, block_n, block_k, swiglu, x.element_size())
     stages = max(1, min(cfg["num_stages"], SMEM_BYTES // stage))  # as many as fit (the verify's 64 rows take more)
