@@ -13,13 +13,18 @@
 #                                                     timed in TP_ROUNDS (5) interleaved rounds
 #                                                     (OUT/overlap-tp2-7b.log)
 #   benchmarks/gpu_overlap.sh trained OUT Q05_GGUF    one GPU: a short drafter warm-up on the 0.5B's RL task (its
-#                                                     accept and perfect-drafter ceiling in OUT/w05/drafter/
-#                                                     warmup.json), then auto over the default strategies against off
-#                                                     with that drafter, interleaved, T=1.0 (OUT/auto-off-q05.log):
-#                                                     auto / off with every step queued ahead
+#                                                     accept and perfect-drafter ceiling in W05/drafter/warmup.json;
+#                                                     W05 is OUT/w05 unless set), then auto over the default
+#                                                     strategies against off with that drafter, interleaved, T=1.0
+#                                                     (OUT/auto-off-q05.log): auto / off with every step queued
+#                                                     ahead. A warm-up already in W05 is used as it is, so the two
+#                                                     fit two calls of the device tool:
+#   benchmarks/gpu_overlap.sh warm OUT Q05_GGUF       the warm-up alone (W05=/tmp/w05 keeps it on the machine for
+#                                                     a `trained` call right after: ~400 s, then ~360 s)
 # Settings: TESTS_SECONDS (480), Q05_SECONDS (300), TP_SECONDS (320), STRATEGY (8_4_32), BATCHES ("1 32 128": each
-# batch builds and captures its engines anew, the auto ones every bucket up to it); trained: WARMUP_PROMPTS (1024),
-# WARMUP_EPOCHS (1), WARMUP_SECONDS (200), AUTO_SECONDS (360).
+# batch builds and captures its engines anew, the auto ones every bucket up to it); warm / trained: W05,
+# WARMUP_PROMPTS (1024), WARMUP_EPOCHS (1), WARMUP_SECONDS (420: one H200 took 391 s for twice the answers, 236 s
+# of it measuring), AUTO_SECONDS (360).
 set -u
 # shellcheck source=benchmarks/gpu_pass_lib.sh
 source "$(dirname "$0")/gpu_pass_lib.sh"
@@ -54,19 +59,26 @@ case "$what" in
     grep -E "^(tlt|provider) " "$out/overlap-q05.log" || true
     grep -E "^\| " "$out/overlap-tp2-7b.log" || true
     ;;
-  trained)
-    [ -n "$q05" ] || { echo "trained needs the Qwen2.5-Coder-0.5B GGUF" >&2; exit 2; }
+  warm|trained)
+    [ -n "$q05" ] || { echo "$what needs the Qwen2.5-Coder-0.5B GGUF" >&2; exit 2; }
     cfg=configs/qwen2.5-0.5b-math-gpu.yaml
-    timeout "${WARMUP_SECONDS:-200}" bash -c "source benchmarks/gpu_pass_lib.sh; out='$out'; warm_up 0 $cfg '$q05' \
-        ${WARMUP_PROMPTS:-1024} ${WARMUP_EPOCHS:-1} '$out/w05'"
-    echo "warm-up: accept / ceiling x1000 = $(warmup_ratio "$out/w05")"
+    w05=${W05:-$out/w05}
+    if [ ! -f "$w05/drafter/warmup.json" ]; then
+      mkdir -p "$(dirname "$w05")"
+      timeout "${WARMUP_SECONDS:-420}" bash -c "source benchmarks/gpu_pass_lib.sh; out='$out'; warm_up 0 $cfg '$q05' \
+          ${WARMUP_PROMPTS:-1024} ${WARMUP_EPOCHS:-1} '$w05'"
+      cp "$w05.log" "$out/" 2>/dev/null || true
+    fi
+    echo "warm-up: accept / ceiling x1000 = $(warmup_ratio "$w05")"
+    [ "$what" = warm ] && exit 0
+    [ -f "$w05/drafter/warmup.json" ] || { echo "no drafter in $w05: the warm-up did not finish" >&2; exit 1; }
     # shellcheck disable=SC2086  # the strategy list splits on purpose
     timeout "${AUTO_SECONDS:-360}" bash -c "source benchmarks/gpu_pass_lib.sh; out='$out'; auto_off 0 '$q05' $cfg \
-        '$out/w05/drafter' auto-off-q05 '${BATCHES:-1 32 128}' --configs off auto --strategies $DEFAULT"
+        '$w05/drafter' auto-off-q05 '${BATCHES:-1 32 128}' --configs off auto --strategies $DEFAULT"
     grep -E "^(tlt|provider) " "$out/auto-off-q05.log" || true
     ;;
   *)
-    echo "usage: $0 tests|measure|trained OUT [Q05_GGUF]" >&2
+    echo "usage: $0 tests|measure|warm|trained OUT [Q05_GGUF]" >&2
     exit 2
     ;;
 esac

@@ -290,7 +290,8 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
     assert "all done" in main
     out = tmp_path / "out"
     first, rest = _halves(calls)
-    assert "tests/test_qwen_gpu.py" in first and "--ignore=tests/test_qwen_gpu.py" in rest
+    assert "tests/test_qwen_gpu.py" not in first and "tests/test_qwen_gpu.py" not in rest  # the real-Qwen tests: in the
+    # second half, which takes every file the first does not name
     warm = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if "--warmup-only" in c}
     assert set(warm) == {"w0", "w05"}
     assert "--warmup-epochs 1.5 " in warm["w05"] and "q05" in warm["w05"] and "--lr" not in warm["w05"]
@@ -407,6 +408,16 @@ def test_overlap_pass_warms_a_drafter_then_times_auto_against_off_with_it(tmp_pa
     bad = subprocess.run(["bash", script, "trained", str(tmp_path / "x")], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=30)  # fmt: skip
     assert bad.returncode == 2 and "GGUF" in bad.stderr
+    # in two calls: `warm` into W05 (a folder kept on the machine), then `trained` on it without warming up again
+    calls.write_text("")
+    kept = tmp_path / "kept" / "w05"
+    for what in ("warm", "trained"):
+        subprocess.run(["bash", script, what, str(tmp_path / what), "/m/q05.gguf"], cwd=REPO,
+                       env={**env, "W05": str(kept)}, capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    lines = calls.read_text().splitlines()
+    assert [c for c in lines if "--warmup-only" in c][0].count(f"--out {kept}") == 1
+    assert sum("--warmup-only" in c for c in lines) == 1 and sum("engine_throughput.py" in c for c in lines) == 1
+    assert f"--drafter {kept}/drafter" in next(c for c in lines if "engine_throughput.py" in c)
 
 
 def test_rows_pass_times_the_chain_of_more_rows_on_both_shapes(tmp_path):
