@@ -413,7 +413,7 @@ def test_overlap_pass_warms_a_drafter_then_times_auto_against_off_with_it(tmp_pa
     kept = tmp_path / "kept" / "w05"
     for what in ("warm", "trained"):
         subprocess.run(["bash", script, what, str(tmp_path / what), "/m/q05.gguf"], cwd=REPO,
-                       env={**env, "W05": str(kept)}, capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+                       env={**env, "W05": str(kept)}, capture_output=True, timeout=30, check=True)  # fmt: skip
     lines = calls.read_text().splitlines()
     assert [c for c in lines if "--warmup-only" in c][0].count(f"--out {kept}") == 1
     assert sum("--warmup-only" in c for c in lines) == 1 and sum("engine_throughput.py" in c for c in lines) == 1
