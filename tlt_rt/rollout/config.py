@@ -155,7 +155,8 @@ class EngineConfig:
         help="With decode_chain: the most rows of a step its kernels take. Above one, steps of 9 rows and more (a "
         "batch, a speculative step's verify rows) also run as the chain, their products on tensor cores (16-bit "
         "weights; 2-8 rows stay with cuBLAS). Slower than cuBLAS so far (H200, random Qwen2.5-Coder shapes, "
-        "3ace447: 1.5B batch 32 0.42x a step, its verify rows 0.44-0.52x; 0.5B 0.56-0.80x): one by default.",
+        "3ace447: 1.5B batch 32 0.42x a step, its verify rows 0.44-0.52x; 0.5B 0.56-0.80x; with kernels.rows_gemm, "
+        "skinny_gemm.DOT_KERNEL 'split', 3f02f57: 0.87x, 0.81-0.87x; 0.76-0.82x): one by default.",
     )
     pdl: bool = option(
         False,
