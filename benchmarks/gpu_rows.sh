@@ -4,17 +4,20 @@
 # configs' engines), step_costs.py's variants side by side in interleaved rounds: the one-row chain whose larger
 # steps take cuBLAS (pdl), the chain of up to 64 rows with skinny_gemm's tensor-core tiles (pdl-rows) and with
 # kernels.rows_gemm (pdl-rows2, and its launch settings), each variant's kernels profiled at batch 32.
+# ATTN=1 then times decode attention's split count at batch 32 and 1 on both shapes (its split_waves: how many waves of
+# programs the splits aim for; at batch 32 attention was the step's largest item, 18 us a layer on the 1.5B).
 #   benchmarks/gpu_rows.sh OUT [GPU]     (logs and records in OUT; GPU: CUDA_VISIBLE_DEVICES, 0 by default)
-# Settings: VARIANTS15 / VARIANTS05 (step_costs.py --compare names per model, the first the baseline), ROUNDS (5),
-# STEP_SECONDS (260 / 200).
+# Settings: VARIANTS15 / VARIANTS05 (step_costs.py --compare names per model, the first the baseline; "" leaves that
+# model out), ROUNDS (5), STEP_SECONDS (260 / 200), ATTN (0), ATTN_VARIANTS (pdl pdl:attn:sw=4 pdl:attn:sw=8).
 set -u
 out=${1:?OUT}; gpu=${2:-0}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-v15=${VARIANTS15:-pdl pdl-rows pdl-rows2 pdl-rows2:split:bk=64,s=6 pdl-rows2:split:bn=128,w=8,s=3}
-v05=${VARIANTS05:-pdl pdl-rows pdl-rows2 pdl-rows2:split:bk=64,s=6}
+v15=${VARIANTS15-pdl pdl-rows pdl-rows2 pdl-rows2:split:bk=64,s=6 pdl-rows2:split:bn=128,w=8,s=3}
+v05=${VARIANTS05-pdl pdl-rows pdl-rows2 pdl-rows2:split:bk=64,s=6}
 for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
   if [ "$model" = qwen2.5-coder-1.5b ]; then variants=$v15; limit=${STEP_SECONDS:-260}; else variants=$v05; limit=${STEP_SECONDS:-200}; fi
+  [ -n "$variants" ] || continue
   # shellcheck disable=SC2086  # the variant list splits on purpose
   CUDA_VISIBLE_DEVICES=$gpu timeout "$limit" python benchmarks/step_costs.py --model "$model" --batch 32 1 --ctx 1024 \
       --table 2624 --verify 16 48 --compare $variants --skinny-min-weight 0 --rounds "${ROUNDS:-5}" --profile \
@@ -22,3 +25,13 @@ for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
   echo "== $model"; grep -A30 "variants side by side" "$out/rows-$model.log" | grep -E "^(variant|pdl)" \
       || tail -20 "$out/rows-$model.log"
 done
+if [ "${ATTN:-0}" = 1 ]; then
+  for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
+    # shellcheck disable=SC2086  # the variant list splits on purpose
+    CUDA_VISIBLE_DEVICES=$gpu timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch 32 1 \
+        --ctx 1024 --table 2624 --verify --compare ${ATTN_VARIANTS:-pdl pdl:attn:sw=4 pdl:attn:sw=8} \
+        --skinny-min-weight 0 --rounds "${ROUNDS:-5}" --out "$out/attn-$model.jsonl" > "$out/attn-$model.log" 2>&1
+    echo "== attention, $model"; grep -A12 "variants side by side" "$out/attn-$model.log" | grep -E "^(variant|pdl)" \
+        || tail -20 "$out/attn-$model.log"
+  done
+fi
