@@ -9,9 +9,9 @@
 #                                                     one strategy and speculative steps queued ahead, auto /
 #                                                     auto-serial, interleaved (OUT/overlap-q05.log); then GPUs 0-1:
 #                                                     the 7B shape at TP=2 against TP=1, plain steps queued ahead and
-#                                                     one at a time, 8_4_32 queued ahead, every engine kept and
-#                                                     timed in TP_ROUNDS (5) interleaved rounds
-#                                                     (OUT/overlap-tp2-7b.log)
+#                                                     one at a time, 8_4_32 queued ahead (batch 1), every engine
+#                                                     kept and timed in TP_ROUNDS (3) interleaved rounds, one
+#                                                     process a batch size (OUT/overlap-tp2-7b-b{1,32}.log)
 #   benchmarks/gpu_overlap.sh trained OUT Q05_GGUF    one GPU: a short drafter warm-up on the 0.5B's RL task (its
 #                                                     accept and perfect-drafter ceiling in W05/drafter/warmup.json;
 #                                                     W05 is OUT/w05 unless set), then auto over the default
@@ -21,7 +21,7 @@
 #                                                     fit two calls of the device tool:
 #   benchmarks/gpu_overlap.sh warm OUT Q05_GGUF       the warm-up alone (W05=/tmp/w05 keeps it on the machine for
 #                                                     a `trained` call right after: ~400 s, then ~360 s)
-# Settings: TESTS_SECONDS (480), Q05_SECONDS (300), TP_SECONDS (320), STRATEGY (8_4_32), BATCHES ("1 32 128": each
+# Settings: TESTS_SECONDS (480), Q05_SECONDS (300), TP_SECONDS (200 a batch size), STRATEGY (8_4_32), BATCHES ("1 32 128": each
 # batch builds and captures its engines anew, the auto ones every bucket up to it); warm / trained: W05,
 # WARMUP_PROMPTS (1024), WARMUP_EPOCHS (1), WARMUP_SECONDS (420: one H200 took 391 s for twice the answers, 236 s
 # of it measuring), AUTO_SECONDS (360).
@@ -53,11 +53,15 @@ case "$what" in
         --task-config configs/qwen2.5-0.5b-math-gpu.yaml --configs off off-serial auto auto-serial \
         --strategies "$strategy" --overlap-speculative --interleave --batch ${BATCHES:-1 32 128} --max-new-tokens 256 \
         > "$out/overlap-q05.log" 2>&1
-    CUDA_VISIBLE_DEVICES=0,1 timeout "${TP_SECONDS:-320}" python benchmarks/tp_throughput.py --shape qwen2.5-7b --tp 2 \
-        --batch 1 32 --max-new-tokens 128 --allreduce oneshot --overlap on off --sd "$strategy" \
-        --overlap-speculative --rounds "${TP_ROUNDS:-5}" > "$out/overlap-tp2-7b.log" 2>&1
+    # one process a batch size (both in one, 5 rounds, did not finish in 330 s); the SD step at batch 1 only
+    for b in 1 32; do
+      sd=(); [ "$b" = 1 ] && sd=(--sd "$strategy" --overlap-speculative)
+      CUDA_VISIBLE_DEVICES=0,1 timeout "${TP_SECONDS:-200}" python benchmarks/tp_throughput.py --shape qwen2.5-7b \
+          --tp 2 --batch "$b" --max-new-tokens 128 --allreduce oneshot --overlap on off "${sd[@]}" \
+          --rounds "${TP_ROUNDS:-3}" > "$out/overlap-tp2-7b-b$b.log" 2>&1
+    done
     grep -E "^(tlt|provider) " "$out/overlap-q05.log" || true
-    grep -E "^\| " "$out/overlap-tp2-7b.log" || true
+    grep -hE "^\| " "$out"/overlap-tp2-7b-b*.log || true
     ;;
   warm|trained)
     [ -n "$q05" ] || { echo "$what needs the Qwen2.5-Coder-0.5B GGUF" >&2; exit 2; }

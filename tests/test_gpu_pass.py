@@ -381,8 +381,10 @@ def test_overlap_pass_runs_every_gpu_test_then_the_two_timings(tmp_path):
     q05 = next(c for c in lines if "engine_throughput.py" in c)
     assert "--target /m/q05.gguf" in q05 and "--configs off off-serial auto auto-serial" in q05
     assert "--overlap-speculative" in q05 and "--strategies 8_4_32" in q05
-    tp = next(c for c in lines if "tp_throughput.py" in c)
-    assert "--overlap on off" in tp and "--sd 8_4_32 --overlap-speculative" in tp and "--rounds 5" in tp
+    tp = [c for c in lines if "tp_throughput.py" in c]  # one process a batch size, the SD step at batch 1
+    assert [c.split("--batch ")[1].split()[0] for c in tp] == ["1", "32"]
+    assert all("--overlap on off" in c and "--rounds 3" in c for c in tp)
+    assert "--sd 8_4_32 --overlap-speculative" in tp[0] and "--sd" not in tp[1]
     bad = subprocess.run(["bash", script, "measure", str(tmp_path / "x")], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=30)  # fmt: skip
     assert bad.returncode == 2 and "GGUF" in bad.stderr

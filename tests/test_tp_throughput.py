@@ -76,6 +76,9 @@ def test_interleaved_rounds_keep_every_engine_and_pair_each_row_with_tp1():
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.count("over 3 rounds") == 12  # 2 TPs x 3 modes x 2 batches
+    rounds = [ln for ln in done.stdout.splitlines() if ln.startswith("round ")]  # each round as it ends, rank 0's
+    assert [ln.split(",")[0] for ln in rounds] == [f"round {r}/3" for _ in (1, 4) for r in (1, 2, 3)]
+    assert all(ln.count("ms/step") == 1 and ln.count("TP=") == 6 for ln in rounds), rounds
     head_line = next(ln for ln in done.stdout.splitlines() if ln.startswith("| tp"))
     head = [c.strip() for c in head_line.strip("|").split("|")]
     table = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
