@@ -13,8 +13,8 @@ set -u
 out=${1:?OUT}; gpu=${2:-0}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-v15=${VARIANTS15-pdl pdl-rows pdl-rows2 pdl-rows2:split:bk=64,s=6 pdl-rows2:split:bn=128,w=8,s=3}
-v05=${VARIANTS05-pdl pdl-rows pdl-rows2 pdl-rows2:split:bk=64,s=6}
+v15=${VARIANTS15-pdl pdl-rows2 pdl-rows2:split:t=4 pdl-rows2:split:t=8 pdl-rows2:split:p=132}
+v05=${VARIANTS05-pdl pdl-rows2 pdl-rows2:split:t=4}
 for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
   if [ "$model" = qwen2.5-coder-1.5b ]; then variants=$v15; limit=${STEP_SECONDS:-260}; else variants=$v05; limit=${STEP_SECONDS:-200}; fi
   [ -n "$variants" ] || continue

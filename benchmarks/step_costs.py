@@ -349,9 +349,9 @@ def wide_variant(name: str) -> bool:
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
     `pdl:attn:bn=..,w=..,s=..,sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
     split_waves); `pdl:dot:bn=..` / `pdl:dotnarrow:bn=..` the tensor-core launch of 9-64 rows for weights of many /
-    fewer rows (`skinny_gemm.DOT_META` / `DOT_NARROW`); `pdl-rows2:split:bn=..,bk=..,w=..,s=..,p=..` the launch of
-    `kernels.rows_gemm` (`ROWS_META`, p its programs). `pc=1`: rows within one tile in power-of-two pieces, not
-    padded (meta "pieces", `row_tiles`). `f=0|1` (any kind) sets `skinny_gemm.ROW_FLAT`: one row's products
+    fewer rows (`skinny_gemm.DOT_META` / `DOT_NARROW`); `pdl-rows2:split:bn=..,bk=..,w=..,s=..,p=..,t=..` the launch
+    of `kernels.rows_gemm` (`ROWS_META`, p its programs, t the fewest tiles a program). `pc=1`: rows within one
+    tile in power-of-two pieces, not padded (meta "pieces", `row_tiles`). `f=0|1` (any kind) sets `skinny_gemm.ROW_FLAT`: one row's products
     broadcast over three dimensions or in the slab's layout (the default). `pdl-rows:...` the same on the chain of
     up to 64 rows. Registers the variant; False for other names."""
     base, colon, rest = name.partition(":")
@@ -360,7 +360,7 @@ def wide_variant(name: str) -> bool:
     from tlt_rt.codegen.kernels import decode_rope_attention, rows_gemm, skinny_gemm
 
     keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages", "sw": "split_waves",
-            "pc": "pieces", "p": "programs"}  # fmt: skip
+            "pc": "pieces", "p": "programs", "t": "min_tiles"}  # fmt: skip
     kind, _, spec = rest.rpartition(":")
     module, attr = {
         "": (skinny_gemm, "ONE_ROW_WIDE"),

@@ -431,7 +431,7 @@ def test_rows_pass_times_the_chain_of_more_rows_on_both_shapes(tmp_path):
     lines = [c for c in calls.read_text().splitlines() if "step_costs.py" in c]
     assert [c.split("--model ")[1].split()[0] for c in lines] == ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
     for c in lines:
-        assert "--compare pdl pdl-rows pdl-rows2" in c and "--batch 32 1" in c and "--verify 16 48" in c
+        assert "--compare pdl pdl-rows2 pdl-rows2:split:t=4" in c and "--batch 32 1" in c and "--verify 16 48" in c
         assert "--profile" in c and "--table 2624" in c
     # ATTN=1: decode attention's split count after them; a model's variants left empty leave it out
     calls.write_text("")

@@ -68,6 +68,8 @@ def test_programs_are_one_wave_and_never_more_than_the_tiles():
     assert rows_programs(24, 12, 132, 2) == 264  # the 1.5B's o at 2 programs an SM: 288 tiles over 264 programs
     assert rows_programs(140, 12, 132, 1) == 132  # its gate/up: one wave, not 140 programs and 8 more
     assert rows_programs(2, 3, 132, 2) == 6 and rows_programs(24, 12, 132, 2, programs=50) == 50
+    assert rows_programs(32, 12, 132, 2, min_tiles=4) == 96  # q/k/v: 384 tiles, 4 at least a program
+    assert rows_programs(140, 12, 132, 1, min_tiles=4) == 132 and rows_programs(1, 3, 132, 1, min_tiles=4) == 1
 
 
 def test_refuses_what_it_does_not_take():

@@ -170,6 +170,8 @@ def test_compare_names_its_variants_and_refuses_a_glue_flag_beside_them(capsys):
     assert split[("tlt_rt.codegen.kernels.skinny_gemm", "DOT_KERNEL")] == "split"
     rows_meta = split[("tlt_rt.codegen.kernels.rows_gemm", "ROWS_META")]
     assert rows_meta["block_n"] == 128 and rows_meta["num_warps"] == 8 and rows_meta["programs"] == 528
+    assert wide_variant("pdl-rows2:split:t=4")
+    assert KNOBS["pdl-rows2:split:t=4"][("tlt_rt.codegen.kernels.rows_gemm", "ROWS_META")]["min_tiles"] == 4
     assert wide_variant("pdl:narrow:bn=4,f=1")  # with one row's products in the slab's layout
     flat = KNOBS["pdl:narrow:bn=4,f=1"]
     assert flat[("tlt_rt.codegen.kernels.skinny_gemm", "ROW_FLAT")] is True

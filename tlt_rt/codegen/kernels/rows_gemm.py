@@ -32,9 +32,10 @@ __all__ = ["MAX_ROWS", "MIN_ROWS", "ROWS_META", "rows_linear", "rows_linear_refe
 
 MIN_ROWS, MAX_ROWS = 9, 64  # 2-8 rows stay on CUDA cores (skinny_gemm) or cuBLAS; a block of 16 is tl.dot's least
 # Launch meta: a program's weight rows (the MMA's M: 64 = one warpgroup's tile), K per pipeline stage, stages in
-# flight (fewer where they would not fit SMEM_BYTES), and the launch's programs (0: as many as are resident at once,
-# from the shared memory each takes).
-ROWS_META = {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4, "programs": 0}
+# flight (fewer where they would not fit SMEM_BYTES), the launch's programs (0: as many as are resident at once,
+# from the shared memory each takes) and the fewest tiles a program streams (fewer programs where a small weight would
+# give each less: q/k/v and o at batch 32 spent more on shared blocks' sums than on their one or two tiles).
+ROWS_META = {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4, "programs": 0, "min_tiles": 1}
 SMEM_BYTES = 200 << 10  # of an SM's 227 KB (H100 / H200) for the pipeline's stages; the rest the epilogue's
 MAX_PER_SM = 4
 
@@ -220,10 +221,11 @@ def stage_bytes(block_m: int, block_n: int, block_k: int, swiglu: bool, itemsize
     return (block_n * block_k * (2 if swiglu else 1) + block_m * block_k) * itemsize
 
 
-def rows_programs(n_blocks: int, k_tiles: int, sms: int, per_sm: int, programs: int = 0) -> int:
+def rows_programs(n_blocks: int, k_tiles: int, sms: int, per_sm: int, programs: int = 0, min_tiles: int = 1) -> int:
     """Programs of a launch over `n_blocks` x `k_tiles` iterations: `programs` where given, else `per_sm` on each
-    of `sms` SMs (every program resident at once: one wave); never more than the iterations."""
-    return max(1, min(n_blocks * k_tiles, programs or sms * per_sm))
+    of `sms` SMs (every program resident at once: one wave); never so many that a program gets fewer than
+    `min_tiles` iterations, nor fewer than one."""
+    return max(1, min(n_blocks * k_tiles // max(1, min_tiles), programs or sms * per_sm))
 
 
 def rows_linear(
@@ -259,7 +261,7 @@ def rows_linear(
     stages = max(1, min(cfg["num_stages"], SMEM_BYTES // stage))  # as many as fit (the verify's 64 rows take more)
     n_blocks, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
     per_sm = max(1, min(MAX_PER_SM, SMEM_BYTES // (stage * stages)))
-    programs = rows_programs(n_blocks, k_tiles, num_sms(x.device), per_sm, cfg["programs"])
+    programs = rows_programs(n_blocks, k_tiles, num_sms(x.device), per_sm, cfg["programs"], cfg["min_tiles"])
     if n_blocks * k_tiles < 2 * programs:  # runs of one tile or so: nothing to pipeline (Triton 3.6's pipeliner
         stages = 1  # failed to compile a one-tile launch, H200, a tiny model's step in tests/test_pdl_gpu.py)
     counters = split_counters(x.device, n_blocks) if programs % n_blocks or programs > n_blocks else None
