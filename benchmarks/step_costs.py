@@ -351,8 +351,9 @@ def wide_variant(name: str) -> bool:
     split_waves); `pdl:dot:bn=..` / `pdl:dotnarrow:bn=..` the tensor-core launch of 9-64 rows for weights of many /
     fewer rows (`skinny_gemm.DOT_META` / `DOT_NARROW`); `pdl-rows2:split:bn=..,bk=..,w=..,s=..,p=..,t=..` the launch
     of `kernels.rows_gemm` (`ROWS_META`, p its programs, t the fewest tiles a program). `pc=1`: rows within one
-    tile in power-of-two pieces, not padded (meta "pieces", `row_tiles`). `f=0|1` (any kind) sets `skinny_gemm.ROW_FLAT`: one row's products
-    broadcast over three dimensions or in the slab's layout (the default). `pdl-rows:...` the same on the chain of
+    tile in power-of-two pieces, not padded (meta "pieces", `row_tiles`). `f=0|1` (any kind) sets
+    `skinny_gemm.ROW_FLAT`: one row's products broadcast over three dimensions or in the slab's layout (the
+    default). `pdl-rows:...` the same on the chain of
     up to 64 rows. Registers the variant; False for other names."""
     base, colon, rest = name.partition(":")
     if not colon or base not in ("pdl", "pdl-rows", "pdl-rows2"):
