@@ -247,7 +247,7 @@ def time_rounds(engines: list, args, arch, device, ref: dict, rows: list, rank: 
                     s = timed_generate(engine, prompts, params, device)[1]
                 secs[i].append(s)
             if rank == 0:  # each round as it ends: a run cut short keeps what it measured
-                done = ", ".join(f"TP={tp} {mode} {1e3 * secs[i][-1] / max(1, first[i][1]):.2f}"
+                done = ", ".join(f"TP={tp} {mode} {1e3 * secs[i][-1] / first[i][1]:.2f}"
                                  for i, (tp, mode, engine) in enumerate(engines) if engine is not None)  # fmt: skip
                 print(f"round {r + 1}/{args.rounds}, batch {b}, ms/step: {done}", flush=True)
         for i, (tp, mode, engine) in enumerate(engines):

@@ -26,9 +26,9 @@ import triton
 import triton.language as tl
 
 from tlt_rt.codegen.kernels import skinny_gemm
+from tlt_rt.codegen.kernels.epilogue import bias_swiglu
 from tlt_rt.codegen.kernels.pdl import enter, launch_meta, leave
 from tlt_rt.codegen.kernels.skinny_gemm import (
-    _bias_swiglu,
     _load_pieces,
     _prefetch_slab,
     _slab_products,
@@ -147,7 +147,7 @@ def _norm_linear_kernel(
                                   stride_wn, pid, rn, rm, rk, n_ok, m_ok, acc, acc_up, dtype, HAS_RES, SWIGLU,
                                   BLOCK_M, BLOCK_K, PRODUCTS)  # fmt: skip
     leave(PDL)
-    acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
+    acc = bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
 

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from tlt_rt.codegen.kernels import pdl as pdl_module
+from tlt_rt.codegen.kernels.epilogue import bias_swiglu
 from tlt_rt.codegen.kernels.paged import num_sms, split_counters
 from tlt_rt.codegen.kernels.pdl import enter, interpreting, launch_meta, leave
 
@@ -51,19 +52,11 @@ def _mma(w, xt, acc, PRODUCTS: tl.constexpr):
 
 @triton.jit
 def _finish(acc, acc_up, b_ptr, y_ptr, rm, rn, m_ok, n_ok, N, stride_ym, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
-    """Store rows rm, columns rn of y from the transposed fp32 sums acc [BLOCK_N, BLOCK_M] (acc_up: the up half's):
-    bias, then silu(gate) * up with gate and up rounded to y's dtype first, as the unfused matmul + swiglu."""
-    dtype = y_ptr.dtype.element_ty
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-        if SWIGLU:
-            acc_up += tl.load(b_ptr + N + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-    if SWIGLU:
-        gate = acc.to(dtype).to(tl.float32)
-        up = acc_up.to(dtype).to(tl.float32)
-        acc = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
-    out = y_ptr + rm[None, :] * stride_ym + rn[:, None]
-    tl.store(out, acc.to(dtype), mask=m_ok[None, :] & n_ok[:, None])
+    """Store rows rm, columns rn of y from the transposed fp32 sums acc [BLOCK_N, BLOCK_M] (acc_up: the up half's),
+    through the decode kernels' shared epilogue (`epilogue.bias_swiglu`)."""
+    out = bias_swiglu(tl.trans(acc), tl.trans(acc_up), b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -74,13 +67,11 @@ def _owner(it, programs, total):
 
 
 @triton.jit
-def _reduce(nb, part_ptr, b_ptr, y_ptr, rm, m_ok, N, k_tiles, total, stride_ym, HAS_BIAS: tl.constexpr,
+def _reduce(nb, first, last, part_ptr, b_ptr, y_ptr, rm, m_ok, N, k_tiles, total, stride_ym, HAS_BIAS: tl.constexpr,
             SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Sum the partials of n-block `nb` in program order (program p's is its slot 0 where its run begins inside the
-    block, else its slot 1: the run ends inside it) and store the block's rows of y."""
+    """Sum the partials of n-block `nb`, shared by programs first..last, in program order (program p's is its slot 0
+    where its run begins inside the block, else its slot 1: the run ends inside it) and store the block's rows of y."""
     programs = tl.num_programs(0)
-    first = _owner(nb * k_tiles, programs, total)
-    last = _owner((nb + 1) * k_tiles - 1, programs, total)
     rows = 2 * BLOCK_N if SWIGLU else BLOCK_N
     r = tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -104,12 +95,12 @@ def _count_in(nb, count_ptr, part_ptr, b_ptr, y_ptr, rm, m_ok, N, k_tiles, total
         tl.debug_barrier()  # every thread's partial stored before the (release) count
         arrived = tl.atomic_add(count_ptr + nb, 1, sem="acq_rel", scope="gpu")
         programs = tl.num_programs(0)
-        block_lo = nb * k_tiles
-        sharing = _owner(block_lo + k_tiles - 1, programs, total) - _owner(block_lo, programs, total) + 1
-        if arrived == sharing - 1:
+        first = _owner(nb * k_tiles, programs, total)
+        last = _owner((nb + 1) * k_tiles - 1, programs, total)
+        if arrived == last - first:
             tl.store(count_ptr + nb, 0)
-            _reduce(nb, part_ptr, b_ptr, y_ptr, rm, m_ok, N, k_tiles, total, stride_ym, HAS_BIAS, SWIGLU, BLOCK_M,
-                    BLOCK_N)  # fmt: skip
+            _reduce(nb, first, last, part_ptr, b_ptr, y_ptr, rm, m_ok, N, k_tiles, total, stride_ym, HAS_BIAS, SWIGLU,
+                    BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["k_tiles", "total"])
@@ -120,7 +111,7 @@ def _rows_kernel(
     b_ptr,  # [N] ([2N]) with HAS_BIAS
     y_ptr,  # [M, N]
     part_ptr,  # [programs, 2, BLOCK_N (2 BLOCK_N with SWIGLU), BLOCK_M] fp32: each program's first and last partial
-    count_ptr,  # [>= N / BLOCK_N] int32 arrival counters, zero between launches
+    count_ptr,  # [>= N / BLOCK_N] int32 arrival counters, zero between launches (both unread where no block is shared)
     # sizes
     M,
     N,
@@ -264,14 +255,17 @@ def rows_linear(
     programs = rows_programs(n_blocks, k_tiles, num_sms(x.device), per_sm, cfg["programs"], cfg["min_tiles"])
     if n_blocks * k_tiles < 2 * programs:  # runs of one tile or so: nothing to pipeline (Triton 3.6's pipeliner
         stages = 1  # failed to compile a one-tile launch, H200, a tiny model's step in tests/test_pdl_gpu.py)
-    counters = split_counters(x.device, n_blocks) if programs % n_blocks or programs > n_blocks else None
-    if counters is None:  # whole blocks a program (or, while capturing, no counters yet: the same)
-        programs = n_blocks
-    partials = torch.empty((programs, 2, 2 * block_n if swiglu else block_n, block_m), dtype=torch.float32,
-                           device=x.device)  # fmt: skip
+    shared = k_tiles > 1 and n_blocks % programs != 0  # some run begins or ends inside a block
+    counters = split_counters(x.device, n_blocks) if shared else None
+    if shared and counters is None:  # while capturing, no counters yet: whole blocks a program
+        programs, shared = n_blocks, False
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    partials = y  # read only where a block is shared
+    if shared:
+        partials = torch.empty((programs, 2, 2 * block_n if swiglu else block_n, block_m), dtype=torch.float32,
+                               device=x.device)  # fmt: skip
     _rows_kernel[(programs,)](
-        x2, weight, bias if bias is not None else weight, y, partials, counters if counters is not None else y,
+        x2, weight, bias if bias is not None else weight, y, partials, counters if shared else y,
         m, n, k, k_tiles, n_blocks * k_tiles,
         x2.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, SWIGLU=swiglu,

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from tlt_rt.codegen.kernels import pdl as pdl_module
 from tlt_rt.codegen.kernels import rows_gemm
+from tlt_rt.codegen.kernels.epilogue import bias_swiglu
 from tlt_rt.codegen.kernels.pdl import enter, interpreting, launch_meta, leave, load_weight, prefetch_rows
 
 __all__ = [
@@ -287,22 +288,6 @@ def _slab_products(x, w, w_up, acc, acc_up, SWIGLU: tl.constexpr, PRODUCTS: tl.c
 
 
 @triton.jit
-def _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
-    """The epilogue: the bias (both halves' with SWIGLU), then silu(gate) * up with gate and up rounded to the
-    output's dtype first, as the unfused matmul + swiglu would."""
-    dtype = y_ptr.dtype.element_ty
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if SWIGLU:
-            acc_up += tl.load(b_ptr + N + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if SWIGLU:
-        gate = acc.to(dtype).to(tl.float32)
-        up = acc_up.to(dtype).to(tl.float32)
-        acc = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
-    return acc
-
-
-@triton.jit
 def _row_products(
     x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
@@ -375,7 +360,7 @@ def _skinny_kernel(
     acc, acc_up = _row_products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, K, stride_xm, stride_wn, SWIGLU, BLOCK_M,
                                 BLOCK_N, BLOCK_K, PDL, PREFETCH, LINE, LINES, ONE_TILE, K1, K2, K3,
                                 PRODUCTS)  # fmt: skip
-    acc = _bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
+    acc = bias_swiglu(acc, acc_up, b_ptr, y_ptr, rn, n_ok, N, HAS_BIAS, SWIGLU)
     out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
