@@ -8,7 +8,8 @@
 # programs the splits aim for; at batch 32 attention was the step's largest item, 18 us a layer on the 1.5B).
 #   benchmarks/gpu_rows.sh OUT [GPU]     (logs and records in OUT; GPU: CUDA_VISIBLE_DEVICES, 0 by default)
 # Settings: VARIANTS15 / VARIANTS05 (step_costs.py --compare names per model, the first the baseline; "" leaves that
-# model out), ROUNDS (5), STEP_SECONDS (260 / 200), ATTN (0), ATTN_VARIANTS (pdl pdl:attn:sw=4 pdl:attn:sw=8).
+# model out), ROUNDS (5), STEP_SECONDS (260 / 200), ATTN (0), ATTN_VARIANTS (pdl pdl:attn:sw=4 pdl:attn:sw=8),
+# ATTN_BATCHES (32 1), ATTN_MODELS (both shapes).
 set -u
 out=${1:?OUT}; gpu=${2:-0}
 mkdir -p "$out"
@@ -26,9 +27,9 @@ for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
       || tail -20 "$out/rows-$model.log"
 done
 if [ "${ATTN:-0}" = 1 ]; then
-  for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
-    # shellcheck disable=SC2086  # the variant list splits on purpose
-    CUDA_VISIBLE_DEVICES=$gpu timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch 32 1 \
+  for model in ${ATTN_MODELS:-qwen2.5-coder-1.5b qwen2.5-coder-0.5b}; do
+    # shellcheck disable=SC2086  # the variant and batch lists split on purpose
+    CUDA_VISIBLE_DEVICES=$gpu timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch ${ATTN_BATCHES:-32 1} \
         --ctx 1024 --table 2624 --verify --compare ${ATTN_VARIANTS:-pdl pdl:attn:sw=4 pdl:attn:sw=8} \
         --skinny-min-weight 0 --rounds "${ROUNDS:-5}" --out "$out/attn-$model.jsonl" > "$out/attn-$model.log" 2>&1
     echo "== attention, $model"; grep -A12 "variants side by side" "$out/attn-$model.log" | grep -E "^(variant|pdl)" \
