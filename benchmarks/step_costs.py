@@ -424,9 +424,14 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
                     use(name)
                     graphs[name] = graphed_step(model, b, ctx, t, table=args.table)
                 times: dict[str, list[float]] = {name: [] for name in glues}
-                for _ in range(args.rounds):
+                for r in range(args.rounds):
                     for name, (g, _, _) in graphs.items():
-                        times[name].append(time_replays(g, args.iters))
+                        try:
+                            times[name].append(time_replays(g, args.iters))
+                        except RuntimeError:  # a fault surfaces at the next sync: name the graph it surfaced in
+                            print(f"replaying {name} (batch {b}, ctx {ctx}, tokens {t}, round {r}) failed; captured: "
+                                  f"{', '.join(graphs)}", flush=True)  # fmt: skip
+                            raise
                 fl = floor_seconds(model, b, ctx, t, bw)
                 first = statistics.median(times[args.compare[0]])
                 ref = graphs[args.compare[0]][2].float()
