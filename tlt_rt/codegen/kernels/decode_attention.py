@@ -132,14 +132,6 @@ def _merge_row_splits(
 
 
 @triton.jit
-def table_index(pos, ok, PAGE_SIZE: tl.constexpr):
-    """The block-table entries of cache positions `pos`, entry 0 where `ok` is False: every lane's address lies
-    inside the sequence's row of the table, masked or not (a software-pipelined loop issues the table read of
-    later tiles ahead of the body: with num_stages >= 3 as asynchronous copies). Unchanged wherever `ok` holds."""
-    return tl.where(ok, pos, 0) // PAGE_SIZE
-
-
-@triton.jit
 def _arrive_last(COUNTERS, idx, num_splits):
     """True in the last of the `num_splits` programs sharing counter `idx` to get here; that one also
     zeroes the counter. The barrier orders every thread's partial stores before the (release) count."""
@@ -211,7 +203,7 @@ def _decode_attention_kernel(
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         ok = pos < end
-        blk = tl.load(bt_row + table_index(pos, ok, PAGE_SIZE), mask=ok, other=0).to(tl.int64)
+        blk = tl.load(bt_row + pos // PAGE_SIZE, mask=ok, other=0).to(tl.int64)
         row = pos % PAGE_SIZE
         k = tl.load(K_CACHE + blk[None, :] * stride_kb + row[None, :] * stride_kp + kvh * stride_kh
                     + offs_d[:, None] * stride_kd, mask=ok[None, :], other=0.0)  # fmt: skip

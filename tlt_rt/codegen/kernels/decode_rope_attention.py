@@ -32,7 +32,6 @@ from tlt_rt.codegen.kernels.decode_attention import (
     TABLE_STRIDE,
     _arrive_last,
     _merge_splits,
-    table_index,
 )
 from tlt_rt.codegen.kernels.paged import (
     check_paged_inputs,
@@ -76,7 +75,7 @@ def _kv_tile(
     before the new token's were written by earlier steps, the block table before the step's first kernel."""
     pos = n0 + tl.arange(0, BLOCK_N)
     ok = pos < lim
-    blk = load_early(bt_row + table_index(pos, ok, PAGE_SIZE), ok, 0).to(tl.int64)
+    blk = load_early(bt_row + pos // PAGE_SIZE, ok, 0).to(tl.int64)
     row = (blk * PAGE_SIZE + pos % PAGE_SIZE) * stride_cs + kvh * stride_ch
     ka = load_early(K_CACHE + row[None, :] + d[:, None], ok[None, :], 0.0)
     kb = load_early(K_CACHE + row[None, :] + HALF + d[:, None], ok[None, :], 0.0)
