@@ -347,21 +347,21 @@ def wide_variant(name: str) -> bool:
     """`pdl:bn=..,bk=..,w=..,s=..`: pdl with the one-row launch meta for weights of many rows whose rows fit one
     tile (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept;
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
-    `pdl:attn:bn=..,w=..,s=..,sw=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
-    split_waves); `pdl:dot:bn=..` / `pdl:dotnarrow:bn=..` the tensor-core launch of 9-64 rows for weights of many /
-    fewer rows (`skinny_gemm.DOT_META` / `DOT_NARROW`); `pdl-rows2:split:bn=..,bk=..,w=..,s=..,p=..,t=..` the launch
-    of `kernels.rows_gemm` (`ROWS_META`, p its programs, t the fewest tiles a program). `pc=1`: rows within one
-    tile in power-of-two pieces, not padded (meta "pieces", `row_tiles`). `f=0|1` (any kind) sets
+    `pdl:attn:bn=..,w=..,s=..,sw=..,mt=..,r=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
+    split_waves, mt the merge's tile in fp32 elements, r a cap on registers a thread); `pdl:dot:bn=..` /
+    `pdl:dotnarrow:bn=..` the tensor-core launch of 9-64 rows for weights of many / fewer rows
+    (`skinny_gemm.DOT_META` / `DOT_NARROW`); `pdl-rows2:split:bn=..,bk=..,w=..,s=..,p=..,t=..` the launch of
+    `kernels.rows_gemm` (`ROWS_META`, p its programs, t the fewest tiles a program). `pc=1`: rows within one tile
+    in power-of-two pieces, not padded (meta "pieces", `row_tiles`). `f=0|1` (any kind) sets
     `skinny_gemm.ROW_FLAT`: one row's products broadcast over three dimensions or in the slab's layout (the
-    default). `pdl-rows:...` the same on the chain of
-    up to 64 rows. Registers the variant; False for other names."""
+    default). `pdl-rows:...` the same on the chain of up to 64 rows. Registers the variant; False for other names."""
     base, colon, rest = name.partition(":")
     if not colon or base not in ("pdl", "pdl-rows", "pdl-rows2"):
         return False
     from tlt_rt.codegen.kernels import decode_rope_attention, rows_gemm, skinny_gemm
 
     keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages", "sw": "split_waves",
-            "pc": "pieces", "p": "programs", "t": "min_tiles"}  # fmt: skip
+            "pc": "pieces", "p": "programs", "t": "min_tiles", "mt": "merge_tile", "r": "maxnreg"}  # fmt: skip
     kind, _, spec = rest.rpartition(":")
     module, attr = {
         "": (skinny_gemm, "ONE_ROW_WIDE"),
@@ -384,7 +384,9 @@ def wide_variant(name: str) -> bool:
             knobs[(SKINNY, "ROW_FLAT")] = value == "1"
             continue
         if key not in keys or not value.isdigit():
-            raise ValueError(f"{name}: expected pdl:bn=..,bk=..,w=..,s=..,pc=..,f=0|1 (any of them), got {item!r}")
+            raise ValueError(
+                f"{name}: expected pdl:bn=..,bk=..,w=..,s=..,pc=..,mt=..,r=..,f=0|1 (any of them), got {item!r}"
+            )
         meta[keys[key]] = int(value)
     KNOBS[name] = {(module.__name__, attr): meta, **KNOBS.get(base, {}), **knobs}
     VARIANTS[name] = VARIANTS[base]
@@ -419,6 +421,12 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
     for ctx in args.ctx:
         for b in args.batch:
             for t in [1, *args.verify]:
+                if args.precompile:  # every variant's kernels compiled and loaded before the first kept capture
+                    for name in glues:
+                        use(name)
+                        graphed_step(model, b, ctx, t, table=args.table)  # dropped at once
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
                 graphs = {}
                 for name in glues:
                     use(name)
@@ -506,6 +514,10 @@ def main(argv: list[str] | None = None) -> None:
                          "pdl[-rows|-rows2]:[narrow:|attn:|dot:|dotnarrow:|split:]bn=..,.. for pdl with another "
                          "launch setting: see wide_variant)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=5, help="with --compare: interleaved rounds of --iters replays")
+    ap.add_argument("--precompile", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --compare: capture every variant's shape once and drop it before the kept captures, so "
+                    "no kernel is compiled or loaded after a kept graph is captured (on the 1.5B's shape, variants of "
+                    "decode attention's launch captured one after the other faulted at the first replay)")  # fmt: skip
     args = ap.parse_args(argv)
     for name in args.compare or []:
         try:

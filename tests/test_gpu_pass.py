@@ -433,10 +433,12 @@ def test_rows_pass_times_the_chain_of_more_rows_on_both_shapes(tmp_path):
     for c in lines:
         assert "--compare pdl pdl-rows2 pdl-rows2:split:t=4" in c and "--batch 32 1" in c and "--verify 16 48" in c
         assert "--profile" in c and "--table 2624" in c
-    # ATTN=1: decode attention's split count after them; a model's variants left empty leave it out
+    # ATTN=1: decode attention's launch (programs an SM) after them; a model's variants left empty leave it out
     calls.write_text("")
     subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_rows.sh"), str(tmp_path / "a")], cwd=REPO, check=True,
                    env={**env, "ATTN": "1", "VARIANTS05": ""}, capture_output=True, timeout=30)  # fmt: skip
     lines = [c for c in calls.read_text().splitlines() if "step_costs.py" in c]
     assert len(lines) == 3 and "qwen2.5-coder-1.5b" in lines[0] and "pdl-rows2" in lines[0]
-    assert all("--compare pdl pdl:attn:sw=4 pdl:attn:sw=8" in c for c in lines[1:])
+    assert all("--compare pdl pdl:attn:mt=4096 pdl:attn:mt=4096,r=128 pdl:attn:sw=4,mt=4096,r=128" in c
+               for c in lines[1:])  # fmt: skip
+    assert all("--batch 32 128 1" in c for c in lines[1:])

@@ -107,6 +107,30 @@ def test_reading_ahead_of_the_wait_changes_nothing(monkeypatch):
             torch.testing.assert_close(x, y, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize(
+    ("extra", "block_s"), [({"merge_tile": 16 * 32 * 2}, 2), ({"merge_tile": 1 << 20, "maxnreg": 128}, 8)]
+)
+def test_a_smaller_merge_step_or_a_register_cap_keeps_the_result(monkeypatch, extra, block_s):
+    """DECODE_META's optional merge tile (here two splits a merge step, or every split at once) and register cap:
+    the output within fp32 rounding of the reference over 1-8 splits (the merge's online sum in other steps), the
+    new token's K/V written the same."""
+    import tlt_rt.codegen.kernels.decode_rope_attention as mod
+    from tlt_rt.codegen.kernels.paged import merge_block_s
+
+    assert merge_block_s(16, 8, 32, extra["merge_tile"]) == block_s  # 6 heads a KV head: 16 rows
+    monkeypatch.setattr(mod, "DECODE_META", {**mod.DECODE_META, **extra})
+    (q, k, v, positions, slots, k_cache, v_cache), meta = _case([5, 70, 140], 6, 2, 32, torch.float32, 11)
+    inv_freq = rope_inv_freq_of(32, 10000.0).to(DEVICE)
+    want, want_k, want_v = _reference(q, k, v, positions, slots, k_cache, v_cache, meta, inv_freq, 0.2)
+    for splits in (1, 3, 8):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        got = decode_rope_attention(q, k, v, positions, inv_freq, kc, vc, slots, meta.block_tables, meta.seq_lens,
+                                    0.2, num_splits=splits)  # fmt: skip
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(kc, want_k, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(vc, want_v, atol=0, rtol=0)
+
+
 def test_bf16_within_rounding_of_the_two_kernels():
     (q, k, v, positions, slots, k_cache, v_cache), meta = _case([1, 40, 100], 6, 2, 64, torch.bfloat16, 3)
     inv_freq = rope_inv_freq_of(64, 1e6).to(DEVICE)

@@ -45,7 +45,10 @@ __all__ = [
 ]
 
 # Launch meta-parameters (head_dim <= 128; 256 halves block_n). `benchmarks/bench_attention.py --tune`
-# sweeps them on a GPU; split_waves is how many waves of programs split-K aims for.
+# sweeps them on a GPU; split_waves is how many waves of programs split-K aims for. Read by the fused rotary decode
+# attention (`decode_rope_attention`) too, which also takes two optional keys: "merge_tile", the fp32 partials one
+# merge step holds (`paged.MERGE_TILE` if absent), and "maxnreg", a cap on its registers a thread. Compiled for sm_90
+# its programs hold 218 registers (168 without the merge), two programs of 4 warps an SM: the two set how many fit.
 DECODE_META = {"block_n": 64, "num_warps": 4, "num_stages": 2, "split_waves": 2}
 LOG2E = 1.4426950408889634
 # Left unspecialised in every paged kernel: the block tables' row stride (their width). Triton compiles a kernel

@@ -295,10 +295,11 @@ def decode_rope_attention(
         out.stride(0), out.stride(1), out.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         GROUP=group, BLOCK_G=block_g, HALF=head_dim // 2, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
-        MERGE=counters is not None, BLOCK_S=merge_block_s(block_g, num_splits, head_dim),
+        MERGE=counters is not None, BLOCK_S=merge_block_s(block_g, num_splits, head_dim, meta.get("merge_tile")),
         DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EARLY=EARLY_LOADS,
         PROBE_ON=probe is not None, N_STAMPS=STAMPS,
         num_warps=meta["num_warps"], num_stages=meta["num_stages"], **launch_meta(q.device, pdl, kind="attention"),
+        **({"maxnreg": meta["maxnreg"]} if meta.get("maxnreg") else {}),
     )  # fmt: skip
     if split and counters is None:
         from tlt_rt.codegen.kernels.decode_attention import combine_splits

@@ -42,9 +42,10 @@ def clamp_splits(num_splits: int, max_ctx: int, block_n: int) -> int:
     return max(1, min(num_splits, triton.cdiv(max(max_ctx, 1), block_n)))
 
 
-def merge_block_s(rows: int, num_splits: int, head_dim: int) -> int:
-    """Splits one merge step reads at a time: rows x splits x head_dim fp32 within MERGE_TILE, at least 2."""
-    return max(2, min(triton.next_power_of_2(num_splits), MERGE_TILE // (rows * head_dim)))
+def merge_block_s(rows: int, num_splits: int, head_dim: int, tile: int | None = None) -> int:
+    """Splits one merge step reads at a time: rows x splits x head_dim fp32 within `tile` (None: MERGE_TILE),
+    at least 2."""
+    return max(2, min(triton.next_power_of_2(num_splits), (tile or MERGE_TILE) // (rows * head_dim)))
 
 
 _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
