@@ -10,6 +10,7 @@ chain's kernels, `tlt_rt/codegen/kernels/pdl.py`) have their PTX checked against
 TRITON_INTERPRET unset, so that @triton.jit gives real JITFunctions; `test_kernels_compile.py` runs it in a subprocess.
 
     python tests/kernel_compile_check.py [report.json]
+    python tests/kernel_compile_check.py --resources [PATTERN]   (registers, spills, programs an SM; ptxas -v)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import importlib
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import traceback
@@ -79,6 +81,7 @@ def record(fn: JITFunction, *args, grid, warmup, **kwargs) -> None:
         shown = [f"{fn.arg_names[path[0]]}={value}" for path, value in constexprs.items()]
         shown += [f"num_warps={options.num_warps}", f"num_stages={options.num_stages}"]
         shown += ["launch_pdl"] if options.launch_pdl else []
+        shown += [f"maxnreg={options.maxnreg}"] if getattr(options, "maxnreg", None) else []
         JOBS[key] = (fn, signature, constexprs, attrs, options.__dict__, f"{kernel_name(fn)}[{', '.join(shown)}]")
 
 
@@ -154,10 +157,8 @@ def compile_job(key: str) -> tuple[str, str | None, list[str], dict | None]:
     return label, error, sorted(generated), pdl
 
 
-def run_cases(cases) -> tuple[list[str], list[tuple[str, str | None, list[str], dict | None]]]:
-    """Run each case's launches under the recorder, then compile what they queued, in parallel.
-
-    Returns (the cases that raised, one (label, error, generated, PDL report) per distinct specialization)."""
+def record_cases(cases) -> list[str]:
+    """Run each case's launches under the recorder (queuing JOBS); returns the cases that raised."""
     JOBS.clear()
     run, JITFunction.run = JITFunction.run, record
     raised = []
@@ -169,10 +170,89 @@ def run_cases(cases) -> tuple[list[str], list[tuple[str, str | None, list[str], 
                 raised.append(f"{case.__name__} raised:\n{traceback.format_exc(limit=-3)}")
     finally:
         JITFunction.run = run
-    workers = max(1, min(len(os.sched_getaffinity(0)), len(JOBS)))
-    # processes, as compiling is CPU-bound in MLIR passes and ptxas; forked, so they inherit JOBS
+    return raised
+
+
+def _pool_map(job: Callable, keys: list[str]) -> list:
+    """job over keys in forked processes (they inherit JOBS): compiling is CPU-bound in MLIR passes and ptxas."""
+    workers = max(1, min(len(os.sched_getaffinity(0)), len(keys)))
     with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
-        return raised, list(pool.map(compile_job, list(JOBS)))
+        return list(pool.map(job, keys))
+
+
+def run_cases(cases) -> tuple[list[str], list[tuple[str, str | None, list[str], dict | None]]]:
+    """Run each case's launches under the recorder, then compile what they queued, in parallel.
+
+    Returns (the cases that raised, one (label, error, generated, PDL report) per distinct specialization)."""
+    raised = record_cases(cases)
+    return raised, _pool_map(compile_job, list(JOBS))
+
+
+# What one sm_90 SM holds: registers, warps, resident programs, shared memory (each program reserving 1 KB more)
+SM90_REGISTERS, SM90_WARPS, SM90_PROGRAMS, SM90_SM_SHARED = 65536, 64, 32, 233472
+PTXAS_USED = re.compile(r"Used (\d+) registers")
+PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def programs_per_sm(registers: int, num_warps: int, shared: int) -> tuple[int, str]:
+    """(programs of a kernel one sm_90 SM holds at once, what limits it: "registers", "warps", "programs" or
+    "shared"), from its registers a thread (a warp's allocated 256 at a time), warps and shared memory a program."""
+    per_warp = -(-max(registers, 1) * 32 // 256) * 256
+    limits = {
+        "registers": SM90_REGISTERS // (per_warp * num_warps),
+        "warps": SM90_WARPS // num_warps,
+        "programs": SM90_PROGRAMS,
+        "shared": SM90_SM_SHARED // (shared + 1024),
+    }
+    which = min(limits, key=limits.get)
+    return limits[which], which
+
+
+def resources_job(key: str) -> tuple[str, dict | str]:
+    """Compile one queued specialization and assemble its PTX with Triton's own ptxas, verbose -> (label, {registers,
+    spill_stores, spill_loads, shared, num_warps, num_stages, programs_per_sm, limit}) or (label, the error). The
+    counts are this machine's ptxas's: the GPU's Triton may bundle another release, whose allocation can differ."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    fn, signature, constexprs, attrs, options, label = JOBS[key]
+    try:
+        kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options)
+        with tempfile.TemporaryDirectory(prefix="tlt-ptxas-") as tmp:
+            src, out = Path(tmp, "kernel.ptx"), Path(tmp, "kernel.cubin")
+            src.write_text(kernel.asm["ptx"])
+            cmd = [get_ptxas(TARGET.arch).path, "-v", f"--gpu-name=sm_{TARGET.arch}a", str(src), "-o", str(out)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        text = done.stdout + done.stderr
+        registers = int(PTXAS_USED.search(text).group(1))
+        stores, loads = map(int, PTXAS_SPILLS.search(text).groups())
+    except Exception as e:
+        return label, _describe(e)
+    warps, shared = options["num_warps"], kernel.metadata.shared
+    fit, limit = programs_per_sm(registers, warps, shared)
+    return label, {
+        "registers": registers, "spill_stores": stores, "spill_loads": loads, "shared": shared, "num_warps": warps,
+        "num_stages": options["num_stages"], "programs_per_sm": fit, "limit": limit,
+    }  # fmt: skip
+
+
+def resources(pattern: str = "") -> list[tuple[str, dict | str]]:
+    """`resources_job` for every specialization the cases launch whose label contains `pattern`."""
+    raised = record_cases(CASES)
+    if raised:
+        raise RuntimeError("\n".join(raised))
+    return _pool_map(resources_job, [key for key, job in JOBS.items() if pattern in job[-1]])
+
+
+def print_resources(rows: list[tuple[str, dict | str]]) -> None:
+    """A line a specialization: registers, spills, shared memory, warps / stages, programs an SM and what limits it."""
+    print(f"{'regs':>5} {'spill st/ld':>11} {'shared':>7} {'w/s':>5} {'per SM':>6}  {'limit':<9} specialization")
+    for label, r in rows:
+        if isinstance(r, str):
+            print(f"{'-':>5} {'-':>11} {'-':>7} {'-':>5} {'-':>6}  {'error':<9} {label}: {r.splitlines()[0]}")
+            continue
+        spills = f"{r['spill_stores']}/{r['spill_loads']}"
+        print(f"{r['registers']:>5} {spills:>11} {r['shared']:>7} {r['num_warps']:>2}/{r['num_stages']:<2} "
+              f"{r['programs_per_sm']:>6}  {r['limit']:<9} {label}")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------- the cases
@@ -480,6 +560,9 @@ if __name__ == "__main__":
         sys.exit("unset TRITON_INTERPRET: under the interpreter @triton.jit gives no compilable kernels")
     if sys.argv[1:] == ["--eager-table-variants"]:
         print(json.dumps(eager_table_variants()))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--resources"]:  # [PATTERN]: only specializations whose label contains it
+        print_resources(resources(sys.argv[2] if len(sys.argv) > 2 else ""))
         sys.exit(0)
     # an empty cache: a cached kernel skips code generation, and with it the note of the helpers it calls
     with tempfile.TemporaryDirectory(prefix="tlt-kernel-compile-") as cache:

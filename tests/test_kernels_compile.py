@@ -151,3 +151,48 @@ def test_the_pdl_signal_is_checked_on_the_side_of_the_wait_its_mode_names():
     assert pdl_problem("k[PDL=1]", after) is None and pdl_problem("k[PDL=3]", before) is None
     assert "after its wait" in pdl_problem("k[PDL=1]", before)
     assert "signals before its wait" in pdl_problem("k[PDL=3]", after)
+
+
+# a kernel whose register use the report must find: 4 warps, a [4096] fp32 tile live across a loop
+HEAVY = """
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def heavy_kernel(X, Y, N, BLOCK: tl.constexpr):
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, N, 1024):
+        acc += tl.load(X + start + tl.arange(0, BLOCK)).to(tl.float32)
+    tl.store(Y + tl.arange(0, BLOCK), acc)
+
+
+def launch():
+    x = torch.zeros(1 << 16, dtype=torch.bfloat16)
+    heavy_kernel[(1,)](x, x, 1 << 14, BLOCK=4096, num_warps=4)
+    heavy_kernel[(1,)](x, x, 1 << 14, BLOCK=256, num_warps=4)
+"""
+
+
+def test_the_resource_report_reads_registers_and_programs_an_sm(tmp_path):
+    """`kernel_compile_check.py --resources`: registers a thread from ptxas -v, and the programs an SM holds from
+    registers, warps and shared memory (sm_90's limits)."""
+    (tmp_path / "case_module.py").write_text(HEAVY)
+    code = (
+        f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(tmp_path)!r}]\n"
+        "import json, case_module, kernel_compile_check as check\n"
+        "assert not check.record_cases([case_module.launch])\n"
+        "fits = [check.programs_per_sm(*a) for a in ((218, 4, 34816), (128, 4, 34816), (32, 4, 106496), (16, 32, 0))]\n"
+        "print(json.dumps([fits, check._pool_map(check.resources_job, list(check.JOBS))]))\n"
+    )
+    proc = _python(["-c", code], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    fits, rows = json.loads(proc.stdout.splitlines()[-1])
+    assert fits == [[2, "registers"], [4, "registers"], [2, "shared"], [2, "warps"]]
+    (big_label, big), (small_label, small) = rows
+    assert "BLOCK=4096" in big_label and "BLOCK=256" in small_label
+    # 4,096 fp32 over 128 threads: 32 registers of accumulator alone, more than the 256-wide tile's 2
+    assert big["registers"] > small["registers"] >= 8, rows
+    assert big["num_warps"] == 4 and 1 <= big["programs_per_sm"] <= small["programs_per_sm"] <= 16
+    assert big["limit"] in ("registers", "warps", "programs", "shared") and big["spill_stores"] >= 0
