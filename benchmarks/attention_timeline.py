@@ -156,11 +156,11 @@ def main(argv: list[str] | None = None) -> None:
     set_glue(model, KernelGlue(pieces=base, **glue))
     model.attn_backend = TritonAttention(**attn)
     layers = model.arch.num_hidden_layers
-    plain, _, _ = graphed_step(model, args.batch, args.ctx, table=args.table)
+    plain, plain_held, _ = graphed_step(model, args.batch, args.ctx, table=args.table)  # held: what it reads
     stamps = Stamps("cuda")
     rope_dec.PROBE = stamps
     try:
-        g, cache, _ = graphed_step(model, args.batch, args.ctx, table=args.table)
+        g, held, _ = graphed_step(model, args.batch, args.ctx, table=args.table)
     finally:
         rope_dec.PROBE = None
     times = {"plain": [], "stamped": []}
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
                    per_layer_us=per_layer, device=torch.cuda.get_device_name())  # fmt: skip
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
-    del g, cache, plain
+    del g, held, plain, plain_held
 
 
 if __name__ == "__main__":

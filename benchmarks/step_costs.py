@@ -121,8 +121,12 @@ def graphed_step(model: CausalLM, batch: int, ctx: int, tree: int = 1, block_siz
     """One paged forward captured as a CUDA graph: decode (tree=1) or a verify of `tree` tokens per sequence
     after `ctx` cached ones, each sequence's block table `table` positions wide where that is more (an engine's:
     its longest context, from which the attention kernels choose their split count) and else just wide enough.
-    Returns (graph, cache, logits): the cache must live as long as the graph is replayed; the logits are the
-    graph's output (the same token ids for a shape in every call, so variants compare)."""
+    Returns (graph, held, logits): `held` holds everything the graph reads or writes that was made outside it (the
+    cache, token ids, positions, the metadata's tables, lengths and slots) and must live as long as the graph is
+    replayed: a graph keeps no tensor alive, and a later capture's `empty_cache` returns freed blocks to the
+    driver, so a replay of a graph whose inputs were dropped reads unmapped memory (how multi-variant runs on the
+    1.5B's shape faulted at their first replay); the logits are the graph's output (the same token ids for a shape
+    in every call, so variants compare)."""
     dev = model.lm_head.weight.device
     per_seq = table_blocks(ctx, tree, block_size, table)
     cache = model.make_cache(batch * per_seq + 1, block_size)
@@ -150,16 +154,16 @@ def graphed_step(model: CausalLM, batch: int, ctx: int, tree: int = 1, block_siz
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             out = model.forward_paged(ids, pos, cache, meta)
-    return g, cache, out.logits
+    return g, (cache, ids, pos, meta), out.logits
 
 
 def step_cost(
     model: CausalLM, batch: int, ctx: int, tree: int, block_size: int = 16, iters: int = 30, table: int = 0
 ) -> float:
     """Median seconds of one graphed paged forward: decode (tree=1) or a verify of `tree` tokens."""
-    g, cache, _ = graphed_step(model, batch, ctx, tree, block_size, table)
+    g, held, _ = graphed_step(model, batch, ctx, tree, block_size, table)
     sec = time_replays(g, iters)
-    del g, cache
+    del g, held
     torch.cuda.empty_cache()
     return sec
 
@@ -216,7 +220,7 @@ def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, to
     """Kernel time per decode step by kernel name (torch profiler over graph replays), then `step_summary`."""
     from torch.profiler import ProfilerActivity, profile
 
-    g, cache, _ = graphed_step(model, batch, ctx, table=table)
+    g, held, _ = graphed_step(model, batch, ctx, table=table)
     g.replay()
     torch.cuda.synchronize()
     replay_s = time_replays(g, replays)  # outside the profiler, which slows the replays down
@@ -247,7 +251,7 @@ def print_breakdown(model: CausalLM, batch: int, ctx: int, replays: int = 20, to
     print(f"exposed kernel time (what each adds to the step's timeline, overlaps counted once): {total / 1e3:.3f} ms")
     for name, ex, busy, n in exposed[:top]:
         print(f"  {ex:9.1f} us exposed {busy:9.1f} us busy {n:6.1f}x  {name[:90]}")
-    del g, cache
+    del g, held
     torch.cuda.empty_cache()
 
 
@@ -421,12 +425,6 @@ def compare_variants(model: CausalLM, args, bw: float) -> list[dict]:
     for ctx in args.ctx:
         for b in args.batch:
             for t in [1, *args.verify]:
-                if args.precompile:  # every variant's kernels compiled and loaded before the first kept capture
-                    for name in glues:
-                        use(name)
-                        graphed_step(model, b, ctx, t, table=args.table)  # dropped at once
-                    torch.cuda.synchronize()
-                    torch.cuda.empty_cache()
                 graphs = {}
                 for name in glues:
                     use(name)
@@ -514,10 +512,6 @@ def main(argv: list[str] | None = None) -> None:
                          "pdl[-rows|-rows2]:[narrow:|attn:|dot:|dotnarrow:|split:]bn=..,.. for pdl with another "
                          "launch setting: see wide_variant)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=5, help="with --compare: interleaved rounds of --iters replays")
-    ap.add_argument("--precompile", action=argparse.BooleanOptionalAction, default=True,
-                    help="with --compare: capture every variant's shape once and drop it before the kept captures, so "
-                    "no kernel is compiled or loaded after a kept graph is captured (on the 1.5B's shape, variants of "
-                    "decode attention's launch captured one after the other faulted at the first replay)")  # fmt: skip
     args = ap.parse_args(argv)
     for name in args.compare or []:
         try:
