@@ -290,8 +290,8 @@ def test_gpu_check_x4_runs_tests_drafters_timings_and_tp_in_their_order(tmp_path
     assert "all done" in main
     out = tmp_path / "out"
     first, rest = _halves(calls)
-    assert "tests/test_qwen_gpu.py" not in first and "tests/test_qwen_gpu.py" not in rest  # the real-Qwen tests: in the
-    # second half, which takes every file the first does not name
+    assert "tests/test_qwen_gpu.py" in first and "--ignore=tests/test_qwen_gpu.py" in rest  # the real-Qwen tests: in
+    # the first half; the second takes every file the first does not name
     warm = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if "--warmup-only" in c}
     assert set(warm) == {"w0", "w05"}
     assert "--warmup-epochs 1.5 " in warm["w05"] and "q05" in warm["w05"] and "--lr" not in warm["w05"]
