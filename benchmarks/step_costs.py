@@ -352,7 +352,8 @@ def wide_variant(name: str) -> bool:
     tile (gate/up, the head; `skinny_gemm.ONE_ROW_WIDE`) set from the name, keys left out kept;
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
     `pdl:attn:bn=..,w=..,s=..,sw=..,mt=..,r=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
-    split_waves, mt the merge's tile in fp32 elements, r a cap on registers a thread); `pdl:dot:bn=..` /
+    split_waves, mt the merge's tile in fp32 elements, r a cap on registers a thread, tm=1 the merge over the
+    group's rows); `pdl:dot:bn=..` /
     `pdl:dotnarrow:bn=..` the tensor-core launch of 9-64 rows for weights of many / fewer rows
     (`skinny_gemm.DOT_META` / `DOT_NARROW`); `pdl-rows2:split:bn=..,bk=..,w=..,s=..,p=..,t=..` the launch of
     `kernels.rows_gemm` (`ROWS_META`, p its programs, t the fewest tiles a program). `pc=1`: rows within one tile
@@ -365,7 +366,8 @@ def wide_variant(name: str) -> bool:
     from tlt_rt.codegen.kernels import decode_rope_attention, rows_gemm, skinny_gemm
 
     keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages", "sw": "split_waves",
-            "pc": "pieces", "p": "programs", "t": "min_tiles", "mt": "merge_tile", "r": "maxnreg"}  # fmt: skip
+            "pc": "pieces", "p": "programs", "t": "min_tiles", "mt": "merge_tile", "r": "maxnreg",
+            "tm": "tight_merge"}  # fmt: skip
     kind, _, spec = rest.rpartition(":")
     module, attr = {
         "": (skinny_gemm, "ONE_ROW_WIDE"),
@@ -389,7 +391,7 @@ def wide_variant(name: str) -> bool:
             continue
         if key not in keys or not value.isdigit():
             raise ValueError(
-                f"{name}: expected pdl:bn=..,bk=..,w=..,s=..,pc=..,mt=..,r=..,f=0|1 (any of them), got {item!r}"
+                f"{name}: expected pdl:bn=..,bk=..,w=..,s=..,pc=..,mt=..,r=..,tm=..,f=0|1 (any of them), got {item!r}"
             )
         meta[keys[key]] = int(value)
     KNOBS[name] = {(module.__name__, attr): meta, **KNOBS.get(base, {}), **knobs}

@@ -108,16 +108,22 @@ def test_reading_ahead_of_the_wait_changes_nothing(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("extra", "block_s"), [({"merge_tile": 16 * 32 * 2}, 2), ({"merge_tile": 1 << 20, "maxnreg": 128}, 8)]
+    ("extra", "block_s"),
+    [
+        ({"merge_tile": 16 * 32 * 2}, 2),  # 16 padded rows x 2 splits x head size 32
+        ({"merge_tile": 1 << 20, "maxnreg": 128}, 8),
+        ({"merge_tile": 4 * 32 * 2, "tight_merge": 1}, 2),  # the group's 3 heads padded to 4 rows only
+    ],
 )
 def test_a_smaller_merge_step_or_a_register_cap_keeps_the_result(monkeypatch, extra, block_s):
-    """DECODE_META's optional merge tile (here two splits a merge step, or every split at once) and register cap:
-    the output within fp32 rounding of the reference over 1-8 splits (the merge's online sum in other steps), the
-    new token's K/V written the same."""
+    """DECODE_META's optional merge tile (here two splits a merge step, or every split at once), register cap and
+    merge over the group's rows only: the output within fp32 rounding of the reference over 1-8 splits (the merge's
+    online sum in other steps), the new token's K/V written the same."""
     import tlt_rt.codegen.kernels.decode_rope_attention as mod
     from tlt_rt.codegen.kernels.paged import merge_block_s
 
-    assert merge_block_s(16, 8, 32, extra["merge_tile"]) == block_s  # 6 heads a KV head: 16 rows
+    rows = 4 if extra.get("tight_merge") else 16  # 3 heads a KV head: the products pad them to 16 rows
+    assert merge_block_s(rows, 8, 32, extra["merge_tile"]) == block_s
     monkeypatch.setattr(mod, "DECODE_META", {**mod.DECODE_META, **extra})
     (q, k, v, positions, slots, k_cache, v_cache), meta = _case([5, 70, 140], 6, 2, 32, torch.float32, 11)
     inv_freq = rope_inv_freq_of(32, 10000.0).to(DEVICE)

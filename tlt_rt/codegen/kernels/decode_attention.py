@@ -46,9 +46,11 @@ __all__ = [
 
 # Launch meta-parameters (head_dim <= 128; 256 halves block_n). `benchmarks/bench_attention.py --tune`
 # sweeps them on a GPU; split_waves is how many waves of programs split-K aims for. Read by the fused rotary decode
-# attention (`decode_rope_attention`) too, which also takes two optional keys: "merge_tile", the fp32 partials one
-# merge step holds (`paged.MERGE_TILE` if absent), and "maxnreg", a cap on its registers a thread. Compiled for sm_90
-# its programs hold 218 registers (168 without the merge), two programs of 4 warps an SM: the two set how many fit.
+# attention (`decode_rope_attention`) too, which also takes optional keys: "merge_tile", the fp32 partials one merge
+# step holds (`paged.MERGE_TILE` if absent), "maxnreg", a cap on its registers a thread, and "tight_merge" (1: the
+# split merge over the group's query heads, the next power of two, instead of the products' rows padded to 16: more
+# splits a merge step). Compiled for sm_90 its programs hold 218 registers (168 without the merge), two programs of
+# 4 warps an SM: the first two set how many fit.
 DECODE_META = {"block_n": 64, "num_warps": 4, "num_stages": 2, "split_waves": 2}
 LOG2E = 1.4426950408889634
 # Left unspecialised in every paged kernel: the block tables' row stride (their width). Triton compiles a kernel

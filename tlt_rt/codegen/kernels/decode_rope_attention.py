@@ -118,6 +118,7 @@ def _decode_rope_attention_kernel(
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
     PROBE_ON: tl.constexpr, N_STAMPS: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # the merge's rows: BLOCK_G (the products' padded rows) or the group's power of two
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -222,8 +223,15 @@ def _decode_rope_attention_kernel(
             if PROBE_ON:
                 stamp(PROBE_BUF, probe + 4, last_one.to(tl.int32))
             if last_one:
-                den = _merge_splits(O_PART, LSE_PART, OUT, o_rows, lse_rows, out_rows, g_ok, n_used, stride_ps,
-                                    stride_od, BLOCK_G, BLOCK_S, 2 * HALF)  # fmt: skip
+                if BLOCK_M == BLOCK_G:
+                    den = _merge_splits(O_PART, LSE_PART, OUT, o_rows, lse_rows, out_rows, g_ok, n_used, stride_ps,
+                                        stride_od, BLOCK_G, BLOCK_S, 2 * HALF)  # fmt: skip
+                else:  # the group's rows only: more splits a merge step in the same tile
+                    m_heads = kvh * GROUP + tl.arange(0, BLOCK_M)
+                    den = _merge_splits(O_PART, LSE_PART, OUT, b * stride_pb + m_heads * stride_ph,
+                                        b * stride_lb + m_heads * stride_lh, b * stride_ob + m_heads * stride_oh,
+                                        tl.arange(0, BLOCK_M) < GROUP, n_used, stride_ps, stride_od, BLOCK_M, BLOCK_S,
+                                        2 * HALF)  # fmt: skip
                 if PROBE_ON:
                     stamp(PROBE_BUF, probe + 5, as_dep(tl.sum(den, 0)))
     else:
@@ -284,6 +292,7 @@ def decode_rope_attention(
     else:
         o_part = lse_part = out
     block_g = max(16, triton.next_power_of_2(group))
+    block_m = triton.next_power_of_2(group) if meta.get("tight_merge") else block_g  # the merge's rows
     probe = None if interpreting() else PROBE  # the interpreter has no timer
     fp32_dot = dot_in_fp32(_decode_rope_attention_kernel, q.dtype)
     _decode_rope_attention_kernel[(b * n_kv, num_splits)](
@@ -295,9 +304,9 @@ def decode_rope_attention(
         out.stride(0), out.stride(1), out.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         GROUP=group, BLOCK_G=block_g, HALF=head_dim // 2, PAGE_SIZE=page, BLOCK_N=block_n, SPLIT=split,
-        MERGE=counters is not None, BLOCK_S=merge_block_s(block_g, num_splits, head_dim, meta.get("merge_tile")),
+        MERGE=counters is not None, BLOCK_S=merge_block_s(block_m, num_splits, head_dim, meta.get("merge_tile")),
         DOT_PRECISION=dot_precision(q.dtype, fp32_dot), DOT_FP32=fp32_dot, EARLY=EARLY_LOADS,
-        PROBE_ON=probe is not None, N_STAMPS=STAMPS,
+        PROBE_ON=probe is not None, N_STAMPS=STAMPS, BLOCK_M=block_m,
         num_warps=meta["num_warps"], num_stages=meta["num_stages"], **launch_meta(q.device, pdl, kind="attention"),
         **({"maxnreg": meta["maxnreg"]} if meta.get("maxnreg") else {}),
     )  # fmt: skip
