@@ -12,8 +12,9 @@
 # 0.5B's batch-1 step when first timed). Its split count (sw=4 / 8) and stages (s=3 / 4) were timed: lost or tied.
 #   benchmarks/gpu_rows.sh OUT [GPU]     (logs and records in OUT; GPU: CUDA_VISIBLE_DEVICES, 0 by default)
 # Settings: VARIANTS15 / VARIANTS05 (step_costs.py --compare names per model, the first the baseline; "" leaves that
-# model out), ROUNDS (5), STEP_SECONDS (260 / 200), ATTN (0), ATTN_VARIANTS (pdl pdl:attn:tm=1 pdl:attn:mt=4096
-# pdl:attn:mt=4096,r=128 pdl:attn:sw=4,mt=4096,r=128), ATTN_BATCHES (32 128 1), ATTN_MODELS (both shapes).
+# model out), ROUNDS (5), STEP_SECONDS (260 / 200), ATTN (0), ATTN_VARIANTS (pdl pdl:attn:tm=1
+# pdl:attn:tm=1,mt=4096 pdl:attn:mt=4096,r=128 pdl:attn:sw=4,mt=4096,r=128: 218 / 207 / 168 / 128 registers),
+# ATTN_BATCHES (32 128 1), ATTN_MODELS (both shapes).
 set -u
 out=${1:?OUT}; gpu=${2:-0}
 mkdir -p "$out"
@@ -34,7 +35,7 @@ if [ "${ATTN:-0}" = 1 ]; then
   for model in ${ATTN_MODELS:-qwen2.5-coder-1.5b qwen2.5-coder-0.5b}; do
     # shellcheck disable=SC2086  # the variant and batch lists split on purpose
     CUDA_VISIBLE_DEVICES=$gpu timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch ${ATTN_BATCHES:-32 128 1} \
-        --ctx 1024 --table 2624 --verify --compare ${ATTN_VARIANTS:-pdl pdl:attn:tm=1 pdl:attn:mt=4096 pdl:attn:mt=4096,r=128 pdl:attn:sw=4,mt=4096,r=128} \
+        --ctx 1024 --table 2624 --verify --compare ${ATTN_VARIANTS:-pdl pdl:attn:tm=1 pdl:attn:tm=1,mt=4096 pdl:attn:mt=4096,r=128 pdl:attn:sw=4,mt=4096,r=128} \
         --skinny-min-weight 0 --rounds "${ROUNDS:-5}" --out "$out/attn-$model.jsonl" > "$out/attn-$model.log" 2>&1
     echo "== attention, $model"; grep -A12 "variants side by side" "$out/attn-$model.log" | grep -E "^(variant|pdl)" \
         || tail -20 "$out/attn-$model.log"

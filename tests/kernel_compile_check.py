@@ -446,6 +446,17 @@ def pdl_cases():
             torch.zeros(1, 64, dtype=torch.int32), torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True,
         )  # fmt: skip
     pdl.SIGNAL_FIRST = frozenset()
+    # the launch settings a sweep may set (`step_costs.py pdl:attn:tm=1,mt=4096,r=128`): the merge over the group's
+    # rows, a smaller merge tile, a register cap
+    default_meta = rope_dec.DECODE_META
+    rope_dec.DECODE_META = {**default_meta, "tight_merge": 1, "merge_tile": 4096, "maxnreg": 128}
+    try:
+        rope_dec.decode_rope_attention(
+            q, k, v, torch.arange(1), _t(64), cache[0], cache[1], torch.arange(1),
+            torch.zeros(1, 64, dtype=torch.int32), torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True,
+        )  # fmt: skip
+    finally:
+        rope_dec.DECODE_META = default_meta
     from tlt_rt.codegen.kernels.probe import Stamps
 
     rope_dec.PROBE = Stamps("cpu", 1 << 12)  # time stamps of each program (benchmarks/attention_timeline.py)

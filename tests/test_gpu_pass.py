@@ -439,6 +439,6 @@ def test_rows_pass_times_the_chain_of_more_rows_on_both_shapes(tmp_path):
                    env={**env, "ATTN": "1", "VARIANTS05": ""}, capture_output=True, timeout=30)  # fmt: skip
     lines = [c for c in calls.read_text().splitlines() if "step_costs.py" in c]
     assert len(lines) == 3 and "qwen2.5-coder-1.5b" in lines[0] and "pdl-rows2" in lines[0]
-    assert all("--compare pdl pdl:attn:tm=1 pdl:attn:mt=4096 pdl:attn:mt=4096,r=128 pdl:attn:sw=4,mt=4096,r=128" in c
-               for c in lines[1:])  # fmt: skip
+    swept = "pdl pdl:attn:tm=1 pdl:attn:tm=1,mt=4096 pdl:attn:mt=4096,r=128 pdl:attn:sw=4,mt=4096,r=128"
+    assert all(f"--compare {swept}" in c for c in lines[1:])
     assert all("--batch 32 128 1" in c for c in lines[1:])
