@@ -439,32 +439,30 @@ def pdl_cases():
     qkv = _t(1, 16, 128, dtype=BF16)
     q, k, v = qkv.split([12, 2, 2], dim=1)
     cache = _t(2, 8, 16, 2, 128, dtype=BF16)
-    for first in (frozenset(), frozenset({"attention", "norm", "narrow", "long"})):  # pdl.SIGNAL_FIRST
-        pdl.SIGNAL_FIRST = first
+
+    def attend():  # one row of Qwen2.5-Coder-1.5B's heads over a 1,024-position table, split
         rope_dec.decode_rope_attention(
             q, k, v, torch.arange(1), _t(64), cache[0], cache[1], torch.arange(1),
             torch.zeros(1, 64, dtype=torch.int32), torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True,
         )  # fmt: skip
+
+    for first in (frozenset(), frozenset({"attention", "norm", "narrow", "long"})):  # pdl.SIGNAL_FIRST
+        pdl.SIGNAL_FIRST = first
+        attend()
     pdl.SIGNAL_FIRST = frozenset()
     # the launch settings a sweep may set (`step_costs.py pdl:attn:tm=1,mt=4096,r=128`): the merge over the group's
     # rows, a smaller merge tile, a register cap
     default_meta = rope_dec.DECODE_META
     rope_dec.DECODE_META = {**default_meta, "tight_merge": 1, "merge_tile": 4096, "maxnreg": 128}
     try:
-        rope_dec.decode_rope_attention(
-            q, k, v, torch.arange(1), _t(64), cache[0], cache[1], torch.arange(1),
-            torch.zeros(1, 64, dtype=torch.int32), torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True,
-        )  # fmt: skip
+        attend()
     finally:
         rope_dec.DECODE_META = default_meta
     from tlt_rt.codegen.kernels.probe import Stamps
 
     rope_dec.PROBE = Stamps("cpu", 1 << 12)  # time stamps of each program (benchmarks/attention_timeline.py)
     try:
-        rope_dec.decode_rope_attention(
-            q, k, v, torch.arange(1), _t(64), cache[0], cache[1], torch.arange(1),
-            torch.zeros(1, 64, dtype=torch.int32), torch.full((1,), 30, dtype=torch.int32), 0.1, pdl=True,
-        )  # fmt: skip
+        attend()
     finally:
         rope_dec.PROBE = None
     norm_linear.norm_linear(x, r, nw, 1e-6, _t(2048, 1536, dtype=BF16), _t(2048, dtype=BF16), pdl=True)
