@@ -6,6 +6,8 @@
     python benchmarks/tp_throughput.py --smoke [--tp 4]                    # tiny shape, CPU, gloo, seconds
     python benchmarks/tp_throughput.py --batch 1 --profile tp-profile      # also where each row's time went
     python benchmarks/tp_throughput.py --batch 1 32 --allreduce oneshot fused --chain --pdl   # fused sums, PDL
+    python benchmarks/tp_throughput.py --batch 1 --allreduce oneshot --chain --pdl --chain-max-weight 16777216
+                                                        # the chain for weights of up to 16M elements, cuBLAS above
 
 N processes (torch.multiprocessing spawn) form one group: NCCL on GPUs (NVLink multicast off), gloo on
 CPU. Rank 0 first runs the unsharded model alone (TP=1: `--scale` keeps as many layers as one GPU holds);
@@ -342,7 +344,7 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         dtype = getattr(torch, args.dtype) if cuda else torch.float32
         arch = arch_for(args)
         kw = dict(speculative="off", max_batch=max(args.batch), block_size=16, enforce_eager=args.eager,
-                  decode_chain=args.chain, pdl=args.pdl)  # fmt: skip
+                  decode_chain=args.chain, pdl=args.pdl, decode_chain_max_weight=args.chain_max_weight)  # fmt: skip
         sd = dict(kw, speculative="on", strategies=(args.sd,), overlap_speculative=args.overlap_speculative) if (
             args.sd) else None  # fmt: skip
         rows = []
@@ -474,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --chain: its kernels (and the fused sum's) launched with programmatic dependent launch",
     )
+    ap.add_argument("--chain-max-weight", type=int, default=0, metavar="ELEMENTS",
+                    help="with --chain: the largest weight its Triton kernels take (rollout.decode_chain_max_weight; "
+                    "a 7B TP=2 rank's q/k/v is 8.3M elements, o 6.4M, gate/up 68M, down 34M); 0: all")  # fmt: skip
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="after each timed row, profile one more generate of it on rank 0 into DIR (kernels by "
                     "kind: matmul, collectives, ...; the wall time's busy share; host waits by caller)")  # fmt: skip
@@ -508,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--allreduce {' '.join(gpu_sums)} needs CUDA devices (symmetric memory over NVLink)")
     elif args.pdl and not args.chain:
         ap.error("--pdl needs --chain (the decode chain's kernels are what PDL launches)")
+    elif args.chain_max_weight and not args.chain:
+        ap.error("--chain-max-weight needs --chain")
+    elif args.chain_max_weight < 0:
+        ap.error(f"--chain-max-weight must be >= 0, got {args.chain_max_weight}")
     elif not 0 < args.scale <= 1:
         ap.error("--scale must be in (0, 1]")
     elif args.rounds < 1:

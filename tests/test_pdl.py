@@ -91,6 +91,38 @@ def test_decode_chain_sets_and_restores_the_glue():
     assert glue.skinny_min_weight is None
 
 
+def test_decode_chain_leaves_weights_over_its_limit_to_cublas(monkeypatch):
+    """`decode_chain(max_weight=N)` (`rollout.decode_chain_max_weight`): the chain's kernels take weights of at most N
+    elements; larger ones go to F.linear (cuBLAS), their gate/up activation and add + norm to the compiled glue."""
+    import tlt_rt.codegen.model_kernels as mk
+    from tlt_rt.codegen.kernels import skinny_gemm
+
+    taken = []
+    monkeypatch.setattr(mk, "_inference_linear", lambda x, w, b=None, *a: taken.append(w.numel()) or F.linear(x, w, b))
+
+    def swiglu_kernel(x, w, *a):
+        taken.append(("swiglu", w.numel()))
+        return torch.zeros(x.shape[0], w.shape[0] // 2)
+
+    monkeypatch.setattr(skinny_gemm, "skinny_swiglu", swiglu_kernel)
+    glue = KernelGlue(pieces=Glue())
+    glue.decode_chain(pdl=True, max_weight=200)
+    x = torch.randn(1, 16)
+    small, big = torch.randn(8, 16), torch.randn(32, 16)  # 128 and 512 elements
+    with torch.no_grad():  # inference: where the chain's kernels apply
+        torch.testing.assert_close(glue.linear(x, small), F.linear(x, small))
+        torch.testing.assert_close(glue.linear(x, big), F.linear(x, big))
+        gate, up = F.linear(x, big).chunk(2, dim=-1)
+        torch.testing.assert_close(glue.linear_swiglu(x, big), F.silu(gate) * up)  # the glue's activation
+        assert torch.equal(glue.linear_swiglu(x, small), torch.zeros(1, 4))  # the chain's kernel (a stand-in here)
+    assert taken == [128, ("swiglu", 128)]
+    glue.decode_chain(False, max_weight=200)
+    assert glue.max_weight == 0 and glue.linear is F.linear
+    assert EngineConfig().decode_chain_max_weight == 0
+    with pytest.raises(ValueError, match="decode_chain_max_weight"):
+        EngineConfig(decode_chain_max_weight=-1)
+
+
 def test_rollout_decode_chain_and_pdl_reach_the_kernels_and_keep_the_tokens():
     assert EngineConfig().pdl is False and EngineConfig().decode_chain is False
     with pytest.raises(ValueError, match="pdl: launches the decode chain"):

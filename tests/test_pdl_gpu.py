@@ -63,10 +63,14 @@ def test_a_graphed_pdl_chain_is_bit_identical_to_the_plain_one():
                 assert torch.equal(outs[pdl], expect), f"pdl={pdl}: a replay differs from the eager chain"
 
 
+# 40,000: the tiny model's q/k/v and gate/up (65,536 elements) go to cuBLAS with the glue's norm, o / down (32,768)
+# and the head stay in the chain (rollout.decode_chain_max_weight)
+@pytest.mark.parametrize("max_weight", [0, 40_000])
 @pytest.mark.parametrize("speculative", ["off", "on"])
-def test_engine_with_pdl_keeps_the_eager_tokens(speculative, monkeypatch):
+def test_engine_with_pdl_keeps_the_eager_tokens(speculative, max_weight, monkeypatch):
     """rollout.decode_chain and pdl on: one prompt, one sample (one-row steps, where the chain runs), greedy; the
-    tokens are the eager torch engine's, and the step's kernels ran with PDL asked for."""
+    tokens are the eager torch engine's, and the step's kernels ran with PDL asked for; with a weight limit, the
+    larger weights' products and norms outside the chain."""
     from tlt_rt.codegen.kernels import decode_rope_attention, norm_linear, skinny_gemm
 
     targets = (
@@ -82,13 +86,13 @@ def test_engine_with_pdl_keeps_the_eager_tokens(speculative, monkeypatch):
                    speculative=speculative, strategies=("3_3_8", "4_2_6"))  # fmt: skip
     target, drafter = _pair()
     chained = Engine(target, drafter=drafter, block_size=16, speculative=speculative, strategies=("3_3_8", "4_2_6"),
-                     decode_chain=True, pdl=True)  # fmt: skip
-    assert chained.glue.pdl and chained.target.attn_backend.pdl
+                     decode_chain=True, pdl=True, decode_chain_max_weight=max_weight)  # fmt: skip
+    assert chained.glue.pdl and chained.target.attn_backend.pdl and chained.glue.max_weight == max_weight
     a, b = eager.generate(prompts, params), chained.generate(prompts, params)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     assert asked["skinny"] > 0, asked
     if speculative == "off":
-        assert asked["norm"] > 0 and asked["rope"] > 0, asked
+        assert (asked["norm"] > 0) == (max_weight == 0) and asked["rope"] > 0, asked
 
 
 @pytest.mark.parametrize("kernel", ["tiles", "split"])

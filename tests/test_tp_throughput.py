@@ -94,6 +94,8 @@ def test_interleaved_rounds_keep_every_engine_and_pair_each_row_with_tp1():
 def test_rounds_refuse_what_they_cannot_interleave(tmp_path):
     script = [sys.executable, "benchmarks/tp_throughput.py", "--smoke"]
     for extra, words in ((["--rounds", "0"], "--rounds must be >= 1"),
-                         (["--rounds", "2", "--profile", str(tmp_path)], "one round")):  # fmt: skip
+                         (["--rounds", "2", "--profile", str(tmp_path)], "one round"),
+                         (["--chain-max-weight", "1000"], "--chain-max-weight needs --chain"),
+                         (["--chain", "--chain-max-weight", "-1"], "must be >= 0")):  # fmt: skip
         done = subprocess.run(script + extra, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and words in done.stderr, done.stderr

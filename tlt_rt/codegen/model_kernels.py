@@ -61,8 +61,9 @@ class KernelGlue(CompiledGlue):
     into L2 while the kernel before runs (`kernels.pdl`; the attention kernel's flag is its backend's).
     skinny_min_weight: the smallest weight (elements) the skinny kernel takes (None: its MIN_WEIGHT; 0 for a step
     of Triton kernels only, as PDL wants). skinny_rows: the most rows the skinny kernel takes (one by default; from
-    16 rows of 16-bit weights its products run on tensor cores). pieces: as CompiledGlue's (the functions of another
-    glue, taken instead of compiling anew)."""
+    16 rows of 16-bit weights its products run on tensor cores). max_weight: the largest weight (elements) the
+    skinny and norm kernels take, 0 for any (larger ones: cuBLAS, the add + norm as the compiled glue's). pieces: as
+    CompiledGlue's (the functions of another glue, taken instead of compiling anew)."""
 
     def __init__(
         self,
@@ -75,8 +76,10 @@ class KernelGlue(CompiledGlue):
         prefetch: bool = False,
         skinny_min_weight: int | None = None,
         skinny_rows: int = 1,
+        max_weight: int = 0,
     ) -> None:
         super().__init__(pieces)
+        self.max_weight = max_weight
         self.skinny, self.fused_rope = skinny, fused_rope
         self.fused_norm, self.norm_rows = fused_norm, norm_rows
         self.pdl, self.prefetch, self.skinny_min_weight = pdl, prefetch, skinny_min_weight
@@ -84,27 +87,34 @@ class KernelGlue(CompiledGlue):
         if skinny:
             self.linear = self._skinny_linear
 
-    def decode_chain(self, on: bool = True, pdl: bool = False, rows: int = 1) -> None:
+    def decode_chain(self, on: bool = True, pdl: bool = False, rows: int = 1, max_weight: int = 0) -> None:
         """Make a decode step's layers a chain of Triton kernels for steps of up to `rows` rows (one by default):
         the add + norm inside q/k/v and gate/up (`fused_norm`), the skinny kernel for every other matmul (o, down,
         the head); with pdl, launched with programmatic dependent launch (the attention kernel joins through its
-        backend's `fuse_rope` and `pdl`). on=False: back to the defaults (cuBLAS for the matmuls, fused_norm off,
-        no PDL)."""
+        backend's `fuse_rope` and `pdl`); weights over `max_weight` elements (0: none) left to cuBLAS. on=False:
+        back to the defaults (cuBLAS for the matmuls, fused_norm off, no PDL)."""
         self.fused_norm = self.skinny = on
         self.pdl, self.prefetch = on and pdl, False
         self.skinny_min_weight = 0 if on else None
         self.norm_rows = self.skinny_rows = rows if on else 1
+        self.max_weight = max_weight if on else 0
         if on:
             self.linear = self._skinny_linear
         else:
             self.__dict__.pop("linear", None)  # the class's F.linear
 
+    def _takes(self, weight: torch.Tensor) -> bool:
+        """Whether the Triton kernels may take this weight (`max_weight`)."""
+        return not self.max_weight or weight.numel() <= self.max_weight
+
     def _skinny_linear(self, x, weight, bias=None):
+        if not self._takes(weight):
+            return F.linear(x, weight, bias)
         return _inference_linear(x, weight, bias, self.pdl, self.prefetch, self.skinny_min_weight, self.skinny_rows)
 
     def _norm_kernel(self, x, r, norm_weight, eps, weight, bias, swiglu: bool):
         """The one-launch add + norm + projection (`kernels.norm_linear`) where this glue takes it, else None."""
-        if not (self.fused_norm and x.is_cuda and not torch.is_grad_enabled() and x.dim() == 2):
+        if not (self.fused_norm and x.is_cuda and not torch.is_grad_enabled() and x.dim() == 2 and self._takes(weight)):
             return None
         if not 0 < x.shape[0] <= self.norm_rows:
             return None
@@ -128,7 +138,7 @@ class KernelGlue(CompiledGlue):
         return out if out is not None else super().add_norm_linear_swiglu(x, r, norm_weight, eps, weight, bias)
 
     def linear_swiglu(self, x, weight, bias=None):
-        if self.skinny and not torch.is_grad_enabled():
+        if self.skinny and not torch.is_grad_enabled() and self._takes(weight):
             # local: Triton, as in _inference_linear
             from tlt_rt.codegen.kernels.skinny_gemm import skinny_swiglu
 

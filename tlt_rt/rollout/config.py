@@ -158,6 +158,13 @@ class EngineConfig:
         "3ace447: 1.5B batch 32 0.42x a step, its verify rows 0.44-0.52x; 0.5B 0.56-0.80x; with kernels.rows_gemm, "
         "skinny_gemm.DOT_KERNEL 'split', 3f02f57: 0.87x, 0.81-0.87x; 0.76-0.82x): one by default.",
     )
+    decode_chain_max_weight: int = option(
+        0,
+        help="With decode_chain: the largest weight (elements) its Triton products take; larger ones stay with "
+        "cuBLAS and their add + norm with the compiled glue (on a 7B-sized layer cuBLAS streams gate/up and down "
+        "faster: the whole chain made the Qwen2.5-7B shape's step 0.91x at TP=1, 2x H200, 1f85a26), while the "
+        "smaller ones (q/k/v with the norm inside, o) keep the chain's kernels. 0: no limit.",
+    )
     pdl: bool = option(
         False,
         help="CUDA, compute capability 9.0+, with decode_chain: its kernels launched with programmatic dependent "
@@ -193,6 +200,7 @@ class EngineConfig:
             "decode_chain_rows",
             f"must be 1-64 (the chain's kernels take at most 64 rows), got {self.decode_chain_rows}",
         )
+        check_min(self, "decode_chain_max_weight", 0)
         check_min(self, "num_blocks", 0)
         check_min(self, "max_batch", 1)
         check_min(self, "max_prefill_tokens", 1)

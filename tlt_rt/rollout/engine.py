@@ -74,7 +74,8 @@ class Engine:
         )
         self.glue = engine_glue(target) if self.device.type == "cuda" and not enforce_eager else None
         if self.glue is not None:
-            self.glue.decode_chain(cfg.decode_chain, pdl=cfg.pdl, rows=cfg.decode_chain_rows)
+            self.glue.decode_chain(cfg.decode_chain, pdl=cfg.pdl, rows=cfg.decode_chain_rows,
+                                   max_weight=cfg.decode_chain_max_weight)  # fmt: skip
             self.glue.fused_norm = cfg.fuse_norm or cfg.decode_chain
         target.fuse_projections()
         self.buckets = sorted({*cfg.graph_batches, max_batch}) if cfg.graph_batches else batch_buckets(max_batch)
