@@ -8,6 +8,8 @@
     python benchmarks/tp_throughput.py --batch 1 32 --allreduce oneshot fused --chain --pdl   # fused sums, PDL
     python benchmarks/tp_throughput.py --batch 1 --allreduce oneshot --chain --pdl --chain-max-weight 16777216
                                                         # the chain for weights of up to 16M elements, cuBLAS above
+    python benchmarks/tp_throughput.py --batch 1 --allreduce oneshot --rounds 3 --pdl --chain-variants 0 16777216
+                                                        # beside the default engines, the chain and the limited one
 
 N processes (torch.multiprocessing spawn) form one group: NCCL on GPUs (NVLink multicast off), gloo on
 CPU. Rank 0 first runs the unsharded model alone (TP=1: `--scale` keeps as many layers as one GPU holds);
@@ -29,6 +31,11 @@ lockstep broadcast, a wait on the device, the postprocessing).
 `plain`): the host work the overlap hides.
 
 `--no-overlap-speculative` runs the speculative engines' steps one at a time (`rollout.overlap_speculative`).
+
+`--chain-variants W [W ...]` (with `--rounds`) adds plain engines with the decode chain (`rollout.decode_chain`, with
+`--pdl` launched with PDL) whose Triton kernels take weights of at most W elements (`rollout.decode_chain_max_weight`;
+0: all), TP=1 and TP=N, each over a model and shard of its own (an engine sets its model's kernels), timed in the same
+interleaved rounds as the default engines: rows `plain chain<=W` (`plain chain` for 0), priced against `plain`.
 
 `--rounds R` (R > 1) keeps every engine, TP=1's beside TP=N's, and times them in R interleaved rounds: round 0
 captures and warms each up and times one generate, as a single round does; each round after it times one more
@@ -344,7 +351,10 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         dtype = getattr(torch, args.dtype) if cuda else torch.float32
         arch = arch_for(args)
         kw = dict(speculative="off", max_batch=max(args.batch), block_size=16, enforce_eager=args.eager,
-                  decode_chain=args.chain, pdl=args.pdl, decode_chain_max_weight=args.chain_max_weight)  # fmt: skip
+                  decode_chain=args.chain, pdl=args.pdl and args.chain,
+                  decode_chain_max_weight=args.chain_max_weight)  # fmt: skip
+        variants = [(chain_mode(w), dict(kw, decode_chain=True, pdl=args.pdl, decode_chain_max_weight=w))
+                    for w in args.chain_variants]  # fmt: skip
         sd = dict(kw, speculative="on", strategies=(args.sd,), overlap_speculative=args.overlap_speculative) if (
             args.sd) else None  # fmt: skip
         rows = []
@@ -354,6 +364,9 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         if args.rounds > 1:  # every engine kept: TP=1's over a whole model of their own, beside the shard's
             whole = build(arch, dtype, device) if rank == 0 else None
             engines = list(whole_engines(whole, *build_args))
+            for mode, kw_v in variants:  # each over a model of its own: an engine sets its model's kernels
+                whole_v = build(arch, dtype, device) if rank == 0 else None
+                engines += whole_engines(whole_v, args, arch, device, kw_v, None, [(mode, True)], rank, t_rank)
             model = build(arch, dtype, device)
         else:  # one engine at a time, timed as it is built
             model = build(arch, dtype, device)
@@ -376,6 +389,11 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
             label = sums.use(kind)
             if args.rounds > 1:  # one kind (main checks): time every engine in interleaved rounds
                 engines += shard_engines(shard, heads, label, host_group, *build_args)
+                for mode, kw_v in variants:
+                    shard_v = shard_for_tp(build(arch, dtype, device))
+                    TPSums(shard_v, args.pdl, args.tp).use(kind)
+                    engines += shard_engines(shard_v, None, label, host_group, args, arch, device, kw_v, None,
+                                             [(mode, True)], rank, t_rank)  # fmt: skip
                 time_rounds(engines, args, arch, device, ref if rank == 0 else None, rows, rank)
                 break
             for tp, mode, engine in shard_engines(shard, heads, label, host_group, *build_args):
@@ -394,6 +412,11 @@ def _rank(rank: int, port: int, args, out: dict) -> None:
         sys.stderr.flush()
         os._exit(0)
     dist.destroy_process_group()
+
+
+def chain_mode(max_weight: int) -> str:
+    """The rows' mode of a `--chain-variants` entry."""
+    return "plain chain" if max_weight == 0 else f"plain chain<={max_weight}"
 
 
 def whole_engines(model, args, arch, device, kw: dict, sd: dict | None, plain_modes, rank: int, t_rank: float):
@@ -479,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chain-max-weight", type=int, default=0, metavar="ELEMENTS",
                     help="with --chain: the largest weight its Triton kernels take (rollout.decode_chain_max_weight; "
                     "a 7B TP=2 rank's q/k/v is 8.3M elements, o 6.4M, gate/up 68M, down 34M); 0: all")  # fmt: skip
+    ap.add_argument("--chain-variants", type=int, nargs="+", default=[], metavar="ELEMENTS",
+                    help="with --rounds: also plain engines with the decode chain whose kernels take weights of at "
+                    "most this many elements (0: all), each over a model of its own, in the same rounds")  # fmt: skip
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="after each timed row, profile one more generate of it on rank 0 into DIR (kernels by "
                     "kind: matmul, collectives, ...; the wall time's busy share; host waits by caller)")  # fmt: skip
@@ -511,8 +537,12 @@ def main(argv: list[str] | None = None) -> int:
     gpu_sums = [k for k in args.allreduce if k != "nccl"]
     if gpu_sums and (args.smoke or not torch.cuda.is_available()):
         ap.error(f"--allreduce {' '.join(gpu_sums)} needs CUDA devices (symmetric memory over NVLink)")
-    elif args.pdl and not args.chain:
-        ap.error("--pdl needs --chain (the decode chain's kernels are what PDL launches)")
+    elif args.pdl and not (args.chain or args.chain_variants):
+        ap.error("--pdl needs --chain or --chain-variants (the decode chain's kernels are what PDL launches)")
+    elif args.chain_variants and args.rounds < 2:
+        ap.error("--chain-variants times its engines beside the others in interleaved rounds: give --rounds 2 or more")
+    elif any(w < 0 for w in args.chain_variants):
+        ap.error(f"--chain-variants takes weights of 0 elements or more, got {args.chain_variants}")
     elif args.chain_max_weight and not args.chain:
         ap.error("--chain-max-weight needs --chain")
     elif args.chain_max_weight < 0:

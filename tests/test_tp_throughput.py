@@ -99,3 +99,29 @@ def test_rounds_refuse_what_they_cannot_interleave(tmp_path):
                          (["--chain", "--chain-max-weight", "-1"], "must be >= 0")):  # fmt: skip
         done = subprocess.run(script + extra, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_chain_variants_run_beside_the_default_engines_over_models_of_their_own():
+    """--chain-variants 0 1000 (with --rounds): TP=1 and TP=2 plain engines with the decode chain, all weights and
+    those of at most 1,000 elements, in the same interleaved rounds as the default plain engines; each emits TP=1
+    plain's tokens (fp32 on CPU), TP=2's rows are paired with TP=1's of their mode, every chain row priced against
+    plain."""
+    cmd = [sys.executable, "benchmarks/tp_throughput.py", "--smoke", "--rounds", "2", "--chain-variants", "0", "1000"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    head_line = next(ln for ln in done.stdout.splitlines() if ln.startswith("| tp"))
+    head = [c.strip() for c in head_line.strip("|").split("|")]
+    table = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    rows = [dict(zip(head, (c.strip() for c in line.strip("|").split("|")), strict=True)) for line in table]
+    modes = ("plain", "plain chain", "plain chain<=1000")
+    assert sorted((r["tp"], r["batch"], r["mode"]) for r in rows) == sorted(
+        (t, b, m) for t in ("1", "2") for b in ("1", "4") for m in modes
+    )
+    assert all(r["equal"] == ("-" if (r["tp"], r["mode"]) == ("1", "plain") else "yes") for r in rows)
+    assert all((r["x TP=1"] == "-") == (r["tp"] == "1") for r in rows)
+    assert all(r["SD/plain step"].endswith("x") for r in rows if r["mode"] != "plain")
+    rounds = [ln for ln in done.stdout.splitlines() if ln.startswith("round ")]
+    assert all(ln.count("TP=") == 6 for ln in rounds), rounds  # 2 TPs x 3 modes in every round
+    refused = subprocess.run([*cmd[:3], "--chain-variants", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--rounds 2 or more" in refused.stderr
