@@ -150,6 +150,7 @@ def compile_job(key: str) -> tuple[str, str | None, list[str], dict | None]:
         if options.get("launch_pdl"):
             pdl = pdl_report(kernel.asm["ptx"])
             pdl["problem"] = pdl_problem(label, pdl)
+            pdl["registers"], pdl["spill_stores"], pdl["spill_loads"] = ptxas_usage(kernel.asm["ptx"])
     except Exception as e:
         error = _describe(e)
     finally:
@@ -208,23 +209,29 @@ def programs_per_sm(registers: int, num_warps: int, shared: int) -> tuple[int, s
     return limits[which], which
 
 
-def resources_job(key: str) -> tuple[str, dict | str]:
-    """Compile one queued specialization and assemble its PTX with Triton's own ptxas, verbose -> (label, {registers,
-    spill_stores, spill_loads, shared, num_warps, num_stages, programs_per_sm, limit}) or (label, the error). The
-    counts are this machine's ptxas's: the GPU's Triton may bundle another release, whose allocation can differ."""
+def ptxas_usage(ptx: str) -> tuple[int, int, int]:
+    """(registers a thread, spill stores, spill loads in bytes) of PTX for sm_90a, from Triton's own ptxas, verbose.
+    The counts are this machine's ptxas's: the GPU's Triton may bundle another release, whose allocation can
+    differ."""
     from triton.backends.nvidia.compiler import get_ptxas
 
+    with tempfile.TemporaryDirectory(prefix="tlt-ptxas-") as tmp:
+        src, out = Path(tmp, "kernel.ptx"), Path(tmp, "kernel.cubin")
+        src.write_text(ptx)
+        cmd = [get_ptxas(TARGET.arch).path, "-v", f"--gpu-name=sm_{TARGET.arch}a", str(src), "-o", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    text = done.stdout + done.stderr
+    stores, loads = map(int, PTXAS_SPILLS.search(text).groups())
+    return int(PTXAS_USED.search(text).group(1)), stores, loads
+
+
+def resources_job(key: str) -> tuple[str, dict | str]:
+    """Compile one queued specialization and assemble it (`ptxas_usage`) -> (label, {registers, spill_stores,
+    spill_loads, shared, num_warps, num_stages, programs_per_sm, limit}) or (label, the error)."""
     fn, signature, constexprs, attrs, options, label = JOBS[key]
     try:
         kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options)
-        with tempfile.TemporaryDirectory(prefix="tlt-ptxas-") as tmp:
-            src, out = Path(tmp, "kernel.ptx"), Path(tmp, "kernel.cubin")
-            src.write_text(kernel.asm["ptx"])
-            cmd = [get_ptxas(TARGET.arch).path, "-v", f"--gpu-name=sm_{TARGET.arch}a", str(src), "-o", str(out)]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        text = done.stdout + done.stderr
-        registers = int(PTXAS_USED.search(text).group(1))
-        stores, loads = map(int, PTXAS_SPILLS.search(text).groups())
+        registers, stores, loads = ptxas_usage(kernel.asm["ptx"])
     except Exception as e:
         return label, _describe(e)
     warps, shared = options["num_warps"], kernel.metadata.shared

@@ -74,6 +74,12 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
     attention = [r for label, r in report["pdl"].items() if "_decode_rope_attention_kernel" in label]
     assert attention and all(r["early_loads_before_wait"] >= 4 for r in attention), attention
     assert any("PDL=2" in label for label in report["pdl"]), list(report["pdl"])  # signalling at the end
+    # no launch of the chain spills registers to local memory (ptxas -v; a sweep's register cap, named in the label,
+    # may), and every one was assembled
+    assert all(r["registers"] > 0 for r in report["pdl"].values()), report["pdl"]
+    spilled = {label: (r["spill_stores"], r["spill_loads"]) for label, r in report["pdl"].items()
+               if "maxnreg" not in label and r["spill_stores"] + r["spill_loads"]}  # fmt: skip
+    assert not spilled, spilled
 
 
 def _check_module(tmp_path, source: str) -> tuple[list, list]:
