@@ -11,10 +11,13 @@
 # 80 bytes of spills); and the split merge over the group's rows only (tm=1: more splits a merge step; 1.03x on the
 # 0.5B's batch-1 step when first timed). Its split count (sw=4 / 8) and stages (s=3 / 4) were timed: lost or tied.
 #   benchmarks/gpu_rows.sh OUT [GPU]     (logs and records in OUT; GPU: CUDA_VISIBLE_DEVICES, 0 by default)
+# TREE=1 then times tree attention's launch on the verify rows (batch 1, 16 and 48 tokens) on both shapes: its
+# combine's tile (mt: 4,096 instead of 16,384; sm_90: 168 registers against 255 with spills) and 64-row blocks (bm).
 # Settings: VARIANTS15 / VARIANTS05 (step_costs.py --compare names per model, the first the baseline; "" leaves that
 # model out), ROUNDS (5), STEP_SECONDS (260 / 200), ATTN (0), ATTN_VARIANTS (pdl pdl:attn:tm=1
 # pdl:attn:tm=1,mt=4096 pdl:attn:mt=4096,r=128 pdl:attn:sw=4,mt=4096,r=128: 218 / 207 / 168 / 128 registers),
-# ATTN_BATCHES (32 128 1), ATTN_MODELS (both shapes).
+# ATTN_BATCHES (32 128 1), ATTN_MODELS (both shapes), TREE (0), TREE_VARIANTS (pdl pdl:tree:mt=4096 pdl:tree:bm=64
+# pdl:tree:bm=64,mt=4096).
 set -u
 out=${1:?OUT}; gpu=${2:-0}
 mkdir -p "$out"
@@ -39,5 +42,15 @@ if [ "${ATTN:-0}" = 1 ]; then
         --skinny-min-weight 0 --rounds "${ROUNDS:-5}" --out "$out/attn-$model.jsonl" > "$out/attn-$model.log" 2>&1
     echo "== attention, $model"; grep -A12 "variants side by side" "$out/attn-$model.log" | grep -E "^(variant|pdl)" \
         || tail -20 "$out/attn-$model.log"
+  done
+fi
+if [ "${TREE:-0}" = 1 ]; then
+  for model in ${ATTN_MODELS:-qwen2.5-coder-1.5b qwen2.5-coder-0.5b}; do
+    # shellcheck disable=SC2086  # the variant list splits on purpose
+    CUDA_VISIBLE_DEVICES=$gpu timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch 1 \
+        --ctx 1024 --table 2624 --verify 16 48 --compare ${TREE_VARIANTS:-pdl pdl:tree:mt=4096 pdl:tree:bm=64 pdl:tree:bm=64,mt=4096} \
+        --skinny-min-weight 0 --rounds "${ROUNDS:-5}" --out "$out/tree-$model.jsonl" > "$out/tree-$model.log" 2>&1
+    echo "== tree attention, $model"; grep -A16 "variants side by side" "$out/tree-$model.log" | grep -E "^(variant|pdl)" \
+        || tail -20 "$out/tree-$model.log"
   done
 fi

@@ -353,7 +353,8 @@ def wide_variant(name: str) -> bool:
     `pdl:narrow:bn=..` the same for weights of fewer rows (q/k/v, o, down: `skinny_gemm.ONE_ROW_NARROW`);
     `pdl:attn:bn=..,w=..,s=..,sw=..,mt=..,r=..` decode attention's (`decode_rope_attention.DECODE_META`, sw its
     split_waves, mt the merge's tile in fp32 elements, r a cap on registers a thread, tm=1 the merge over the
-    group's rows); `pdl:dot:bn=..` /
+    group's rows); `pdl:tree:bm=..,mt=..,w=..` tree attention's of the verify rows (`tree_attention.TREE_META`, bm its
+    row block, mt its combine's tile); `pdl:dot:bn=..` /
     `pdl:dotnarrow:bn=..` the tensor-core launch of 9-64 rows for weights of many / fewer rows
     (`skinny_gemm.DOT_META` / `DOT_NARROW`); `pdl-rows2:split:bn=..,bk=..,w=..,s=..,p=..,t=..` the launch of
     `kernels.rows_gemm` (`ROWS_META`, p its programs, t the fewest tiles a program). `pc=1`: rows within one tile
@@ -363,23 +364,24 @@ def wide_variant(name: str) -> bool:
     base, colon, rest = name.partition(":")
     if not colon or base not in ("pdl", "pdl-rows", "pdl-rows2"):
         return False
-    from tlt_rt.codegen.kernels import decode_rope_attention, rows_gemm, skinny_gemm
+    from tlt_rt.codegen.kernels import decode_rope_attention, rows_gemm, skinny_gemm, tree_attention
 
     keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "s": "num_stages", "sw": "split_waves",
             "pc": "pieces", "p": "programs", "t": "min_tiles", "mt": "merge_tile", "r": "maxnreg",
-            "tm": "tight_merge"}  # fmt: skip
+            "tm": "tight_merge", "bm": "block_m"}  # fmt: skip
     kind, _, spec = rest.rpartition(":")
     module, attr = {
         "": (skinny_gemm, "ONE_ROW_WIDE"),
         "narrow": (skinny_gemm, "ONE_ROW_NARROW"),
         "attn": (decode_rope_attention, "DECODE_META"),
+        "tree": (tree_attention, "TREE_META"),
         "dot": (skinny_gemm, "DOT_META"),
         "dotnarrow": (skinny_gemm, "DOT_NARROW"),
         "split": (rows_gemm, "ROWS_META"),
     }.get(kind, (None, None))
     if module is None:
         raise ValueError(
-            f"{name}: expected pdl:, pdl:narrow:, pdl:attn:, pdl:dot:, pdl:dotnarrow: or pdl-rows2:split: "
+            f"{name}: expected pdl:, pdl:narrow:, pdl:attn:, pdl:tree:, pdl:dot:, pdl:dotnarrow: or pdl-rows2:split: "
             "before settings"
         )
     meta = dict(getattr(module, attr))
@@ -391,7 +393,8 @@ def wide_variant(name: str) -> bool:
             continue
         if key not in keys or not value.isdigit():
             raise ValueError(
-                f"{name}: expected pdl:bn=..,bk=..,w=..,s=..,pc=..,mt=..,r=..,tm=..,f=0|1 (any of them), got {item!r}"
+                f"{name}: expected pdl:bn=..,bk=..,w=..,s=..,pc=..,mt=..,r=..,tm=..,bm=..,f=0|1 (any of them), "
+                f"got {item!r}"
             )
         meta[keys[key]] = int(value)
     KNOBS[name] = {(module.__name__, attr): meta, **KNOBS.get(base, {}), **knobs}

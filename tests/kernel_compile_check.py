@@ -298,6 +298,15 @@ def attention_cases():
         for t, w in ((48, 48), (4, 12)):  # a verify tree; a drafter level that also sees its ancestors
             q = _t(2 * t, n_heads, head_dim, dtype=BF16)
             tree.paged_tree_attention(q, k, v, tables, lens, torch.zeros(2, t, w, dtype=torch.bool), 0.1)
+    # a sweep's tree launch (`step_costs.py pdl:tree:bm=64,mt=4096`) on a 33-token verify of Qwen2.5-Coder-1.5B's heads
+    default_tree = tree.TREE_META
+    tree.TREE_META = {**default_tree, "block_m": 64, "merge_tile": 4096}
+    try:
+        k, v, tables, lens = _paged(1, 2, 128, max_blocks=164)
+        mask = torch.zeros(1, 33, 33, dtype=torch.bool)
+        tree.paged_tree_attention(_t(33, 12, 128, dtype=BF16), k, v, tables, lens, mask, 0.1)
+    finally:
+        tree.TREE_META = default_tree
     k, v, tables, lens = _paged(2, 4, 128)
     q = _t(2, 28, 128, dtype=BF16)
     dec.paged_decode_attention(q, k, v, tables, lens, 0.1, num_splits=1)

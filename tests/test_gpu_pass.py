@@ -442,3 +442,12 @@ def test_rows_pass_times_the_chain_of_more_rows_on_both_shapes(tmp_path):
     swept = "pdl pdl:attn:tm=1 pdl:attn:tm=1,mt=4096 pdl:attn:mt=4096,r=128 pdl:attn:sw=4,mt=4096,r=128"
     assert all(f"--compare {swept}" in c for c in lines[1:])
     assert all("--batch 32 128 1" in c for c in lines[1:])
+    # TREE=1 alone (both variant lists empty): tree attention's launch on the verify rows of both shapes
+    calls.write_text("")
+    tree_env = {**env, "TREE": "1", "VARIANTS15": "", "VARIANTS05": ""}
+    subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_rows.sh"), str(tmp_path / "t")], cwd=REPO, check=True,
+                   env=tree_env, capture_output=True, timeout=30)  # fmt: skip
+    lines = [c for c in calls.read_text().splitlines() if "step_costs.py" in c]
+    assert [c.split("--model ")[1].split()[0] for c in lines] == ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
+    assert all("--compare pdl pdl:tree:mt=4096 pdl:tree:bm=64 pdl:tree:bm=64,mt=4096" in c for c in lines)
+    assert all("--batch 1 " in c and "--verify 16 48" in c for c in lines)

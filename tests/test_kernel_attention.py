@@ -231,6 +231,26 @@ def test_tree_every_split_path_gives_the_same_bits(monkeypatch):
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("extra", [{"merge_tile": 16 * 64 * 2}, {"block_m": 64, "merge_tile": 4096}])
+def test_tree_merge_tile_and_block_rows_keep_the_result(extra, monkeypatch):
+    """TREE_META's optional merge tile (the combine's splits a step: here two, or four) and a smaller row block
+    (which walks the window inside the prefix loop): the reference's output over several splits and sequences."""
+    import tlt_rt.codegen.kernels.tree_attention as tree
+
+    monkeypatch.setattr(tree, "TREE_META", {**tree.TREE_META, **extra})
+    t, lens = 12, [12, 90, 200]
+    k, v, tables = make_paged(lens, 2, 64, 16, torch.float32, 30, True, "plain")
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(len(lens) * t, 12, 64, device=DEVICE)  # 12 tokens x 6 heads a KV head: 72 rows, two 64-row blocks
+    mask = torch.ones(len(lens), t, t, dtype=torch.bool).tril().to(DEVICE)
+    meta = AttnMetadata("verify", torch.arange(len(lens) + 1, dtype=torch.int32, device=DEVICE) * t, seq_lens,
+                        tables, torch.zeros(len(lens) * t, dtype=torch.long, device=DEVICE), t, mask)  # fmt: skip
+    want = paged_attention_reference(q, k, v, meta, 0.125)
+    for splits in (3, 5):
+        out = paged_tree_attention(q, k, v, tables, seq_lens, mask, 0.125, num_splits=splits)
+        check_close(out, want, torch.float32)
+
+
 def test_tree_chain_mask_is_causal_decode():
     """A chain tree is causal attention; its last token equals a decode step over the same cache."""
     t, lens = 5, [37, 80]

@@ -51,6 +51,9 @@ __all__ = ["paged_attention_reference", "paged_tree_attention"]
 
 # Launch meta-parameters for head_dim <= 128 (256 halves block_m and block_n); num_warps applies to full
 # tiles (small T * group gives smaller ones, which use 4). `benchmarks/bench_attention.py --tune` sweeps them.
+# Optional "merge_tile": the fp32 partials one step of the split combine holds (`paged.MERGE_TILE` if absent; compiled
+# for sm_90 the combine of head size 128 holds 255 registers and spills with it, and a 32-token verify of
+# Qwen2.5-Coder-1.5B's heads 44 bytes in the attention kernel at 128 rows, none at 64: `step_costs.py pdl:tree:..`).
 TREE_META = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2, "split_waves": 2}
 # Tiles of at most this many rows walk the window in the prefix's loop (MERGE_WINDOW). On an H100 (SmolLM2,
 # batch 1) that sped a 12-token verify's attention up by 12% and slowed a 32-token one (128-row tiles) by 17%:
@@ -331,7 +334,7 @@ def paged_tree_attention(
             o_part.stride(0), o_part.stride(1), o_part.stride(2),
             lse_part.stride(0), lse_part.stride(1),
             out.stride(0), out.stride(1), out.stride(2),
-            BLOCK_R=block_r, BLOCK_S=merge_block_s(block_r, num_splits, head_dim), HEAD_DIM=head_dim,
-            BLOCK_N=block_n, EVERY_SPLIT=every,
+            BLOCK_R=block_r, BLOCK_S=merge_block_s(block_r, num_splits, head_dim, meta.get("merge_tile")),
+            HEAD_DIM=head_dim, BLOCK_N=block_n, EVERY_SPLIT=every,
         )  # fmt: skip
     return out
