@@ -26,6 +26,7 @@ import triton.language as tl
 
 from tlt_rt.codegen.kernels import pdl as pdl_module
 from tlt_rt.codegen.kernels.epilogue import bias_swiglu
+from tlt_rt.codegen.kernels.operands import weight_fits
 from tlt_rt.codegen.kernels.paged import num_sms, split_counters
 from tlt_rt.codegen.kernels.pdl import enter, interpreting, launch_meta, leave
 
@@ -198,12 +199,7 @@ def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         and x.dtype in dtypes
         and MIN_ROWS <= rows <= MAX_ROWS
         and x.shape[-1] >= 16
-        and weight.dtype == x.dtype
-        and weight.dim() == 2
-        and weight.stride(1) == 1
-        and x.shape[-1] == weight.shape[1]
-        and x.device == weight.device
-        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
+        and weight_fits(x, weight, bias)
     )
 
 

@@ -29,6 +29,7 @@ import triton.language as tl
 from tlt_rt.codegen.kernels import pdl as pdl_module
 from tlt_rt.codegen.kernels import rows_gemm
 from tlt_rt.codegen.kernels.epilogue import bias_swiglu
+from tlt_rt.codegen.kernels.operands import weight_fits
 from tlt_rt.codegen.kernels.pdl import enter, interpreting, launch_meta, leave, load_weight, prefetch_rows
 
 __all__ = [
@@ -374,12 +375,7 @@ def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         and x.dtype in SUPPORTED_DTYPES
         and 0 < rows <= max_rows(x.dtype)
         and (rows <= MAX_ROWS or x.shape[-1] >= DOT_MIN_ROWS)
-        and weight.dtype == x.dtype
-        and weight.dim() == 2
-        and weight.stride(1) == 1
-        and x.shape[-1] == weight.shape[1]
-        and x.device == weight.device
-        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
+        and weight_fits(x, weight, bias)
     )
 
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from tlt_rt.codegen.kernels.operands import weight_fits
 from tlt_rt.codegen.kernels.pdl import interpreting, launch_meta
 from tlt_rt.codegen.kernels.skinny_gemm import (
     BROADCAST,
@@ -185,11 +186,7 @@ def sum_supported(x: torch.Tensor, weight: torch.Tensor, buffers: SumBuffers) ->
         and x.dim() == 2
         and 0 < x.shape[0] <= MAX_ROWS
         and x.dtype in SUPPORTED_DTYPES
-        and weight.dtype == x.dtype
-        and weight.dim() == 2
-        and weight.stride(1) == 1
-        and x.shape[1] == weight.shape[1]
-        and x.device == weight.device
+        and weight_fits(x, weight)
         and buffers.fits(x.shape[0], weight.shape[0])
     )
 
