@@ -34,23 +34,23 @@ for model in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
   echo "== $model"; grep -A30 "variants side by side" "$out/rows-$model.log" | grep -E "^(variant|pdl)" \
       || tail -20 "$out/rows-$model.log"
 done
-if [ "${ATTN:-0}" = 1 ]; then
+# sweep NAME TITLE "BATCHES" "VERIFY" "VARIANTS": step_costs.py's variants side by side on each ATTN_MODELS shape, into
+# OUT/NAME-MODEL.{log,jsonl}, the table's rows echoed
+sweep() {
+  local name=$1 title=$2 batches=$3 verify=$4 variants=$5 model
   for model in ${ATTN_MODELS:-qwen2.5-coder-1.5b qwen2.5-coder-0.5b}; do
-    # shellcheck disable=SC2086  # the variant and batch lists split on purpose
-    CUDA_VISIBLE_DEVICES=$gpu timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch ${ATTN_BATCHES:-32 128 1} \
-        --ctx 1024 --table 2624 --verify --compare ${ATTN_VARIANTS:-pdl pdl:attn:tm=1 pdl:attn:tm=1,mt=4096 pdl:attn:mt=4096,r=128 pdl:attn:sw=4,mt=4096,r=128} \
-        --skinny-min-weight 0 --rounds "${ROUNDS:-5}" --out "$out/attn-$model.jsonl" > "$out/attn-$model.log" 2>&1
-    echo "== attention, $model"; grep -A12 "variants side by side" "$out/attn-$model.log" | grep -E "^(variant|pdl)" \
-        || tail -20 "$out/attn-$model.log"
+    # shellcheck disable=SC2086  # the batch, verify and variant lists split on purpose
+    CUDA_VISIBLE_DEVICES=$gpu timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" \
+        --batch $batches --ctx 1024 --table 2624 --verify $verify --compare $variants --skinny-min-weight 0 \
+        --rounds "${ROUNDS:-5}" --out "$out/$name-$model.jsonl" > "$out/$name-$model.log" 2>&1
+    echo "== $title, $model"; grep -A60 "variants side by side" "$out/$name-$model.log" | grep -E "^(variant|pdl)" \
+        || tail -20 "$out/$name-$model.log"
   done
+}
+if [ "${ATTN:-0}" = 1 ]; then
+  sweep attn attention "${ATTN_BATCHES:-32 128 1}" "" \
+      "${ATTN_VARIANTS:-pdl pdl:attn:tm=1 pdl:attn:tm=1,mt=4096 pdl:attn:mt=4096,r=128 pdl:attn:sw=4,mt=4096,r=128}"
 fi
 if [ "${TREE:-0}" = 1 ]; then
-  for model in ${ATTN_MODELS:-qwen2.5-coder-1.5b qwen2.5-coder-0.5b}; do
-    # shellcheck disable=SC2086  # the variant list splits on purpose
-    CUDA_VISIBLE_DEVICES=$gpu timeout "${STEP_SECONDS:-200}" python benchmarks/step_costs.py --model "$model" --batch 1 \
-        --ctx 1024 --table 2624 --verify 16 48 --compare ${TREE_VARIANTS:-pdl pdl:tree:mt=4096 pdl:tree:bm=64 pdl:tree:bm=64,mt=4096} \
-        --skinny-min-weight 0 --rounds "${ROUNDS:-5}" --out "$out/tree-$model.jsonl" > "$out/tree-$model.log" 2>&1
-    echo "== tree attention, $model"; grep -A16 "variants side by side" "$out/tree-$model.log" | grep -E "^(variant|pdl)" \
-        || tail -20 "$out/tree-$model.log"
-  done
+  sweep tree "tree attention" 1 "16 48" "${TREE_VARIANTS:-pdl pdl:tree:mt=4096 pdl:tree:bm=64 pdl:tree:bm=64,mt=4096}"
 fi
